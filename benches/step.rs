@@ -1,0 +1,349 @@
+//! Benchmark: one training step of three models with three optimizers, in three modes (tch
+//! eager with tch's optimizer, tch eager with this crate's fused optimizer, this crate's
+//! captured step replayed), side by side with PyTorch (`torch_reference.py`: eager, and
+//! `torch.cuda.graph` with capturable / fused optimizers) on the same GPU in the same run.
+//!
+//! `cargo bench --bench step -- [--out DIR] [--steps N] [--no-torch]`
+//! Prints a table, writes DIR/results.json and DIR/results.csv, and DIR/chart.png (drawn by
+//! `benches/plot.py` when python3 with matplotlib is there). DIR defaults to target/bench.
+//!
+//! Method: each figure is the median over blocks of 50 steps of (block time / 50), at least
+//! 1,000 steps in all, after 20 warmup steps, with the device synchronized before and after
+//! each block. Inputs rotate over 8 pre-made batches. fp32, TF32 off on both sides.
+
+mod models;
+
+use models::{batch, Model, ModelKind};
+use std::fmt::Write as _;
+use std::process::Command;
+use std::time::Instant;
+use tch::{nn, nn::OptimizerConfig, Device, Tensor};
+use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
+use tch_cuda_graphs::{cuda_is_available, pool_memory, synchronize, StepOptions, TrainStep};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Opt {
+    Sgd,
+    Adam,
+    AdamW,
+}
+
+impl Opt {
+    const ALL: [Opt; 3] = [Opt::Sgd, Opt::Adam, Opt::AdamW];
+    fn name(self) -> &'static str {
+        match self {
+            Opt::Sgd => "sgd",
+            Opt::Adam => "adam",
+            Opt::AdamW => "adamw",
+        }
+    }
+    fn ours(self, vs: &nn::VarStore) -> Box<dyn Optimizer + Send> {
+        match self {
+            Opt::Sgd => Box::new(Sgd::new(vs, SgdConfig::default().lr(1e-3).momentum(0.9)).unwrap()),
+            Opt::Adam => Box::new(Adam::new(vs, AdamConfig::default().lr(1e-3)).unwrap()),
+            Opt::AdamW => Box::new(Adam::new(vs, AdamConfig::adamw().lr(1e-3)).unwrap()),
+        }
+    }
+    fn tch(self, vs: &nn::VarStore) -> nn::Optimizer {
+        match self {
+            Opt::Sgd => nn::Sgd { momentum: 0.9, ..Default::default() }.build(vs, 1e-3).unwrap(),
+            Opt::Adam => nn::Adam::default().build(vs, 1e-3).unwrap(),
+            Opt::AdamW => nn::AdamW::default().build(vs, 1e-3).unwrap(),
+        }
+    }
+}
+
+struct Row {
+    model: String,
+    opt: String,
+    mode: String,
+    us: f64,
+}
+
+struct Args {
+    out: String,
+    steps: usize,
+    torch: bool,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args { out: "target/bench".into(), steps: 1000, torch: true };
+    let mut it = std::env::args().skip(1);
+    while let Some(s) = it.next() {
+        match s.as_str() {
+            "--out" => a.out = it.next().expect("--out DIR"),
+            "--steps" => a.steps = it.next().expect("--steps N").parse().expect("a number"),
+            "--no-torch" => a.torch = false,
+            _ => {} // cargo bench passes --bench
+        }
+    }
+    a.steps = a.steps.max(100);
+    a
+}
+
+const BLOCK: usize = 50;
+const WARMUP: usize = 20;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Median µs per step of `step(i)`.
+fn time_steps(device: Device, steps: usize, mut step: impl FnMut(usize)) -> f64 {
+    for i in 0..WARMUP {
+        step(i);
+    }
+    let mut per_step = Vec::new();
+    let mut i = 0;
+    for _ in 0..steps.div_ceil(BLOCK) {
+        synchronize(device).unwrap();
+        let t = Instant::now();
+        for _ in 0..BLOCK {
+            step(i);
+            i += 1;
+        }
+        synchronize(device).unwrap();
+        per_step.push(t.elapsed().as_secs_f64() * 1e6 / BLOCK as f64);
+    }
+    median(per_step)
+}
+
+struct Extra {
+    capture_ms: f64,
+    replay_host_us: f64,
+    pool_bytes: i64,
+}
+
+fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut Vec<Row>) -> Extra {
+    let batches: Vec<(Tensor, Tensor)> = (0..8).map(|_| batch(kind, device)).collect();
+    let mut push = |mode: &str, us: f64| {
+        println!("  {:<12} {:<6} {:<22} {:>9.1} µs/step", kind.name(), opt.name(), mode, us);
+        rows.push(Row { model: kind.name().into(), opt: opt.name().into(), mode: mode.into(), us });
+    };
+    // 1. tch eager, tch optimizer
+    {
+        tch::manual_seed(0);
+        let vs = nn::VarStore::new(device);
+        let model = Model::new(kind, &vs);
+        let mut o = opt.tch(&vs);
+        let us = time_steps(device, steps, |i| {
+            let (x, y) = &batches[i % batches.len()];
+            o.zero_grad();
+            model.loss(x, y).backward();
+            o.step();
+        });
+        push("tch_eager", us);
+    }
+    // 2. tch eager, this crate's fused optimizer
+    {
+        tch::manual_seed(0);
+        let vs = nn::VarStore::new(device);
+        let model = Model::new(kind, &vs);
+        let mut o = opt.ours(&vs);
+        let us = time_steps(device, steps, |i| {
+            let (x, y) = &batches[i % batches.len()];
+            o.zero_grad().unwrap();
+            model.loss(x, y).backward();
+            o.step().unwrap();
+        });
+        push("tch_eager_fused", us);
+    }
+    // 3. captured step
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(device);
+    let model = Model::new(kind, &vs);
+    let mut o = opt.ours(&vs);
+    synchronize(device).unwrap();
+    let t = Instant::now();
+    let mut step = TrainStep::new(&[("x", &batches[0].0), ("y", &batches[0].1)], StepOptions::default(), move |inp| {
+        o.zero_grad()?;
+        let loss = model.loss(&inp[0], &inp[1]);
+        loss.f_backward()?;
+        o.step()?;
+        Ok(vec![loss.detach()])
+    })
+    .unwrap();
+    synchronize(device).unwrap();
+    let capture_ms = t.elapsed().as_secs_f64() * 1e3;
+    let graph = step.graph_mut().expect("graphed on a GPU");
+    graph.upload().unwrap();
+    let pool_bytes = pool_memory(device, graph.pool().unwrap()).unwrap().reserved;
+    let us = time_steps(device, steps, |i| {
+        let (x, y) = &batches[i % batches.len()];
+        step.run(&[x, y]).unwrap();
+    });
+    push("graph", us);
+    // host cost of one replay() call (launch only)
+    // (device idle before each call, so the launch queue never blocks the call)
+    let graph = step.graph_mut().unwrap();
+    let mut host = Vec::new();
+    for _ in 0..200 {
+        synchronize(device).unwrap();
+        let t = Instant::now();
+        graph.replay().unwrap();
+        host.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    synchronize(device).unwrap();
+    Extra { capture_ms, replay_host_us: median(host), pool_bytes }
+}
+
+fn run_torch(steps: usize, rows: &mut Vec<Row>) -> Result<(), String> {
+    let out = Command::new("python3")
+        .args(["benches/torch_reference.py", "--steps", &steps.to_string()])
+        .output()
+        .map_err(|e| format!("python3 not runnable: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("torch_reference.py failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() == 5 && f[0] == "ROW" {
+            let us: f64 = f[4].parse().map_err(|e| format!("bad row {line}: {e}"))?;
+            println!("  {:<12} {:<6} {:<22} {:>9.1} µs/step", f[1], f[2], f[3], us);
+            rows.push(Row { model: f[1].into(), opt: f[2].into(), mode: f[3].into(), us });
+        } else if !line.is_empty() {
+            println!("  torch: {line}");
+        }
+    }
+    Ok(())
+}
+
+/// For `ncu`: captures the small MLP's Adam step into a kept graph, prints its node counts,
+/// and replays it 3 times (ncu times each kernel of the replays).
+fn profile_small() {
+    let device = Device::Cuda(0);
+    let kind = ModelKind::SmallMlp;
+    let (x, y) = batch(kind, device);
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(device);
+    let model = Model::new(kind, &vs);
+    let mut o = Opt::Adam.ours(&vs);
+    let mut step = TrainStep::new(&[("x", &x), ("y", &y)], StepOptions::default().keep_graph(true), move |inp| {
+        o.zero_grad()?;
+        let loss = model.loss(&inp[0], &inp[1]);
+        loss.f_backward()?;
+        o.step()?;
+        Ok(vec![loss.detach()])
+    })
+    .unwrap();
+    let g = step.graph_mut().unwrap();
+    println!("small MLP + Adam graph: {} nodes, {:?}", g.node_count().unwrap(), g.node_kinds().unwrap());
+    for _ in 0..3 {
+        step.replay().unwrap();
+    }
+    synchronize(device).unwrap();
+}
+
+fn find(rows: &[Row], model: &str, opt: &str, mode: &str) -> Option<f64> {
+    rows.iter().find(|r| r.model == model && r.opt == opt && r.mode == mode).map(|r| r.us)
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--include-ignored" || a.starts_with("--test-threads")) {
+        println!("bench step: started as a test binary; run it with `cargo bench --bench step` (or directly).");
+        return;
+    }
+    let args = parse_args();
+    if std::env::args().any(|a| a == "--profile-small") {
+        profile_small();
+        return;
+    }
+    if !cuda_is_available() {
+        println!("bench step: no CUDA device; nothing to measure (the benchmark compares GPU modes).");
+        return;
+    }
+    let device = Device::Cuda(0);
+    std::fs::create_dir_all(&args.out).expect("create the output directory");
+    println!("benchmark: median µs per training step, {} steps per mode after {WARMUP} warmup steps", args.steps);
+    let mut rows = Vec::new();
+    let mut extras = Vec::new();
+    for kind in ModelKind::ALL {
+        for opt in Opt::ALL {
+            let e = bench_one(kind, opt, device, args.steps, &mut rows);
+            println!(
+                "  {:<12} {:<6} capture {:.1} ms (warmup 3 + capture + instantiate), replay() host {:.1} µs, pool {:.1} MiB",
+                kind.name(),
+                opt.name(),
+                e.capture_ms,
+                e.replay_host_us,
+                e.pool_bytes as f64 / (1 << 20) as f64
+            );
+            extras.push((kind.name(), opt.name(), e));
+        }
+    }
+    if args.torch {
+        println!("PyTorch reference (benches/torch_reference.py), same GPU, same run:");
+        if let Err(e) = run_torch(args.steps, &mut rows) {
+            println!("  PyTorch reference not run: {e}");
+        }
+    }
+    // Summary table with ratios.
+    let mut table = String::new();
+    let _ = writeln!(
+        table,
+        "| model | opt | tch eager | tch eager + fused | **graph (this crate)** | torch eager | torch graph best | eager/graph | graph/torch best |"
+    );
+    let _ = writeln!(table, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut json = String::from("{\n  \"rows\": [\n");
+    for (i, r) in rows.iter().enumerate() {
+        let _ = write!(
+            json,
+            "    {{\"model\": \"{}\", \"opt\": \"{}\", \"mode\": \"{}\", \"us_per_step\": {:.2}}}",
+            r.model, r.opt, r.mode, r.us
+        );
+        json.push_str(if i + 1 < rows.len() { ",\n" } else { "\n" });
+    }
+    json.push_str("  ],\n  \"extras\": [\n");
+    for (i, (m, o, e)) in extras.iter().enumerate() {
+        let _ = write!(
+            json,
+            "    {{\"model\": \"{m}\", \"opt\": \"{o}\", \"capture_ms\": {:.2}, \"replay_host_us\": {:.2}, \"pool_reserved_bytes\": {}}}",
+            e.capture_ms, e.replay_host_us, e.pool_bytes
+        );
+        json.push_str(if i + 1 < extras.len() { ",\n" } else { "\n" });
+    }
+    json.push_str("  ]\n}\n");
+    for kind in ModelKind::ALL {
+        for opt in Opt::ALL {
+            let (m, o) = (kind.name(), opt.name());
+            let g = find(&rows, m, o, "graph").unwrap_or(f64::NAN);
+            let te = find(&rows, m, o, "tch_eager").unwrap_or(f64::NAN);
+            let tf = find(&rows, m, o, "tch_eager_fused").unwrap_or(f64::NAN);
+            let pe = find(&rows, m, o, "torch_eager").unwrap_or(f64::NAN);
+            let pg = ["torch_graph", "torch_graph_capturable", "torch_graph_fused"]
+                .iter()
+                .filter_map(|mode| find(&rows, m, o, mode))
+                .fold(f64::NAN, f64::min);
+            let _ = writeln!(
+                table,
+                "| {m} | {o} | {te:.1} | {tf:.1} | **{g:.1}** | {pe:.1} | {pg:.1} | {:.2}x | {:.2} |",
+                te / g,
+                g / pg
+            );
+        }
+    }
+    println!("\nµs per step (lower is better); eager/graph = tch eager with tch's optimizer over this crate's graph; graph/torch best = this crate's graph over PyTorch's fastest graphed variant (≤ 1.0 meets the target)\n");
+    println!("{table}");
+    let mut csv = String::from("model,opt,mode,us_per_step\n");
+    for r in &rows {
+        let _ = writeln!(csv, "{},{},{},{:.2}", r.model, r.opt, r.mode, r.us);
+    }
+    std::fs::write(format!("{}/results.json", args.out), json).expect("write results.json");
+    std::fs::write(format!("{}/results.csv", args.out), csv).expect("write results.csv");
+    std::fs::write(format!("{}/table.md", args.out), &table).expect("write table.md");
+    let plotted = Command::new("python3")
+        .args(["benches/plot.py", &format!("{}/results.csv", args.out), &format!("{}/chart.png", args.out)])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    println!(
+        "wrote {0}/results.json, {0}/results.csv, {0}/table.md{1}",
+        args.out,
+        if plotted {
+            format!(", {}/chart.png", args.out)
+        } else {
+            " (no chart: python3 with matplotlib not found)".into()
+        }
+    );
+}

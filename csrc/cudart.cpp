@@ -1,0 +1,56 @@
+// The CUDA runtime functions that the shim (and libtorch's inline header code it includes)
+// calls, forwarded at run time to the libcudart that libtorch_cuda has already loaded.
+//
+// Why: linking libcudart directly would give every binary a NEEDED entry of its own for
+// libcudart.so.13, which must then be found on the binary's own library path (it lives beside
+// torch in pip installs, not beside libtorch). Forwarding needs only libtorch's path, and uses
+// the very runtime instance libtorch uses. This file is compiled with -fvisibility=hidden: the
+// definitions bind only the shim's own references and are never exported, so libtorch keeps
+// calling libcudart directly.
+#ifndef TCG_NO_CUDA
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+namespace {
+void* resolve(const char* name) {
+  void* p = dlsym(RTLD_DEFAULT, name);
+  if (p == nullptr) {
+    void* lib = dlopen("libcudart.so.13", RTLD_LAZY | RTLD_NOLOAD);
+    if (lib != nullptr) p = dlsym(lib, name);
+  }
+  return p;
+}
+}  // namespace
+
+#define TCG_FORWARD(name, params, args)                                        \
+  extern "C" cudaError_t name params {                                         \
+    using Fn = cudaError_t(*) params;                                          \
+    static Fn fn = reinterpret_cast<Fn>(resolve(#name));                       \
+    if (fn == nullptr) return cudaErrorInitializationError;                    \
+    return fn args;                                                            \
+  }
+
+TCG_FORWARD(cudaDeviceSynchronize, (void), ())
+TCG_FORWARD(cudaGetLastError, (void), ())
+TCG_FORWARD(cudaEventCreateWithFlags, (cudaEvent_t* e, unsigned int f), (e, f))
+TCG_FORWARD(cudaEventDestroy, (cudaEvent_t e), (e))
+TCG_FORWARD(cudaEventElapsedTime, (float* ms, cudaEvent_t a, cudaEvent_t b), (ms, a, b))
+TCG_FORWARD(cudaEventQuery, (cudaEvent_t e), (e))
+TCG_FORWARD(cudaEventRecord, (cudaEvent_t e, cudaStream_t s), (e, s))
+TCG_FORWARD(cudaEventSynchronize, (cudaEvent_t e), (e))
+TCG_FORWARD(cudaStreamWaitEvent, (cudaStream_t s, cudaEvent_t e, unsigned int f), (s, e, f))
+TCG_FORWARD(cudaStreamIsCapturing, (cudaStream_t s, enum cudaStreamCaptureStatus* st), (s, st))
+TCG_FORWARD(cudaStreamEndCapture, (cudaStream_t s, cudaGraph_t* g), (s, g))
+TCG_FORWARD(cudaGraphDestroy, (cudaGraph_t g), (g))
+TCG_FORWARD(cudaGraphUpload, (cudaGraphExec_t e, cudaStream_t s), (e, s))
+TCG_FORWARD(cudaGraphDebugDotPrint, (cudaGraph_t g, const char* p, unsigned int f), (g, p, f))
+TCG_FORWARD(cudaGraphGetNodes, (cudaGraph_t g, cudaGraphNode_t* n, size_t* c), (g, n, c))
+TCG_FORWARD(cudaGraphNodeGetType, (cudaGraphNode_t n, enum cudaGraphNodeType* t), (n, t))
+
+extern "C" const char* cudaGetErrorString(cudaError_t err) {
+  using Fn = const char* (*)(cudaError_t);
+  static Fn fn = reinterpret_cast<Fn>(resolve("cudaGetErrorString"));
+  if (fn == nullptr) return "CUDA runtime (libcudart) is not loaded";
+  return fn(err);
+}
+#endif  // TCG_NO_CUDA

@@ -1,0 +1,33 @@
+//! Gradient clipping by global norm that stays on the device (usable inside a captured step).
+
+use crate::error::{check, Error, Result};
+use crate::ffi;
+use crate::optim::{ptrs, with_grads};
+use tch::Tensor;
+
+/// Scales the gradients of `params` so that their global `norm_type`-norm is at most
+/// `max_norm` (PyTorch's `clip_grad_norm_`, `foreach` path), and returns the norm before
+/// clipping as a 0-d device tensor. No host sync: the scale factor
+/// `min(1, max_norm / (norm + 1e-6))` is computed and applied on the device, so this can be
+/// captured. Parameters without a gradient are skipped.
+///
+/// ```no_run
+/// # fn main() -> tch_cuda_graphs::Result<()> {
+/// # let params: Vec<tch::Tensor> = vec![];
+/// let total_norm = tch_cuda_graphs::clip_grad_norm(&params, 1.0, 2.0)?;
+/// # let _ = total_norm; Ok(()) }
+/// ```
+pub fn clip_grad_norm(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<Tensor> {
+    if !(max_norm.is_finite() && max_norm >= 0.0 && norm_type.is_finite() && norm_type > 0.0) {
+        return Err(Error::Misuse(format!("clip_grad_norm: invalid max_norm {max_norm} or norm_type {norm_type}")));
+    }
+    let (_, grads) = with_grads(params)?;
+    let g = ptrs(&grads);
+    let mut total: ffi::tcg_tensor = std::ptr::null_mut();
+    // SAFETY: `g` holds live tensor handles borrowed for the call; on success `total` is a new
+    // heap at::Tensor that we own and hand to tch, which frees it on drop.
+    unsafe {
+        check(ffi::tcg_clip_grad_norm(g.as_ptr(), g.len(), max_norm, norm_type, &mut total))?;
+        Ok(Tensor::from_ptr(total))
+    }
+}

@@ -1,0 +1,304 @@
+//! The safe CUDA graph: [`CudaGraph`] owns one `at::cuda::CUDAGraph`.
+
+use crate::capture::{capture_on_side_stream, CaptureMode, CaptureOptions};
+use crate::error::{check, Error, Result};
+use crate::ffi;
+use crate::pool::PoolId;
+use std::ffi::CString;
+use std::path::Path;
+use std::ptr::NonNull;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Empty,
+    Capturing,
+    Captured,
+}
+
+/// Node counts of a captured graph, by `cudaGraphNodeType`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeKinds {
+    /// Kernel launches.
+    pub kernel: usize,
+    /// Memory copies.
+    pub memcpy: usize,
+    /// Memory sets.
+    pub memset: usize,
+    /// Host callbacks.
+    pub host: usize,
+    /// Child graphs.
+    pub graph: usize,
+    /// Empty (dependency) nodes.
+    pub empty: usize,
+    /// Event waits and records.
+    pub event: usize,
+    /// Memory allocation and free nodes.
+    pub mem_alloc_free: usize,
+    /// Any other kind (semaphores, batch memory ops, conditionals).
+    pub other: usize,
+}
+
+impl NodeKinds {
+    /// All nodes.
+    pub fn total(&self) -> usize {
+        self.kernel
+            + self.memcpy
+            + self.memset
+            + self.host
+            + self.graph
+            + self.empty
+            + self.event
+            + self.mem_alloc_free
+            + self.other
+    }
+
+    fn from_counts(c: &[usize; 16]) -> Self {
+        // cudaGraphNodeType: 0 kernel, 1 memcpy, 2 memset, 3 host, 4 graph, 5 empty,
+        // 6 wait event, 7 event record, 8/9 ext semaphores, 10 mem alloc, 11 mem free, 12.. other
+        NodeKinds {
+            kernel: c[0],
+            memcpy: c[1],
+            memset: c[2],
+            host: c[3],
+            graph: c[4],
+            empty: c[5],
+            event: c[6] + c[7],
+            mem_alloc_free: c[10] + c[11],
+            other: c[8] + c[9] + c[12..].iter().sum::<usize>(),
+        }
+    }
+}
+
+/// A CUDA graph: work captured once from a stream, replayed with one launch.
+///
+/// Wraps libtorch's `at::cuda::CUDAGraph` (PyTorch's `torch.cuda.CUDAGraph`), so RNG ops and
+/// the caching allocator cooperate with capture exactly as in PyTorch. [`CudaGraph::capture`]
+/// is the safe way to capture: it runs on a side stream and ends the capture on every path.
+///
+/// ```no_run
+/// # fn main() -> tch_cuda_graphs::Result<()> {
+/// use tch::{Device, Kind, Tensor};
+/// use tch_cuda_graphs::{CaptureOptions, CudaGraph};
+/// let a = Tensor::ones([4], (Kind::Float, Device::Cuda(0)));
+/// let b = Tensor::ones([4], (Kind::Float, Device::Cuda(0)));
+/// let mut g = CudaGraph::new()?;
+/// let out = g.capture(CaptureOptions::default(), || Ok(a.f_add(&b)?))?; // recorded, not run
+/// a.fill_(2.0);
+/// g.replay()?; // `out` now holds 3.0s
+/// # Ok(()) }
+/// ```
+///
+/// # Threads
+/// `CudaGraph` is `Send`: the graph is not tied to the thread that captured it, and replay
+/// launches on the calling thread's current stream of the capture device. It is not `Sync`:
+/// replay mutates host state (the lazily instantiated executable, the RNG generators' offsets)
+/// and CUDA graph objects are not internally synchronized, so every method that reaches the
+/// C++ object takes `&mut self`. Share one between threads behind a `Mutex`.
+#[derive(Debug)]
+pub struct CudaGraph {
+    raw: NonNull<ffi::tcg_graph>,
+    state: State,
+    keep_graph: bool,
+}
+
+// SAFETY: the C++ CUDAGraph holds no thread-local state: its capture stream and device are
+// explicit members, its replay takes the calling thread's current stream and sets the device
+// itself, and libtorch's capture bookkeeping is behind global mutexes. Moving it to another
+// thread is sound; concurrent use is prevented by `&mut self` (no Sync impl).
+unsafe impl Send for CudaGraph {}
+
+impl CudaGraph {
+    /// A new, empty graph (libtorch's default `keep_graph = false`: the `cudaGraph_t` is
+    /// instantiated and freed at the end of capture). [`Error::NoCuda`] without a GPU.
+    pub fn new() -> Result<Self> {
+        Self::with_keep_graph(false)
+    }
+
+    /// A new graph; with `keep_graph` the captured `cudaGraph_t` is kept so that
+    /// [`node_count`](Self::node_count), [`node_kinds`](Self::node_kinds) and
+    /// [`debug_dump`](Self::debug_dump) can read it; it is instantiated at the first
+    /// [`replay`](Self::replay) or [`instantiate`](Self::instantiate).
+    pub fn with_keep_graph(keep_graph: bool) -> Result<Self> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out pointer; on success it holds a graph that we own.
+        check(unsafe { ffi::tcg_graph_new(i32::from(keep_graph), &mut raw) })?;
+        let raw = NonNull::new(raw).ok_or_else(|| Error::Torch("CUDAGraph: null handle".into()))?;
+        Ok(CudaGraph { raw, state: State::Empty, keep_graph })
+    }
+
+    /// Whether this graph holds a successful capture.
+    pub fn is_captured(&self) -> bool {
+        self.state == State::Captured
+    }
+
+    /// Whether the captured `cudaGraph_t` is kept (see [`with_keep_graph`](Self::with_keep_graph)).
+    pub fn keeps_graph(&self) -> bool {
+        self.keep_graph
+    }
+
+    /// Captures the work `f` queues into this graph and returns what `f` returned (tensors whose
+    /// memory the graph will write on each replay).
+    ///
+    /// Like `torch.cuda.graph`: synchronizes the device, frees cached memory (see
+    /// [`CaptureOptions::empty_cache`]), switches to a side stream, captures, and restores the
+    /// previous stream. The capture is ended on every path out. If `f` returns an error or
+    /// panics, or CUDA invalidates the capture (a host sync such as `.item()`), the capture is
+    /// torn down (allocator routing ended, pool reference released) and the graph is empty
+    /// again; an invalidated capture gives [`Error::CaptureInvalidated`], other errors are
+    /// returned as they are, and a panic that did not invalidate the capture resumes after the
+    /// clean-up.
+    pub fn capture<T>(&mut self, options: CaptureOptions, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        capture_on_side_stream(self, &options, f)
+    }
+
+    /// Low level (`CUDAGraph::capture_begin`): starts capturing the *current* stream, which
+    /// must not be the default stream. Prefer [`capture`](Self::capture). A capture begun here
+    /// must be ended with [`capture_end`](Self::capture_end) or
+    /// [`capture_abort`](Self::capture_abort); dropping the graph aborts it.
+    pub fn capture_begin(&mut self, pool: PoolId, mode: CaptureMode) -> Result<()> {
+        match self.state {
+            State::Capturing => return Err(Error::Misuse("capture_begin: this graph is already capturing".into())),
+            State::Captured => {
+                return Err(Error::Misuse(
+                    "capture_begin: this graph already holds a capture; call reset() to capture again".into(),
+                ))
+            }
+            State::Empty => {}
+        }
+        // SAFETY: `self.raw` is live (owned by self); plain value arguments.
+        check(unsafe { ffi::tcg_graph_capture_begin(self.raw.as_ptr(), pool.ffi(), mode as i32) })?;
+        self.state = State::Capturing;
+        Ok(())
+    }
+
+    /// Low level (`CUDAGraph::capture_end`): ends the capture begun by
+    /// [`capture_begin`](Self::capture_begin), on the same stream. On failure the capture is
+    /// torn down and the graph is empty again.
+    pub fn capture_end(&mut self) -> Result<()> {
+        if self.state != State::Capturing {
+            return Err(Error::Misuse("capture_end without capture_begin".into()));
+        }
+        // SAFETY: `self.raw` is live (owned by self).
+        let r = check(unsafe { ffi::tcg_graph_capture_end(self.raw.as_ptr()) });
+        self.state = if r.is_ok() { State::Captured } else { State::Empty };
+        r
+    }
+
+    /// Low level: tears down a capture under way without keeping anything. Returns whether
+    /// CUDA had invalidated it. A no-op (`Ok(false)`) when not capturing.
+    pub fn capture_abort(&mut self) -> Result<bool> {
+        if self.state != State::Capturing {
+            return Ok(false);
+        }
+        let mut invalidated = 0;
+        // SAFETY: `self.raw` is live (owned by self); `invalidated` is a valid out pointer.
+        let r = check(unsafe { ffi::tcg_graph_capture_abort(self.raw.as_ptr(), &mut invalidated) });
+        self.state = State::Empty;
+        r.map(|()| invalidated != 0)
+    }
+
+    /// Instantiates a kept graph now (otherwise the first replay does it).
+    pub fn instantiate(&mut self) -> Result<()> {
+        self.require_captured("instantiate")?;
+        if !self.keep_graph {
+            return Ok(()); // already instantiated at capture end
+        }
+        // SAFETY: `self.raw` is live (owned by self).
+        check(unsafe { ffi::tcg_graph_instantiate(self.raw.as_ptr()) })
+    }
+
+    /// Launches the captured work on the current stream of the capture device.
+    pub fn replay(&mut self) -> Result<()> {
+        self.require_captured("replay")?;
+        // SAFETY: `self.raw` is live (owned by self).
+        check(unsafe { ffi::tcg_graph_replay(self.raw.as_ptr()) })
+    }
+
+    /// Uploads the executable graph to the device (`cudaGraphUpload`) so that the first replay
+    /// does not pay for it. libtorch's replay does not do this.
+    pub fn upload(&mut self) -> Result<()> {
+        self.require_captured("upload")?;
+        // SAFETY: `self.raw` is live (owned by self).
+        check(unsafe { ffi::tcg_graph_upload(self.raw.as_ptr()) })
+    }
+
+    /// Frees the captured graph and releases its pool reference; the graph can capture again.
+    /// Tensors returned by the capture stay valid (their blocks return to the pool when freed).
+    pub fn reset(&mut self) -> Result<()> {
+        if self.state == State::Capturing {
+            return Err(Error::Misuse("reset during a capture: end or abort it first".into()));
+        }
+        // SAFETY: `self.raw` is live (owned by self).
+        check(unsafe { ffi::tcg_graph_reset(self.raw.as_ptr()) })?;
+        self.state = State::Empty;
+        Ok(())
+    }
+
+    /// The id of the pool this graph's memory lives in; give it to another capture to share it.
+    pub fn pool(&self) -> Result<PoolId> {
+        self.require_captured("pool")?;
+        let mut raw = ffi::tcg_pool_id::default();
+        // SAFETY: `self.raw` is live; `raw` is a valid out pointer. pool() only reads.
+        check(unsafe { ffi::tcg_graph_pool(self.raw.as_ptr(), &mut raw) })?;
+        Ok(PoolId::from_ffi(raw))
+    }
+
+    /// Writes the kept graph as Graphviz DOT (`cudaGraphDebugDotPrint`, verbose).
+    pub fn debug_dump(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        self.require_kept("debug_dump")?;
+        let p = path.as_ref().to_str().ok_or_else(|| Error::Misuse("debug_dump: path is not UTF-8".into()))?;
+        let c = CString::new(p).map_err(|_| Error::Misuse("debug_dump: path contains NUL".into()))?;
+        // SAFETY: `self.raw` is live; `c` is a NUL-terminated string that outlives the call.
+        check(unsafe { ffi::tcg_graph_debug_dump(self.raw.as_ptr(), c.as_ptr()) })
+    }
+
+    /// libtorch's process-wide graph debug mode (keeps every graph's `cudaGraph_t`).
+    pub fn enable_debug_mode(&mut self) -> Result<()> {
+        // SAFETY: `self.raw` is live (owned by self).
+        check(unsafe { ffi::tcg_graph_enable_debug_mode(self.raw.as_ptr()) })
+    }
+
+    /// The number of nodes of the kept graph.
+    pub fn node_count(&mut self) -> Result<usize> {
+        self.require_kept("node_count")?;
+        let mut n = 0usize;
+        // SAFETY: `self.raw` is live; `n` is a valid out pointer.
+        check(unsafe { ffi::tcg_graph_node_count(self.raw.as_ptr(), &mut n) })?;
+        Ok(n)
+    }
+
+    /// The nodes of the kept graph by kind.
+    pub fn node_kinds(&mut self) -> Result<NodeKinds> {
+        self.require_kept("node_kinds")?;
+        let mut counts = [0usize; 16];
+        // SAFETY: `self.raw` is live; `counts` has room for the 16 entries we pass.
+        check(unsafe { ffi::tcg_graph_node_kinds(self.raw.as_ptr(), counts.as_mut_ptr(), counts.len()) })?;
+        Ok(NodeKinds::from_counts(&counts))
+    }
+
+    fn require_captured(&self, what: &str) -> Result<()> {
+        match self.state {
+            State::Captured => Ok(()),
+            State::Capturing => Err(Error::Misuse(format!("{what} during a capture"))),
+            State::Empty => Err(Error::Misuse(format!("{what} before a successful capture"))),
+        }
+    }
+
+    fn require_kept(&self, what: &str) -> Result<()> {
+        self.require_captured(what)?;
+        if !self.keep_graph {
+            return Err(Error::Misuse(format!(
+                "{what} needs the cudaGraph_t: create the graph with CudaGraph::with_keep_graph(true)"
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from tcg_graph_new and is freed exactly once, here. The shim aborts
+        // a capture still under way and never throws.
+        unsafe { ffi::tcg_graph_free(self.raw.as_ptr()) }
+    }
+}

@@ -1,0 +1,52 @@
+//! # tch-cuda-graphs
+//!
+//! CUDA graphs for [tch](https://docs.rs/tch) (libtorch 2.11): capture a whole training step
+//! (forward, backward, optimizer) once and replay it per batch, so a launch-bound step costs
+//! one graph launch instead of hundreds of kernel launches.
+//!
+//! Where to look:
+//! - [`ffi`]: the raw C API of the C++ shim (`csrc/`), [`error`]: [`Error`] and the status check.
+//! - [`graph`]: [`CudaGraph`], the safe owner of an `at::cuda::CUDAGraph`.
+//! - [`capture`]: [`CaptureOptions`], [`capture_with_warmup`] (side stream, warmup, capture).
+//! - [`pool`]: [`PoolId`], [`graph_pool_handle`], [`MemPool`]; [`memory`]: allocator figures.
+//! - [`stream`]: [`Stream`], [`StreamGuard`], capture status; [`device`]: availability, sync.
+//! - [`optim`]: capturable fused [`optim::Sgd`] and [`optim::Adam`] (Adam/AdamW); [`clip`]:
+//!   on-device gradient clipping.
+//! - [`train_step`]: [`TrainStep`], a captured training step fed through static inputs, with
+//!   an eager fallback on machines without a GPU.
+//!
+//! ```no_run
+//! # fn main() -> tch_cuda_graphs::Result<()> {
+//! use tch::{Device, Kind, Tensor};
+//! use tch_cuda_graphs::{graph_pool_handle, CaptureOptions, CudaGraph};
+//! let (a, b) = (Tensor::ones([8], (Kind::Float, Device::Cuda(0))), Tensor::ones([8], (Kind::Float, Device::Cuda(0))));
+//! let pool = graph_pool_handle()?;
+//! let mut g = CudaGraph::new()?;
+//! let out = g.capture(CaptureOptions::default().pool(pool), || Ok(a.f_add(&b)?))?;
+//! a.copy_(&Tensor::full([8], 5.0, (Kind::Float, Device::Cuda(0))));
+//! g.replay()?; // `out` is now 6.0 everywhere
+//! # let _ = out; Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+pub mod capture;
+pub mod clip;
+pub mod device;
+pub mod error;
+pub mod ffi;
+pub mod graph;
+pub mod memory;
+pub mod optim;
+pub mod pool;
+pub mod stream;
+pub mod train_step;
+
+pub use capture::{capture_with_warmup, CaptureMode, CaptureOptions, DEFAULT_WARMUP};
+pub use clip::clip_grad_norm;
+pub use device::{built_with_cuda, cuda_device_count, cuda_is_available, synchronize};
+pub use error::{Error, Result};
+pub use graph::{CudaGraph, NodeKinds};
+pub use memory::{empty_cache, memory_stats, pool_memory, MemoryStats, PoolMemory};
+pub use pool::{graph_pool_handle, MemPool, PoolId};
+pub use stream::{is_current_stream_capturing, CaptureStatus, Stream, StreamGuard};
+pub use train_step::{StepOptions, TrainStep};

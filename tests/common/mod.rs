@@ -1,0 +1,77 @@
+//! Helpers shared by the test files.
+#![allow(dead_code)]
+
+use tch::{nn, nn::Module, Device, Kind, Tensor};
+
+/// The CUDA device for a GPU test; panics (fails loudly) when there is none.
+pub fn cuda() -> Device {
+    assert!(
+        tch_cuda_graphs::cuda_is_available(),
+        "this test needs a CUDA device, and none is available (run GPU tests on a GPU machine)"
+    );
+    Device::Cuda(0)
+}
+
+/// A 3-layer MLP `d -> h -> h -> o` with ReLUs.
+pub fn mlp(p: nn::Path, d: i64, h: i64, o: i64) -> nn::Sequential {
+    nn::seq()
+        .add(nn::linear(&p / "l1", d, h, Default::default()))
+        .add_fn(|x| x.relu())
+        .add(nn::linear(&p / "l2", h, h, Default::default()))
+        .add_fn(|x| x.relu())
+        .add(nn::linear(&p / "l3", h, o, Default::default()))
+}
+
+/// Two VarStores on `device` holding the same MLP weights.
+pub fn twin_mlps(
+    device: Device,
+    d: i64,
+    h: i64,
+    o: i64,
+) -> (nn::VarStore, nn::Sequential, nn::VarStore, nn::Sequential) {
+    let vs_a = nn::VarStore::new(device);
+    let a = mlp(vs_a.root(), d, h, o);
+    let mut vs_b = nn::VarStore::new(device);
+    let b = mlp(vs_b.root(), d, h, o);
+    vs_b.copy(&vs_a).expect("copy weights");
+    (vs_a, a, vs_b, b)
+}
+
+/// Mean-squared-error loss of `model` on (x, y).
+pub fn mse(model: &impl Module, x: &Tensor, y: &Tensor) -> Tensor {
+    model.forward(x).mse_loss(y, tch::Reduction::Mean)
+}
+
+/// Largest absolute difference between the parameters of two VarStores (matched by name).
+pub fn max_param_diff(a: &nn::VarStore, b: &nn::VarStore) -> f64 {
+    let va = a.variables();
+    let vb = b.variables();
+    let mut worst = 0f64;
+    for (name, ta) in &va {
+        let tb = &vb[name];
+        let d = f64::try_from((ta - tb).abs().max()).expect("scalar");
+        worst = worst.max(d);
+    }
+    worst
+}
+
+/// Largest relative difference max|a-b| / max|b| over the parameters of two VarStores.
+pub fn max_param_rel_diff(a: &nn::VarStore, b: &nn::VarStore) -> f64 {
+    let va = a.variables();
+    let vb = b.variables();
+    let mut worst = 0f64;
+    for (name, ta) in &va {
+        let tb = &vb[name];
+        let num = f64::try_from((ta - tb).abs().max()).expect("scalar");
+        let den = f64::try_from(tb.abs().max()).expect("scalar").max(1e-12);
+        worst = worst.max(num / den);
+    }
+    worst
+}
+
+/// A batch of a synthetic regression task.
+pub fn batch(device: Device, n: i64, d: i64, o: i64) -> (Tensor, Tensor) {
+    let x = Tensor::randn([n, d], (Kind::Float, device));
+    let y = x.narrow(1, 0, o).sin() * 2.0;
+    (x, y)
+}

@@ -1,0 +1,337 @@
+//! Tests that run without a GPU (CI): error paths, option and id handling, the optimizers'
+//! numerics against tch's own optimizers on CPU, gradient clipping, and TrainStep's eager
+//! fallback and input validation.
+
+mod common;
+
+use common::{batch, max_param_rel_diff, mse, twin_mlps};
+use tch::{nn, nn::OptimizerConfig, Device, Kind, Tensor};
+use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
+use tch_cuda_graphs::{
+    capture_with_warmup, clip_grad_norm, cuda_is_available, graph_pool_handle, memory_stats, CaptureMode,
+    CaptureOptions, CaptureStatus, CudaGraph, Error, MemPool, PoolId, StepOptions, Stream, TrainStep,
+};
+
+/// Without CUDA every GPU entry point says NoCuda with a message; with CUDA they work. Either
+/// way the test asserts what it sees (it runs in CI without a GPU and on the GPU machine).
+#[test]
+fn gpu_entry_points_report_no_cuda_without_a_device() {
+    let results: Vec<(&str, Result<(), Error>)> = vec![
+        ("CudaGraph::new", CudaGraph::new().map(drop)),
+        ("graph_pool_handle", graph_pool_handle().map(drop)),
+        ("MemPool::new", MemPool::new().map(drop)),
+        ("Stream::current", Stream::current(Device::Cuda(0)).map(drop)),
+        ("memory_stats", memory_stats(Device::Cuda(0)).map(drop)),
+        ("capture_with_warmup", capture_with_warmup(1, CaptureOptions::default(), || Ok(())).map(drop)),
+    ];
+    for (what, r) in results {
+        if cuda_is_available() {
+            assert!(r.is_ok(), "{what} failed with a CUDA device: {r:?}");
+        } else {
+            match r {
+                Err(Error::NoCuda(msg)) => assert!(!msg.is_empty(), "{what}: empty NoCuda message"),
+                other => panic!("{what}: expected Error::NoCuda without a GPU, got {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn cpu_device_is_not_a_capture_device() {
+    let r = capture_with_warmup(0, CaptureOptions::default().device(Device::Cpu), || Ok(()));
+    assert!(matches!(r, Err(Error::Misuse(_)) | Err(Error::NoCuda(_))), "{r:?}");
+    let r = Stream::current(Device::Cpu);
+    assert!(matches!(r, Err(Error::Misuse(_)) | Err(Error::NoCuda(_))), "{r:?}");
+}
+
+#[test]
+fn capture_mode_names_round_trip() {
+    for m in [CaptureMode::Global, CaptureMode::ThreadLocal, CaptureMode::Relaxed] {
+        assert_eq!(CaptureMode::from_name(m.name()).unwrap(), m);
+    }
+    assert_eq!(CaptureMode::default(), CaptureMode::Global);
+    assert_eq!(CaptureMode::Global as i32, 0);
+    assert_eq!(CaptureMode::ThreadLocal as i32, 1);
+    assert_eq!(CaptureMode::Relaxed as i32, 2);
+    assert!(matches!(CaptureMode::from_name("strict"), Err(Error::Misuse(_))));
+}
+
+#[test]
+fn capture_status_codes_map() {
+    assert_eq!(CaptureStatus::from_code(0).unwrap(), CaptureStatus::None);
+    assert_eq!(CaptureStatus::from_code(1).unwrap(), CaptureStatus::Active);
+    assert_eq!(CaptureStatus::from_code(2).unwrap(), CaptureStatus::Invalidated);
+    assert!(CaptureStatus::from_code(7).is_err());
+}
+
+#[test]
+fn pool_ids_are_validated() {
+    assert!(PoolId::PRIVATE.is_private());
+    assert_eq!(PoolId::default(), PoolId::PRIVATE);
+    let p = PoolId::from_raw(0, 42).unwrap();
+    assert_eq!(p.to_raw(), (0, 42));
+    assert!(!p.is_private());
+    assert_eq!(PoolId::from_raw(7, 0).unwrap().to_raw(), (7, 0));
+    match PoolId::from_raw(1, 2) {
+        Err(Error::Misuse(msg)) => assert!(msg.contains("(1, 2)"), "{msg}"),
+        other => panic!("expected Misuse, got {other:?}"),
+    }
+}
+
+#[test]
+fn capture_options_builder_sets_what_it_says() {
+    let d = CaptureOptions::default();
+    assert_eq!(d.get_pool(), PoolId::PRIVATE);
+    assert_eq!(d.get_mode(), CaptureMode::Global);
+    assert_eq!(d.get_device(), None);
+    let pool = PoolId::from_raw(0, 9).unwrap();
+    let o = d.pool(pool).mode(CaptureMode::Relaxed).device(Device::Cuda(1));
+    assert_eq!(o.get_pool(), pool);
+    assert_eq!(o.get_mode(), CaptureMode::Relaxed);
+    assert_eq!(o.get_device(), Some(Device::Cuda(1)));
+    assert_eq!(StepOptions::default().get_warmup(), 3);
+    assert_eq!(StepOptions::default().warmup(1).get_warmup(), 1);
+}
+
+#[test]
+fn optimizer_configs_are_validated() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let _ = nn::linear(vs.root(), 2, 2, Default::default());
+    assert!(matches!(Sgd::new(&vs, SgdConfig::default().nesterov(true)), Err(Error::Misuse(_))));
+    assert!(matches!(Sgd::new(&vs, SgdConfig::default().lr(-1.0)), Err(Error::Misuse(_))));
+    assert!(matches!(Adam::new(&vs, AdamConfig::default().betas(1.5, 0.9)), Err(Error::Misuse(_))));
+    assert!(matches!(Adam::new(&vs, AdamConfig::default().eps(f64::NAN)), Err(Error::Misuse(_))));
+    let empty = nn::VarStore::new(Device::Cpu);
+    assert!(matches!(Adam::new(&empty, AdamConfig::default()), Err(Error::Misuse(_))));
+}
+
+/// Trains twin MLPs for `steps` steps: one with this crate's optimizer, one with tch's.
+fn compare_with_tch(
+    ours: impl Fn(&nn::VarStore) -> Box<dyn Optimizer>,
+    theirs: impl Fn(&nn::VarStore) -> nn::Optimizer,
+    steps: usize,
+) -> f64 {
+    tch::manual_seed(0);
+    let (vs_a, a, vs_b, b) = twin_mlps(Device::Cpu, 16, 32, 4);
+    let mut opt_a = ours(&vs_a);
+    let mut opt_b = theirs(&vs_b);
+    for _ in 0..steps {
+        let (x, y) = batch(Device::Cpu, 64, 16, 4);
+        opt_a.zero_grad().unwrap();
+        mse(&a, &x, &y).backward();
+        opt_a.step().unwrap();
+        opt_b.zero_grad();
+        mse(&b, &x, &y).backward();
+        opt_b.step();
+    }
+    max_param_rel_diff(&vs_a, &vs_b)
+}
+
+#[test]
+fn sgd_matches_tch_sgd_on_cpu() {
+    let cases = [(0.0, 0.0, 0.0, false), (0.9, 0.0, 0.0, false), (0.9, 0.1, 1e-4, false), (0.9, 0.0, 1e-4, true)];
+    for (momentum, dampening, wd, nesterov) in cases {
+        let rel = compare_with_tch(
+            |vs| {
+                let cfg = SgdConfig::default()
+                    .lr(0.05)
+                    .momentum(momentum)
+                    .dampening(dampening)
+                    .weight_decay(wd)
+                    .nesterov(nesterov);
+                Box::new(Sgd::new(vs, cfg).unwrap())
+            },
+            |vs| nn::Sgd { momentum, dampening, wd, nesterov }.build(vs, 0.05).unwrap(),
+            100,
+        );
+        println!("sgd momentum={momentum} dampening={dampening} wd={wd} nesterov={nesterov}: max rel diff {rel:.3e}");
+        assert!(
+            rel <= 1e-5,
+            "SGD (momentum {momentum}, dampening {dampening}, wd {wd}, nesterov {nesterov}) differs from tch by {rel}"
+        );
+    }
+}
+
+#[test]
+fn adam_matches_tch_adam_on_cpu() {
+    for (wd, amsgrad) in [(0.0, false), (1e-2, false), (0.0, true)] {
+        let rel = compare_with_tch(
+            |vs| Box::new(Adam::new(vs, AdamConfig::default().lr(1e-3).weight_decay(wd).amsgrad(amsgrad)).unwrap()),
+            |vs| nn::Adam { beta1: 0.9, beta2: 0.999, wd, eps: 1e-8, amsgrad }.build(vs, 1e-3).unwrap(),
+            100,
+        );
+        println!("adam wd={wd} amsgrad={amsgrad}: max rel diff {rel:.3e}");
+        assert!(rel <= 1e-5, "Adam (wd {wd}, amsgrad {amsgrad}) differs from tch by {rel}");
+    }
+}
+
+#[test]
+fn adamw_matches_tch_adamw_on_cpu() {
+    for (wd, amsgrad) in [(1e-2, false), (0.1, true)] {
+        let rel = compare_with_tch(
+            |vs| Box::new(Adam::new(vs, AdamConfig::adamw().lr(1e-3).weight_decay(wd).amsgrad(amsgrad)).unwrap()),
+            |vs| nn::AdamW { beta1: 0.9, beta2: 0.999, wd, eps: 1e-8, amsgrad }.build(vs, 1e-3).unwrap(),
+            100,
+        );
+        println!("adamw wd={wd} amsgrad={amsgrad}: max rel diff {rel:.3e}");
+        assert!(rel <= 1e-5, "AdamW (wd {wd}, amsgrad {amsgrad}) differs from tch by {rel}");
+    }
+}
+
+#[test]
+fn set_lr_changes_the_update() {
+    tch::manual_seed(1);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = common::mlp(vs.root(), 4, 8, 1);
+    let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-2)).unwrap();
+    let (x, y) = batch(Device::Cpu, 8, 4, 1);
+    let before: Vec<Tensor> = vs.trainable_variables().iter().map(|t| t.detach().copy()).collect();
+    opt.set_lr(0.0).unwrap();
+    assert_eq!(opt.lr(), 0.0);
+    assert_eq!(f64::try_from(opt.lr_tensor()).unwrap(), 0.0);
+    opt.zero_grad().unwrap();
+    mse(&model, &x, &y).backward();
+    opt.step().unwrap();
+    for (b, a) in before.iter().zip(vs.trainable_variables()) {
+        assert!(b.equal(&a), "lr 0 must leave the parameters unchanged");
+    }
+    opt.set_lr(1e-2).unwrap();
+    opt.zero_grad().unwrap();
+    mse(&model, &x, &y).backward();
+    opt.step().unwrap();
+    let moved = before.iter().zip(vs.trainable_variables()).any(|(b, a)| !b.equal(&a));
+    assert!(moved, "lr 1e-2 must move the parameters");
+    assert!(matches!(opt.set_lr(-1.0), Err(Error::Misuse(_))));
+}
+
+#[test]
+fn zero_grad_sets_grads_to_none() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = common::mlp(vs.root(), 4, 8, 1);
+    let mut opt = Sgd::new(&vs, SgdConfig::default()).unwrap();
+    let (x, y) = batch(Device::Cpu, 8, 4, 1);
+    mse(&model, &x, &y).backward();
+    assert!(vs.trainable_variables().iter().all(|p| p.grad().defined()));
+    opt.zero_grad().unwrap();
+    assert!(vs.trainable_variables().iter().all(|p| !p.grad().defined()));
+}
+
+#[test]
+fn clip_grad_norm_matches_a_manual_computation() {
+    tch::manual_seed(2);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = common::mlp(vs.root(), 4, 8, 2);
+    let (x, y) = batch(Device::Cpu, 16, 4, 2);
+    let loss = mse(&model, &x, &y) * 100.0;
+    loss.backward();
+    let params = vs.trainable_variables();
+    let grads: Vec<Tensor> = params.iter().map(|p| p.grad().copy()).collect();
+    let expected_norm = grads
+        .iter()
+        .map(|g| g.pow_tensor_scalar(2).sum(Kind::Double))
+        .fold(Tensor::zeros([], (Kind::Double, Device::Cpu)), |a, b| a + b)
+        .sqrt();
+    let expected_norm = f64::try_from(expected_norm).unwrap();
+    let max_norm = expected_norm / 4.0;
+    let total = clip_grad_norm(&params, max_norm, 2.0).unwrap();
+    let total = f64::try_from(total).unwrap();
+    assert!((total - expected_norm).abs() <= 1e-5 * expected_norm, "{total} vs {expected_norm}");
+    let scale = max_norm / (expected_norm + 1e-6);
+    for (p, g) in params.iter().zip(&grads) {
+        let want = g * scale;
+        let rel = f64::try_from((p.grad() - &want).abs().max()).unwrap() / f64::try_from(want.abs().max()).unwrap();
+        assert!(rel < 1e-5, "clipped grad off by {rel}");
+    }
+    // A norm under the limit leaves the grads alone.
+    let before: Vec<Tensor> = params.iter().map(|p| p.grad().copy()).collect();
+    let _ = clip_grad_norm(&params, 1e9, 2.0).unwrap();
+    for (p, b) in params.iter().zip(&before) {
+        assert!(p.grad().allclose(b, 1e-7, 0.0, false));
+    }
+    assert!(matches!(clip_grad_norm(&params, -1.0, 2.0), Err(Error::Misuse(_))));
+}
+
+/// A TrainStep over an MLP with Adam on `device`, returning the step and its VarStore.
+fn mlp_step(device: Device, options: StepOptions) -> (TrainStep, nn::VarStore, Tensor, Tensor) {
+    tch::manual_seed(3);
+    let vs = nn::VarStore::new(device);
+    let model = common::mlp(vs.root(), 8, 16, 2);
+    let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-2)).unwrap();
+    let (x, y) = batch(device, 32, 8, 2);
+    let step = TrainStep::new(&[("x", &x), ("y", &y)], options, move |inp| {
+        opt.zero_grad()?;
+        let loss = mse(&model, &inp[0], &inp[1]);
+        loss.f_backward()?;
+        opt.step()?;
+        Ok(vec![loss.detach()])
+    })
+    .unwrap();
+    (step, vs, x, y)
+}
+
+#[test]
+fn train_step_falls_back_to_eager_on_cpu_and_trains() {
+    let (mut step, _vs, x, y) = mlp_step(Device::Cpu, StepOptions::default().warmup(2));
+    assert!(!step.is_graphed(), "CPU inputs must give the eager fallback");
+    assert_eq!(step.outputs().len(), 1, "warmup outputs are kept");
+    let first = f64::try_from(&step.run(&[&x, &y]).unwrap()[0]).unwrap();
+    let mut last = first;
+    for _ in 0..200 {
+        last = f64::try_from(&step.run(&[&x, &y]).unwrap()[0]).unwrap();
+    }
+    assert_eq!(step.runs(), 201);
+    assert!(last < first * 0.5, "loss must go down: {first} -> {last}");
+}
+
+#[test]
+fn train_step_eager_equals_a_hand_written_loop() {
+    // The same seed, model and data: TrainStep's eager path against a plain loop.
+    let (mut step, vs_step, x, y) = mlp_step(Device::Cpu, StepOptions::default().warmup(3));
+    tch::manual_seed(3);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = common::mlp(vs.root(), 8, 16, 2);
+    let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-2)).unwrap();
+    let (x2, y2) = batch(Device::Cpu, 32, 8, 2);
+    assert!(x.equal(&x2) && y.equal(&y2));
+    for _ in 0..3 + 10 {
+        opt.zero_grad().unwrap();
+        mse(&model, &x2, &y2).backward();
+        opt.step().unwrap();
+    }
+    for _ in 0..10 {
+        step.run(&[&x, &y]).unwrap();
+    }
+    let d = common::max_param_diff(&vs_step, &vs);
+    assert_eq!(d, 0.0, "eager TrainStep must equal the loop exactly");
+}
+
+#[test]
+fn train_step_checks_every_input_before_copying() {
+    let (mut step, _vs, x, _y) = mlp_step(Device::Cpu, StepOptions::default().warmup(0));
+    let x_before = step.inputs()[0].copy();
+    let good_x = Tensor::randn([32, 8], (Kind::Float, Device::Cpu));
+    // The first input is fine, the second has the wrong shape: nothing may be copied.
+    let bad_y = Tensor::randn([16, 2], (Kind::Float, Device::Cpu));
+    match step.run(&[&good_x, &bad_y]) {
+        Err(Error::InputMismatch { name, index, expected, got }) => {
+            assert_eq!(name, "y");
+            assert_eq!(index, 1);
+            assert!(expected.contains("[32, 2]"), "{expected}");
+            assert!(got.contains("[16, 2]"), "{got}");
+        }
+        other => panic!("expected InputMismatch, got {other:?}"),
+    }
+    assert!(step.inputs()[0].equal(&x_before), "a rejected batch must not be half-written");
+    let bad_kind = Tensor::randn([32, 2], (Kind::Double, Device::Cpu));
+    match step.run(&[&x, &bad_kind]) {
+        Err(Error::InputMismatch { name, got, .. }) => {
+            assert_eq!(name, "y");
+            assert!(got.contains("Double"), "{got}");
+        }
+        other => panic!("expected InputMismatch for dtype, got {other:?}"),
+    }
+    assert!(matches!(step.run(&[&x]), Err(Error::Misuse(_))));
+    assert_eq!(step.runs(), 0);
+    let err = step.run(&[&good_x, &bad_y]).unwrap_err().to_string();
+    assert!(err.contains("`y`") && err.contains("[16, 2]") && err.contains("[32, 2]"), "{err}");
+}

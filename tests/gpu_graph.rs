@@ -1,0 +1,422 @@
+//! GPU tests of the core: capture, replay, pools, memory, failure paths. Each needs a CUDA
+//! device (`#[ignore]` by default; `make test-gpu` or `cargo test -- --include-ignored`), and
+//! fails loudly without one. Modelled on PyTorch's `test/test_cuda.py` graph tests.
+
+mod common;
+
+use common::cuda;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use tch::{Device, Kind, Tensor};
+use tch_cuda_graphs::{
+    capture_with_warmup, empty_cache, graph_pool_handle, memory_stats, pool_memory, synchronize, CaptureMode,
+    CaptureOptions, CaptureStatus, CudaGraph, Error, MemPool, PoolId, Stream, StreamGuard,
+};
+
+fn full(v: f64, n: i64, d: Device) -> Tensor {
+    Tensor::full([n], v, (Kind::Float, d))
+}
+
+fn value(t: &Tensor) -> f64 {
+    f64::try_from(t.mean(Kind::Double)).unwrap()
+}
+
+/// Eager work and a fresh capture both work: the process is healthy after a failure.
+fn assert_healthy(d: Device) {
+    let mut a = full(2.0, 1024, d);
+    assert_eq!(value(&(&a * 3.0)), 6.0, "eager work after a failed capture");
+    let mut g = CudaGraph::new().unwrap();
+    let out = g.capture(CaptureOptions::default(), || Ok(a.f_mul_scalar(5.0)?)).unwrap();
+    let _ = a.fill_(1.0);
+    g.replay().unwrap();
+    assert_eq!(value(&out), 5.0, "capture and replay after a failed capture");
+    assert_eq!(Stream::current(d).unwrap().capture_status().unwrap(), CaptureStatus::None);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn replay_recomputes_from_new_static_input_data() {
+    let d = cuda();
+    let mut a = full(1.0, 1000, d);
+    let b = full(2.0, 1000, d);
+    let mut g = CudaGraph::new().unwrap();
+    let c = g.capture(CaptureOptions::default(), || Ok(a.f_add(&b)?.f_mul_scalar(2.0)?)).unwrap();
+    // Capture records: nothing ran.
+    assert!(g.is_captured());
+    g.replay().unwrap();
+    assert_eq!(value(&c), 6.0);
+    a.copy_(&full(10.0, 1000, d));
+    g.replay().unwrap();
+    assert_eq!(value(&c), 24.0);
+    // test_graph_two_successive-like: replays are cumulative on state
+    let acc = full(0.0, 16, d);
+    let mut acc_in = acc.shallow_clone();
+    let mut g2 = CudaGraph::new().unwrap();
+    g2.capture(CaptureOptions::default(), || Ok(acc_in.f_add_scalar_(1.0).map(drop)?)).unwrap();
+    for _ in 0..5 {
+        g2.replay().unwrap();
+    }
+    assert_eq!(value(&acc), 5.0);
+    g.upload().unwrap();
+    g.replay().unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn capture_restores_the_previous_stream_not_the_default() {
+    let d = cuda();
+    let mine = Stream::from_pool(d).unwrap();
+    let _guard = StreamGuard::new(&mine).unwrap();
+    assert_eq!(Stream::current(d).unwrap(), mine);
+    let a = full(1.0, 8, d);
+    let mut g = CudaGraph::new().unwrap();
+    let _out = g.capture(CaptureOptions::default(), || Ok(a.f_add_scalar(1.0)?)).unwrap();
+    assert_eq!(Stream::current(d).unwrap(), mine, "capture must restore the stream that was current");
+    // and after a failed capture too
+    let r =
+        g.reset().and_then(|()| g.capture(CaptureOptions::default(), || Ok(f64::try_from(&a.f_sum(Kind::Float)?)?)));
+    assert!(matches!(r, Err(Error::CaptureInvalidated(_))), "{r:?}");
+    assert_eq!(Stream::current(d).unwrap(), mine);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn two_graphs_sharing_a_pool_reserve_less_than_separate_pools() {
+    let d = cuda();
+    let n = 8 * 1024 * 1024; // 32 MiB of floats
+    let x = Tensor::randn([n], (Kind::Float, d));
+    // Each graph makes large temporaries that die inside the capture, and a small output.
+    let work = |x: &Tensor| -> tch_cuda_graphs::Result<Tensor> {
+        let t1 = x.f_mul_scalar(2.0)?;
+        let t2 = t1.f_add_scalar(1.0)?;
+        let t3 = t2.f_relu()?;
+        Ok(t3.f_sum(Kind::Float)?)
+    };
+    let measure = |shared: bool| -> i64 {
+        synchronize(d).unwrap();
+        empty_cache().unwrap();
+        let before = memory_stats(d).unwrap().reserved;
+        let mut g1 = CudaGraph::new().unwrap();
+        let o1 = g1.capture(CaptureOptions::default(), || work(&x)).unwrap();
+        let opts = if shared { CaptureOptions::default().pool(g1.pool().unwrap()) } else { CaptureOptions::default() };
+        let mut g2 = CudaGraph::new().unwrap();
+        let o2 = g2.capture(opts.empty_cache(false), || work(&x)).unwrap();
+        g1.replay().unwrap();
+        g2.replay().unwrap();
+        assert_eq!(value(&o1), value(&o2));
+        let used = memory_stats(d).unwrap().reserved - before;
+        drop((g1, g2, o1, o2));
+        used
+    };
+    let separate = measure(false);
+    let shared = measure(true);
+    println!("two graphs, separate pools: {separate} bytes reserved; one shared pool: {shared} bytes reserved");
+    assert!(shared < separate, "a shared pool must reserve less ({shared} vs {separate})");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn graph_pool_memory_is_released_after_drop_and_after_reset() {
+    let d = cuda();
+    let x = Tensor::randn([4 * 1024 * 1024], (Kind::Float, d));
+    // A first capture with this graph makes libtorch's lazily created state (generator graph
+    // buffers, handles) before the baseline is taken.
+    let mut g = CudaGraph::new().unwrap();
+    drop(g.capture(CaptureOptions::default(), || Ok(x.f_mul_scalar(1.0)?)).unwrap());
+    g.reset().unwrap();
+    synchronize(d).unwrap();
+    empty_cache().unwrap();
+    let base = memory_stats(d).unwrap();
+    let out = g.capture(CaptureOptions::default(), || Ok(x.f_mul_scalar(3.0)?.f_exp()?)).unwrap();
+    let pool = g.pool().unwrap();
+    let pm = pool_memory(d, pool).unwrap();
+    println!("private pool: {} bytes reserved, {} allocated", pm.reserved, pm.allocated);
+    assert!(pm.reserved > 0 && pm.allocated > 0);
+    // reset releases the pool; the output's block returns to it when the tensor dies
+    g.reset().unwrap();
+    drop(out);
+    empty_cache().unwrap();
+    let after_reset = memory_stats(d).unwrap();
+    println!("reserved: base {} after reset {}", base.reserved, after_reset.reserved);
+    assert_eq!(after_reset.reserved, base.reserved, "reserved after reset");
+    assert_eq!(after_reset.allocated, base.allocated, "allocated after reset");
+    assert_eq!(pool_memory(d, pool).unwrap().reserved, 0);
+    // the same after drop, outputs dropped first this time (the graph's own state goes too)
+    let out = g.capture(CaptureOptions::default(), || Ok(x.f_mul_scalar(3.0)?)).unwrap();
+    let pool = g.pool().unwrap();
+    drop(out);
+    drop(g);
+    empty_cache().unwrap();
+    let after_drop = memory_stats(d).unwrap();
+    println!("reserved: after drop {}", after_drop.reserved);
+    assert!(after_drop.reserved <= base.reserved, "reserved after drop");
+    assert!(after_drop.allocated <= base.allocated, "allocated after drop");
+    assert_eq!(pool_memory(d, pool).unwrap().reserved, 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn outputs_stay_usable_after_the_graph_is_dropped() {
+    // test_graph_memory_stats_and_use_result_after_destroy_graph
+    let d = cuda();
+    let a = full(3.0, 1 << 20, d);
+    let mut g = CudaGraph::new().unwrap();
+    let out = g.capture(CaptureOptions::default(), || Ok(a.f_mul_scalar(2.0)?)).unwrap();
+    g.replay().unwrap();
+    drop(g);
+    empty_cache().unwrap();
+    assert_eq!(value(&out), 6.0);
+    let more = &out + 1.0;
+    assert_eq!(value(&more), 7.0);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn random_ops_give_new_numbers_on_each_replay() {
+    // test_graph_rng_functional / test_graph_rng_distributions
+    let d = cuda();
+    let x = Tensor::ones([4096], (Kind::Float, d));
+    let mut g = CudaGraph::new().unwrap();
+    let (r, drop_out) = g
+        .capture(CaptureOptions::default(), || Ok((Tensor::f_rand([4096], (Kind::Float, d))?, x.f_dropout(0.5, true)?)))
+        .unwrap();
+    g.replay().unwrap();
+    let (r1, d1) = (r.copy(), drop_out.copy());
+    g.replay().unwrap();
+    let (r2, d2) = (r.copy(), drop_out.copy());
+    assert!(!r1.equal(&r2), "rand must differ between replays");
+    assert!(!d1.equal(&d2), "dropout masks must differ between replays");
+    let m = value(&r2);
+    assert!((m - 0.5).abs() < 0.05, "uniform mean {m}");
+    let kept = value(&d2.ne(0.0).to_kind(Kind::Float));
+    assert!((kept - 0.5).abs() < 0.05, "dropout kept fraction {kept}");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_sync_during_capture_is_capture_invalidated_and_the_process_recovers() {
+    let d = cuda();
+    let a = full(1.0, 64, d);
+    // f64::try_from: an error returned from the closure
+    let mut g = CudaGraph::new().unwrap();
+    let r = g.capture(CaptureOptions::default(), || {
+        let s = a.f_sum(Kind::Float)?;
+        Ok(f64::try_from(&s)?)
+    });
+    match r {
+        Err(Error::CaptureInvalidated(msg)) => println!("sync via f64::try_from: {msg}"),
+        other => panic!("expected CaptureInvalidated, got {other:?}"),
+    }
+    assert!(!g.is_captured());
+    assert_healthy(d);
+    // .to(Device::Cpu): tch panics inside the closure
+    let r = g.capture(CaptureOptions::default(), || Ok(a.to(Device::Cpu)));
+    match r {
+        Err(Error::CaptureInvalidated(msg)) => println!("sync via .to(Cpu): {msg}"),
+        other => panic!("expected CaptureInvalidated, got {other:?}"),
+    }
+    assert_healthy(d);
+    let r = Tensor::f_randn([16], (Kind::Float, d));
+    assert!(r.is_ok(), "random ops after a failed capture: {r:?}");
+    // the same graph captures fine afterwards
+    let out = g.capture(CaptureOptions::default(), || Ok(a.f_add_scalar(1.0)?)).unwrap();
+    g.replay().unwrap();
+    assert_eq!(value(&out), 2.0);
+    // relaxed and thread-local modes behave the same for a sync on the capturing stream
+    for mode in [CaptureMode::ThreadLocal, CaptureMode::Relaxed] {
+        let mut g = CudaGraph::new().unwrap();
+        let r = g.capture(CaptureOptions::default().mode(mode), || Ok(f64::try_from(&a.sum(Kind::Float))?));
+        assert!(matches!(r, Err(Error::CaptureInvalidated(_))), "{mode:?}: {r:?}");
+        assert_healthy(d);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_panic_in_the_closure_ends_the_capture_and_the_process_recovers() {
+    let d = cuda();
+    let a = full(1.0, 64, d);
+    let mut g = CudaGraph::new().unwrap();
+    let caught = catch_unwind(AssertUnwindSafe(|| {
+        let _ = g.capture(CaptureOptions::default(), || -> tch_cuda_graphs::Result<Tensor> {
+            let _t = a.f_mul_scalar(2.0)?;
+            panic!("user bug inside the closure");
+        });
+    }));
+    let payload = caught.expect_err("a panic that did not invalidate the capture must resume");
+    assert_eq!(payload.downcast_ref::<&str>().copied(), Some("user bug inside the closure"));
+    assert!(!g.is_captured());
+    assert_eq!(Stream::current(d).unwrap(), Stream::default_stream(d).unwrap(), "stream restored after a panic");
+    assert_healthy(d);
+    let out = g.capture(CaptureOptions::default(), || Ok(a.f_add_scalar(2.0)?)).unwrap();
+    g.replay().unwrap();
+    assert_eq!(value(&out), 3.0);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn capture_with_warmup_runs_the_closure_n_plus_one_times() {
+    let d = cuda();
+    let mut x = Tensor::randn([128, 128], (Kind::Float, d));
+    let mut calls = 0;
+    let (mut g, y) = capture_with_warmup(3, CaptureOptions::default(), || {
+        calls += 1;
+        Ok(x.f_matmul(&x)?.f_relu()?)
+    })
+    .unwrap();
+    assert_eq!(calls, 4);
+    x.copy_(&Tensor::randn([128, 128], (Kind::Float, d)));
+    g.replay().unwrap();
+    let want = x.matmul(&x).relu();
+    assert!(y.allclose(&want, 1e-5, 1e-5, false), "replay must compute from the new input");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_graph_moved_to_another_thread_replays() {
+    let d = cuda();
+    let a = full(1.0, 256, d);
+    let mut g = CudaGraph::new().unwrap();
+    let out = g.capture(CaptureOptions::default(), || Ok(a.f_mul_scalar(4.0)?)).unwrap();
+    let mut a2 = a.shallow_clone();
+    let out2 = out.shallow_clone();
+    let handle = std::thread::spawn(move || {
+        let _ = a2.fill_(2.0);
+        g.replay().unwrap();
+        value(&out2)
+    });
+    assert_eq!(handle.join().unwrap(), 8.0);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn node_count_node_kinds_and_debug_dump_of_a_kept_graph() {
+    let d = cuda();
+    let a = full(1.0, 256, d);
+    let mut g = CudaGraph::with_keep_graph(true).unwrap();
+    let _out = g.capture(CaptureOptions::default(), || Ok(a.f_mul_scalar(2.0)?.f_add_scalar(1.0)?.f_exp()?)).unwrap();
+    let n = g.node_count().unwrap();
+    let kinds = g.node_kinds().unwrap();
+    println!("kept graph: {n} nodes, {kinds:?}");
+    assert_eq!(kinds.total(), n);
+    assert!(kinds.kernel >= 3, "three element-wise kernels: {kinds:?}");
+    let path = std::env::temp_dir().join(format!("tcg-dump-{}.dot", std::process::id()));
+    g.debug_dump(&path).unwrap();
+    let dot = std::fs::read_to_string(&path).unwrap();
+    assert!(dot.contains("digraph"), "DOT output");
+    let _ = std::fs::remove_file(&path);
+    g.instantiate().unwrap();
+    g.replay().unwrap();
+    // not kept: node queries are misuse
+    let mut h = CudaGraph::new().unwrap();
+    let _o = h.capture(CaptureOptions::default(), || Ok(a.f_add_scalar(1.0)?)).unwrap();
+    assert!(matches!(h.node_count(), Err(Error::Misuse(_))));
+    assert!(matches!(h.debug_dump(&path), Err(Error::Misuse(_))));
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn misuse_is_an_error_not_a_crash() {
+    let d = cuda();
+    let a = full(1.0, 16, d);
+    let mut g = CudaGraph::new().unwrap();
+    assert!(matches!(g.replay(), Err(Error::Misuse(_))), "replay before capture");
+    assert!(matches!(g.upload(), Err(Error::Misuse(_))));
+    assert!(matches!(g.pool(), Err(Error::Misuse(_))));
+    assert!(matches!(g.capture_end(), Err(Error::Misuse(_))), "capture_end without capture_begin");
+    // capture_begin on the default stream is refused by the shim
+    assert!(matches!(g.capture_begin(PoolId::PRIVATE, CaptureMode::Global), Err(Error::Misuse(_))));
+    let _out = g.capture(CaptureOptions::default(), || Ok(a.f_add_scalar(1.0)?)).unwrap();
+    let again = g.capture(CaptureOptions::default(), || Ok(a.f_add_scalar(1.0)?));
+    assert!(matches!(again, Err(Error::Misuse(_))), "capture twice: {again:?}");
+    g.replay().unwrap();
+    // low-level begin/end on a side stream, then abort
+    let side = Stream::from_pool(d).unwrap();
+    let mut h = CudaGraph::new().unwrap();
+    {
+        let _s = StreamGuard::new(&side).unwrap();
+        h.capture_begin(PoolId::PRIVATE, CaptureMode::Global).unwrap();
+        assert!(matches!(h.capture_begin(PoolId::PRIVATE, CaptureMode::Global), Err(Error::Misuse(_))));
+        assert!(matches!(h.replay(), Err(Error::Misuse(_))));
+        assert!(matches!(h.reset(), Err(Error::Misuse(_))));
+        let _t = a.f_mul_scalar(3.0).unwrap();
+        assert!(!h.capture_abort().unwrap(), "an active capture is not invalidated");
+    }
+    assert_healthy(d);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn reset_and_recapture_the_same_graph() {
+    let d = cuda();
+    let a = full(1.0, 64, d);
+    let mut g = CudaGraph::new().unwrap();
+    let o1 = g.capture(CaptureOptions::default(), || Ok(a.f_add_scalar(1.0)?)).unwrap();
+    g.replay().unwrap();
+    assert_eq!(value(&o1), 2.0);
+    g.reset().unwrap();
+    assert!(!g.is_captured());
+    assert!(matches!(g.replay(), Err(Error::Misuse(_))));
+    let o2 = g.capture(CaptureOptions::default(), || Ok(a.f_mul_scalar(10.0)?)).unwrap();
+    g.replay().unwrap();
+    assert_eq!(value(&o2), 10.0);
+    assert_eq!(value(&o1), 2.0, "the first capture's output keeps its last value");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_hundred_failed_captures_leave_memory_where_it_started() {
+    let d = cuda();
+    let a = Tensor::randn([1 << 20], (Kind::Float, d));
+    // one failed capture first, so lazily created state (handles, generator) is already there
+    let mut g = CudaGraph::new().unwrap();
+    let _ = g.capture(CaptureOptions::default(), || Ok(f64::try_from(&a.f_mul_scalar(2.0)?.f_sum(Kind::Float)?)?));
+    synchronize(d).unwrap();
+    empty_cache().unwrap();
+    let start = memory_stats(d).unwrap();
+    for i in 0..100 {
+        let r = g.capture(CaptureOptions::default(), || {
+            let big = a.f_mul_scalar(2.0)?; // allocated in the capture's pool
+            let s = big.f_sum(Kind::Float)?;
+            if i % 2 == 0 {
+                Ok(f64::try_from(&s)?) // sync: invalidates
+            } else {
+                Err(Error::Misuse("the closure gave up".into())) // plain error
+            }
+        });
+        assert!(r.is_err());
+    }
+    synchronize(d).unwrap();
+    empty_cache().unwrap();
+    let end = memory_stats(d).unwrap();
+    println!(
+        "100 failed captures: allocated {} -> {} bytes, reserved {} -> {} bytes",
+        start.allocated, end.allocated, start.reserved, end.reserved
+    );
+    assert_eq!(end.allocated, start.allocated);
+    assert_eq!(end.reserved, start.reserved);
+    assert_healthy(d);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn graph_pool_handle_and_mempool_ids_work_as_capture_pools() {
+    let d = cuda();
+    let a = full(1.0, 1 << 16, d);
+    let handle = graph_pool_handle().unwrap();
+    assert!(!handle.is_private());
+    let mut g1 = CudaGraph::new().unwrap();
+    let o1 = g1.capture(CaptureOptions::default().pool(handle), || Ok(a.f_add_scalar(1.0)?)).unwrap();
+    assert_eq!(g1.pool().unwrap(), handle);
+    let mp = MemPool::new().unwrap();
+    let id = mp.id().unwrap();
+    let before = mp.use_count().unwrap();
+    let mut g2 = CudaGraph::new().unwrap();
+    let o2 = g2.capture(CaptureOptions::default().pool(id), || Ok(a.f_add_scalar(2.0)?)).unwrap();
+    assert_eq!(mp.use_count().unwrap(), before + 1, "a capture holds a reference to the MemPool");
+    g1.replay().unwrap();
+    g2.replay().unwrap();
+    assert_eq!((value(&o1), value(&o2)), (2.0, 3.0));
+    drop(mp); // the graph keeps the pool's memory alive
+    g2.replay().unwrap();
+    assert_eq!(value(&o2), 3.0);
+}

@@ -1,0 +1,217 @@
+//! GPU tests of whole captured training steps: capturable optimizers (replay = eager), set_lr
+//! between replays, TrainStep on the GPU, shared pools for train + eval, on-device clipping.
+//! Each needs a CUDA device (`#[ignore]` by default) and fails loudly without one.
+
+mod common;
+
+use common::{batch, cuda, max_param_diff, mse, twin_mlps};
+use tch::{nn, nn::Module, Device, Kind, Tensor};
+use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
+use tch_cuda_graphs::{
+    clip_grad_norm, empty_cache, memory_stats, pool_memory, synchronize, Error, StepOptions, TrainStep,
+};
+
+/// A TrainStep over `model` with `opt`, optionally clipping, graphed or eager.
+fn step_for(
+    model: nn::Sequential,
+    mut opt: Box<dyn Optimizer + Send>,
+    x: &Tensor,
+    y: &Tensor,
+    options: StepOptions,
+    clip: Option<f64>,
+) -> tch_cuda_graphs::Result<TrainStep> {
+    TrainStep::new(&[("x", x), ("y", y)], options, move |inp| {
+        opt.zero_grad()?;
+        let loss = mse(&model, &inp[0], &inp[1]);
+        loss.f_backward()?;
+        let mut outs = vec![loss.detach()];
+        if let Some(max) = clip {
+            outs.push(clip_grad_norm(opt.params(), max, 2.0)?);
+        }
+        opt.step()?;
+        Ok(outs)
+    })
+}
+
+/// Trains twin MLPs 100 steps on the same batches: one replaying a captured step, one eager
+/// with the same optimizer. Returns the max abs parameter difference.
+fn replay_vs_eager(make: impl Fn(&nn::VarStore) -> Box<dyn Optimizer + Send>, clip: Option<f64>) -> f64 {
+    let d = cuda();
+    tch::manual_seed(7);
+    let (vs_g, model_g, vs_e, model_e) = twin_mlps(d, 32, 64, 4);
+    let batches: Vec<(Tensor, Tensor)> = (0..101).map(|_| batch(d, 64, 32, 4)).collect();
+    let (x0, y0) = (&batches[0].0, &batches[0].1);
+    let mut graphed = step_for(model_g, make(&vs_g), x0, y0, StepOptions::default().warmup(3), clip).unwrap();
+    let mut eager = step_for(model_e, make(&vs_e), x0, y0, StepOptions::default().warmup(3).eager(true), clip).unwrap();
+    assert!(graphed.is_graphed() && !eager.is_graphed());
+    for (x, y) in &batches[1..] {
+        let lg = graphed.run(&[x, y]).unwrap()[0].shallow_clone();
+        let le = eager.run(&[x, y]).unwrap()[0].shallow_clone();
+        assert!(f64::try_from(&lg).unwrap().is_finite());
+        let _ = le;
+    }
+    synchronize(d).unwrap();
+    max_param_diff(&vs_g, &vs_e)
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn replayed_sgd_equals_eager_sgd_over_100_steps() {
+    let diff = replay_vs_eager(
+        |vs| Box::new(Sgd::new(vs, SgdConfig::default().lr(0.05).momentum(0.9).weight_decay(1e-4)).unwrap()),
+        None,
+    );
+    println!("SGD (momentum 0.9): max |param_graph - param_eager| after 3 + 100 steps = {diff:e}");
+    assert!(diff <= 1e-6, "{diff}");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn replayed_adam_equals_eager_adam_over_100_steps() {
+    let diff = replay_vs_eager(|vs| Box::new(Adam::new(vs, AdamConfig::default().lr(1e-3)).unwrap()), None);
+    println!("Adam: max |param_graph - param_eager| after 3 + 100 steps = {diff:e}");
+    assert!(diff <= 1e-6, "{diff}");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn replayed_adamw_equals_eager_adamw_over_100_steps() {
+    let diff = replay_vs_eager(|vs| Box::new(Adam::new(vs, AdamConfig::adamw().lr(1e-3).amsgrad(true)).unwrap()), None);
+    println!("AdamW (amsgrad): max |param_graph - param_eager| after 3 + 100 steps = {diff:e}");
+    assert!(diff <= 1e-6, "{diff}");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn clipping_inside_a_captured_step_equals_eager_clipping() {
+    let diff = replay_vs_eager(|vs| Box::new(Adam::new(vs, AdamConfig::default().lr(1e-2)).unwrap()), Some(0.1));
+    println!("Adam + clip_grad_norm(0.1): max |param_graph - param_eager| = {diff:e}");
+    assert!(diff <= 1e-6, "{diff}");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn set_lr_between_replays_changes_the_captured_step() {
+    let d = cuda();
+    tch::manual_seed(8);
+    let vs = nn::VarStore::new(d);
+    let model = common::mlp(vs.root(), 8, 16, 1);
+    let opt = Sgd::new(&vs, SgdConfig::default().lr(0.1)).unwrap();
+    let mut lr = opt.lr_tensor().shallow_clone();
+    let (x, y) = batch(d, 16, 8, 1);
+    let mut step = step_for(model, Box::new(opt), &x, &y, StepOptions::default().warmup(1), None).unwrap();
+    let snapshot = || -> Vec<Tensor> { vs.trainable_variables().iter().map(|t| t.detach().copy()).collect() };
+    let _ = lr.fill_(0.0);
+    let before = snapshot();
+    step.run(&[&x, &y]).unwrap();
+    for (b, a) in before.iter().zip(snapshot()) {
+        assert!(b.equal(&a), "lr 0 in the captured step must leave parameters alone");
+    }
+    let _ = lr.fill_(0.1);
+    step.run(&[&x, &y]).unwrap();
+    assert!(before.iter().zip(snapshot()).any(|(b, a)| !b.equal(&a)), "lr 0.1 must move them");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn sgd_momentum_first_step_inside_capture_is_refused() {
+    let d = cuda();
+    let vs = nn::VarStore::new(d);
+    let model = common::mlp(vs.root(), 4, 8, 1);
+    let opt = Sgd::new(&vs, SgdConfig::default().momentum(0.9)).unwrap();
+    let (x, y) = batch(d, 8, 4, 1);
+    let r = step_for(model, Box::new(opt), &x, &y, StepOptions::default().warmup(0), None);
+    match r {
+        Err(Error::Misuse(msg)) => assert!(msg.contains("warm up"), "{msg}"),
+        other => panic!("expected Misuse, got {other:?}"),
+    }
+    // the process can capture again
+    let vs2 = nn::VarStore::new(d);
+    let model2 = common::mlp(vs2.root(), 4, 8, 1);
+    let opt2 = Sgd::new(&vs2, SgdConfig::default().momentum(0.9)).unwrap();
+    let mut ok = step_for(model2, Box::new(opt2), &x, &y, StepOptions::default().warmup(1), None).unwrap();
+    ok.run(&[&x, &y]).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn train_step_on_gpu_validates_inputs_and_keeps_its_memory_alive() {
+    let d = cuda();
+    tch::manual_seed(9);
+    let (x, y) = batch(d, 32, 16, 2);
+    let mut step = {
+        let vs = nn::VarStore::new(d);
+        let model = common::mlp(vs.root(), 16, 32, 2);
+        let opt = Adam::new(&vs, AdamConfig::default().lr(1e-2)).unwrap();
+        step_for(model, Box::new(opt), &x, &y, StepOptions::default(), None).unwrap()
+        // vs dropped here: the step holds the parameters through the model and optimizer
+    };
+    assert!(step.is_graphed());
+    let (x_keep, y_keep) = (x.copy(), y.copy());
+    drop((x, y)); // the caller's handles of the static inputs go away too
+    empty_cache().unwrap();
+    let first = f64::try_from(&step.run(&[&x_keep, &y_keep]).unwrap()[0]).unwrap();
+    let mut last = first;
+    for _ in 0..300 {
+        last = f64::try_from(&step.run(&[&x_keep, &y_keep]).unwrap()[0]).unwrap();
+    }
+    println!("graphed TrainStep loss {first:.4} -> {last:.4}");
+    assert!(last < first * 0.5, "{first} -> {last}");
+    let cpu_x = x_keep.to(Device::Cpu);
+    match step.run(&[&cpu_x, &y_keep]) {
+        Err(Error::InputMismatch { name, got, .. }) => {
+            assert_eq!(name, "x");
+            assert!(got.contains("Cpu"), "{got}");
+        }
+        other => panic!("expected InputMismatch for a CPU batch, got {other:?}"),
+    }
+    let wrong = Tensor::zeros([32, 15], (Kind::Float, d));
+    assert!(matches!(step.run(&[&wrong, &y_keep]), Err(Error::InputMismatch { .. })));
+    let mixed = TrainStep::new(&[("a", &cpu_x), ("b", &y_keep)], StepOptions::default().warmup(0), |_| Ok(vec![]));
+    assert!(matches!(mixed, Err(Error::Misuse(_))), "inputs on two devices");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn train_and_eval_steps_share_one_pool() {
+    let d = cuda();
+    let width = 1024;
+    let build = |share: bool| -> (i64, TrainStep, TrainStep, Tensor) {
+        synchronize(d).unwrap();
+        empty_cache().unwrap();
+        let before = memory_stats(d).unwrap().reserved;
+        tch::manual_seed(10);
+        let vs = nn::VarStore::new(d);
+        let model = common::mlp(vs.root(), width, width, width);
+        let eval_model = common::mlp(vs.root() / "eval", width, width, width);
+        let opt = Adam::new(&vs, AdamConfig::default()).unwrap();
+        let (x, y) = batch(d, 256, width, width);
+        let train = step_for(model, Box::new(opt), &x, &y, StepOptions::default(), None).unwrap();
+        let options =
+            if share { StepOptions::default().pool(train.pool().unwrap().unwrap()) } else { StepOptions::default() };
+        let xe = x.shallow_clone();
+        let eval = TrainStep::new(&[("x", &xe)], options.warmup(1), move |inp| {
+            let _guard = tch::no_grad_guard();
+            Ok(vec![eval_model.forward(&inp[0]).f_mean(Kind::Float)?])
+        })
+        .unwrap();
+        let reserved = memory_stats(d).unwrap().reserved - before;
+        (reserved, train, eval, x)
+    };
+    let (separate, t1, e1, _) = build(false);
+    drop((t1, e1));
+    let (shared, mut train, mut eval, x) = build(true);
+    let pool = train.pool().unwrap().unwrap();
+    println!(
+        "train + eval steps: separate pools reserve {separate} bytes, one shared pool {shared} bytes (saved {}); shared pool holds {} bytes",
+        separate - shared,
+        pool_memory(d, pool).unwrap().reserved
+    );
+    assert!(shared < separate, "{shared} vs {separate}");
+    // replay in capture order: train, then eval
+    for _ in 0..5 {
+        train.replay().unwrap();
+        eval.run(&[&x]).unwrap();
+    }
+    assert!(f64::try_from(&eval.outputs()[0]).unwrap().is_finite());
+}
