@@ -109,6 +109,23 @@ fn time_steps(device: Device, steps: usize, mut step: impl FnMut(usize)) -> f64 
     median(per_step)
 }
 
+/// A captured training step of `kind` with `opt` (warmup 3), fed from `first`.
+fn graphed_step(kind: ModelKind, opt: Opt, device: Device, first: &(Tensor, Tensor), keep_graph: bool) -> TrainStep {
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(device);
+    let model = Model::new(kind, &vs);
+    let mut o = opt.ours(&vs);
+    let options = StepOptions::default().keep_graph(keep_graph);
+    TrainStep::new(&[("x", &first.0), ("y", &first.1)], options, move |inp| {
+        o.zero_grad()?;
+        let loss = model.loss(&inp[0], &inp[1]);
+        loss.f_backward()?;
+        o.step()?;
+        Ok(vec![loss.detach()])
+    })
+    .unwrap()
+}
+
 struct Extra {
     capture_ms: f64,
     replay_host_us: f64,
@@ -150,20 +167,9 @@ fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut
         push("tch_eager_fused", us);
     }
     // 3. captured step
-    tch::manual_seed(0);
-    let vs = nn::VarStore::new(device);
-    let model = Model::new(kind, &vs);
-    let mut o = opt.ours(&vs);
     synchronize(device).unwrap();
     let t = Instant::now();
-    let mut step = TrainStep::new(&[("x", &batches[0].0), ("y", &batches[0].1)], StepOptions::default(), move |inp| {
-        o.zero_grad()?;
-        let loss = model.loss(&inp[0], &inp[1]);
-        loss.f_backward()?;
-        o.step()?;
-        Ok(vec![loss.detach()])
-    })
-    .unwrap();
+    let mut step = graphed_step(kind, opt, device, &batches[0], false);
     synchronize(device).unwrap();
     let capture_ms = t.elapsed().as_secs_f64() * 1e3;
     let graph = step.graph_mut().expect("graphed on a GPU");
@@ -214,19 +220,7 @@ fn run_torch(steps: usize, rows: &mut Vec<Row>) -> Result<(), String> {
 fn profile_small() {
     let device = Device::Cuda(0);
     let kind = ModelKind::SmallMlp;
-    let (x, y) = batch(kind, device);
-    tch::manual_seed(0);
-    let vs = nn::VarStore::new(device);
-    let model = Model::new(kind, &vs);
-    let mut o = Opt::Adam.ours(&vs);
-    let mut step = TrainStep::new(&[("x", &x), ("y", &y)], StepOptions::default().keep_graph(true), move |inp| {
-        o.zero_grad()?;
-        let loss = model.loss(&inp[0], &inp[1]);
-        loss.f_backward()?;
-        o.step()?;
-        Ok(vec![loss.detach()])
-    })
-    .unwrap();
+    let mut step = graphed_step(kind, Opt::Adam, device, &batch(kind, device), true);
     let g = step.graph_mut().unwrap();
     println!("small MLP + Adam graph: {} nodes, {:?}", g.node_count().unwrap(), g.node_kinds().unwrap());
     for _ in 0..3 {

@@ -1,8 +1,6 @@
 //! Capturable Adam / AdamW on `at::_fused_adam_` / `at::_fused_adamw_` (tensor learning rate).
 
-use super::{
-    check_hparam, grads_to_none, lr_tensor, params_on_one_device, ptr, ptrs, trainable, with_grads, Optimizer,
-};
+use super::{check_hparam, grads_to_none, params_on_one_device, ptr, ptrs, trainable, with_grads, Lr, Optimizer};
 use crate::error::{check, Result};
 use crate::ffi;
 use tch::{nn::VarStore, Kind, Tensor};
@@ -112,8 +110,7 @@ pub struct Adam {
     exp_avg_sq: Vec<Tensor>,
     max_exp_avg_sq: Vec<Tensor>,
     step: Tensor,
-    lr: Tensor,
-    lr_value: f64,
+    lr: Lr,
     config: AdamConfig,
 }
 
@@ -138,8 +135,8 @@ impl Adam {
         let max_exp_avg_sq =
             if config.amsgrad { params.iter().map(zeros).collect::<Result<Vec<_>>>()? } else { Vec::new() };
         let step = Tensor::f_zeros([], (Kind::Float, device))?;
-        let lr = lr_tensor(config.lr, device)?;
-        Ok(Adam { params, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, lr_value: config.lr, config })
+        let lr = Lr::new(config.lr, device)?;
+        Ok(Adam { params, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, config })
     }
 
     /// The hyper-parameters.
@@ -149,7 +146,7 @@ impl Adam {
 
     /// The learning-rate tensor a captured step reads.
     pub fn lr_tensor(&self) -> &Tensor {
-        &self.lr
+        self.lr.tensor()
     }
 
     /// The step counter (0-d float32 on the parameters' device).
@@ -190,7 +187,7 @@ impl Optimizer for Adam {
                 vmax.len(),
                 steps.as_ptr(),
                 p.len(),
-                ptr(&self.lr),
+                ptr(self.lr.tensor()),
                 c.beta1,
                 c.beta2,
                 c.weight_decay,
@@ -206,14 +203,11 @@ impl Optimizer for Adam {
     }
 
     fn set_lr(&mut self, lr: f64) -> Result<()> {
-        check_hparam("lr", lr, lr >= 0.0)?;
-        let _ = self.lr.f_fill_(lr)?;
-        self.lr_value = lr;
-        Ok(())
+        self.lr.set(lr)
     }
 
     fn lr(&self) -> f64 {
-        self.lr_value
+        self.lr.value()
     }
 
     fn params(&self) -> &[Tensor] {

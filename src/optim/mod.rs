@@ -82,9 +82,34 @@ pub(crate) fn grads_to_none(params: &[Tensor]) -> Result<()> {
     check(unsafe { ffi::tcg_grads_set_to_none(p.as_ptr(), p.len()) })
 }
 
-/// The learning rate as a 0-d float32 tensor on `device` (the fused kernels read a float).
-pub(crate) fn lr_tensor(lr: f64, device: Device) -> Result<Tensor> {
-    Ok(Tensor::f_full([], lr, (tch::Kind::Float, device))?)
+/// The learning rate: a 0-d float32 tensor on the parameters' device (the fused kernels read a
+/// float from device memory on every launch) and a host mirror of its value.
+#[derive(Debug)]
+pub(crate) struct Lr {
+    tensor: Tensor,
+    value: f64,
+}
+
+impl Lr {
+    pub(crate) fn new(lr: f64, device: Device) -> Result<Self> {
+        Ok(Lr { tensor: Tensor::f_full([], lr, (tch::Kind::Float, device))?, value: lr })
+    }
+
+    /// Fills the device tensor (an eager op on the current stream: ordered with replays).
+    pub(crate) fn set(&mut self, lr: f64) -> Result<()> {
+        check_hparam("lr", lr, lr >= 0.0)?;
+        let _ = self.tensor.f_fill_(lr)?;
+        self.value = lr;
+        Ok(())
+    }
+
+    pub(crate) fn value(&self) -> f64 {
+        self.value
+    }
+
+    pub(crate) fn tensor(&self) -> &Tensor {
+        &self.tensor
+    }
 }
 
 pub(crate) fn check_hparam(name: &str, value: f64, ok: bool) -> Result<()> {

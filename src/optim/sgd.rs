@@ -1,8 +1,6 @@
 //! Capturable SGD on `at::_fused_sgd_` (tensor learning rate).
 
-use super::{
-    check_hparam, grads_to_none, lr_tensor, params_on_one_device, ptr, ptrs, trainable, with_grads, Optimizer,
-};
+use super::{check_hparam, grads_to_none, params_on_one_device, ptr, ptrs, trainable, with_grads, Lr, Optimizer};
 use crate::error::{check, Error, Result};
 use crate::ffi;
 use tch::{nn::VarStore, Tensor};
@@ -90,8 +88,7 @@ impl SgdConfig {
 pub struct Sgd {
     params: Vec<Tensor>,
     bufs: Vec<Option<Tensor>>,
-    lr: Tensor,
-    lr_value: f64,
+    lr: Lr,
     config: SgdConfig,
 }
 
@@ -110,9 +107,9 @@ impl Sgd {
 
     fn build(params: Vec<Tensor>, device: tch::Device, config: SgdConfig) -> Result<Self> {
         config.validate()?;
-        let lr = lr_tensor(config.lr, device)?;
+        let lr = Lr::new(config.lr, device)?;
         let bufs = params.iter().map(|_| None).collect();
-        Ok(Sgd { params, bufs, lr, lr_value: config.lr, config })
+        Ok(Sgd { params, bufs, lr, config })
     }
 
     /// The hyper-parameters.
@@ -122,7 +119,7 @@ impl Sgd {
 
     /// The learning-rate tensor a captured step reads.
     pub fn lr_tensor(&self) -> &Tensor {
-        &self.lr
+        self.lr.tensor()
     }
 
     /// The momentum buffer of parameter `i`, once its first step has run.
@@ -144,7 +141,7 @@ impl Sgd {
                 b.len(),
                 c.weight_decay,
                 c.momentum,
-                ptr(&self.lr),
+                ptr(self.lr.tensor()),
                 c.dampening,
                 i32::from(c.nesterov),
                 i32::from(c.maximize),
@@ -209,14 +206,11 @@ impl Optimizer for Sgd {
     }
 
     fn set_lr(&mut self, lr: f64) -> Result<()> {
-        check_hparam("lr", lr, lr >= 0.0)?;
-        let _ = self.lr.f_fill_(lr)?;
-        self.lr_value = lr;
-        Ok(())
+        self.lr.set(lr)
     }
 
     fn lr(&self) -> f64 {
-        self.lr_value
+        self.lr.value()
     }
 
     fn params(&self) -> &[Tensor] {
