@@ -79,7 +79,7 @@ impl NodeKinds {
 /// # fn main() -> tch_cuda_graphs::Result<()> {
 /// use tch::{Device, Kind, Tensor};
 /// use tch_cuda_graphs::{CaptureOptions, CudaGraph};
-/// let a = Tensor::ones([4], (Kind::Float, Device::Cuda(0)));
+/// let mut a = Tensor::ones([4], (Kind::Float, Device::Cuda(0)));
 /// let b = Tensor::ones([4], (Kind::Float, Device::Cuda(0)));
 /// let mut g = CudaGraph::new()?;
 /// let out = g.capture(CaptureOptions::default(), || Ok(a.f_add(&b)?))?; // recorded, not run

@@ -19,7 +19,7 @@
 //! # fn main() -> tch_cuda_graphs::Result<()> {
 //! use tch::{Device, Kind, Tensor};
 //! use tch_cuda_graphs::{graph_pool_handle, CaptureOptions, CudaGraph};
-//! let (a, b) = (Tensor::ones([8], (Kind::Float, Device::Cuda(0))), Tensor::ones([8], (Kind::Float, Device::Cuda(0))));
+//! let (mut a, b) = (Tensor::ones([8], (Kind::Float, Device::Cuda(0))), Tensor::ones([8], (Kind::Float, Device::Cuda(0))));
 //! let pool = graph_pool_handle()?;
 //! let mut g = CudaGraph::new()?;
 //! let out = g.capture(CaptureOptions::default().pool(pool), || Ok(a.f_add(&b)?))?;
