@@ -7,6 +7,10 @@
 //! Prints a table, writes DIR/results.json and DIR/results.csv, and DIR/chart.png (drawn by
 //! `benches/plot.py` when python3 with matplotlib is there). DIR defaults to target/bench.
 //!
+//! `--profile-small` captures only the small MLP's Adam step (kept graph), prints its node
+//! counts and replays it 3 times, for `ncu` (`benches/torch_profile_small.py` is PyTorch's
+//! counterpart); with `--feed` it also times replay alone against the fed `run()`.
+//!
 //! Method: each figure is the median over blocks of 50 steps of (block time / 50), at least
 //! 1,000 steps in all, after 20 warmup steps, with the device synchronized before and after
 //! each block. Inputs rotate over 8 pre-made batches. fp32, TF32 off on both sides.
@@ -227,6 +231,25 @@ fn profile_small() {
         step.replay().unwrap();
     }
     synchronize(device).unwrap();
+    if std::env::args().any(|a| a == "--feed") {
+        let batches: Vec<(Tensor, Tensor)> = (0..8).map(|_| batch(kind, device)).collect();
+        let replay = time_steps(device, 1000, |_| {
+            step.replay().unwrap();
+        });
+        let run = time_steps(device, 1000, |i| {
+            let (x, y) = &batches[i % 8];
+            step.run(&[x, y]).unwrap();
+        });
+        let mut host = Vec::new();
+        for i in 0..200 {
+            synchronize(device).unwrap();
+            let (x, y) = &batches[i % 8];
+            let t = Instant::now();
+            step.run(&[x, y]).unwrap();
+            host.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        println!("ours: replay only {replay:.1} µs/step, run (check + 2 copies + replay) {run:.1} µs/step, host time of run() {:.1} µs", median(host));
+    }
 }
 
 fn find(rows: &[Row], model: &str, opt: &str, mode: &str) -> Option<f64> {
