@@ -1,5 +1,5 @@
 # The two commands of the README. Both install what they need first (scripts/setup.sh, once).
-.PHONY: setup run test test-gpu check stage
+.PHONY: setup run test test-no-cuda test-gpu
 
 setup:
 	@bash scripts/setup.sh
@@ -8,11 +8,18 @@ setup:
 run: setup
 	cargo run --release --example train
 
-# Every test that runs without a GPU (GPU tests are #[ignore]d), plus format and lint checks.
+# Every test that runs without a GPU (GPU tests are #[ignore]d), plus format and lint checks,
+# then the same tests against the no-CUDA build of the shim (what a CPU-only libtorch gets).
 test: setup
 	cargo fmt --all -- --check
 	cargo clippy --all-targets --release -- -D warnings
 	cargo test --release
+	$(MAKE) --no-print-directory test-no-cuda
+
+# The CPU tests with the shim built without CUDA (TCH_CUDA_GRAPHS_NO_CUDA=1): every GPU entry
+# point must say Error::NoCuda while the eager fallback and the optimizers keep working.
+test-no-cuda: setup
+	TCH_CUDA_GRAPHS_NO_CUDA=1 cargo test --release --test cpu
 
 # On a machine with a CUDA GPU: all tests, GPU ones included, one thread (they share the device).
 test-gpu: setup

@@ -1,8 +1,19 @@
 //! Compiles the C++ shim in `csrc/` against the libtorch that torch-sys found, and links the
 //! CUDA parts of libtorch. See the README's "Using the crate from another crate" for what a
 //! downstream binary's own build needs.
+//!
+//! Environment (each also read by torch-sys, so both sides agree):
+//! - `LIBTORCH_INCLUDE`: the directory holding libtorch's `include/` (default: beside `lib/`).
+//! - `LIBTORCH_USE_PYTORCH`: take headers and the C++ ABI from the Python torch package.
+//! - `LIBTORCH_CXX11_ABI`: `0` or `1` (default `1`) when not using PyTorch's.
+//!
+//! And this crate's own:
+//! - `TCH_CUDA_GRAPHS_NO_CUDA=1`: build the shim without CUDA even when libtorch has it (every
+//!   GPU entry point then returns `Error::NoCuda`); CI builds and tests this variant.
+//! - the `doc-only` feature, or `DOCS_RS`: compile nothing (docs.rs has no libtorch).
 use std::env;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 fn env_var(name: &str) -> Option<String> {
     println!("cargo:rerun-if-env-changed={name}");
@@ -20,7 +31,11 @@ fn find_cuda_include(torch_root: &Path) -> Result<PathBuf, String> {
     }
     candidates.push(("/usr/local/cuda/include".into(), PathBuf::from("/usr/local/cuda/include")));
     if let Some(site) = torch_root.parent() {
-        candidates.push(("nvidia/cu13/include beside torch".into(), site.join("nvidia").join("cu13").join("include")));
+        // pip's CUDA packages beside torch: nvidia/cu13/include (CUDA 13), nvidia/cuda_runtime/include (12)
+        for sub in ["cu13", "cuda_runtime"] {
+            candidates
+                .push((format!("nvidia/{sub}/include beside torch"), site.join("nvidia").join(sub).join("include")));
+        }
     }
     for (label, dir) in candidates {
         if dir.join("cuda_runtime_api.h").exists() && dir.join("crt").join("host_config.h").exists() {
@@ -31,11 +46,36 @@ fn find_cuda_include(torch_root: &Path) -> Result<PathBuf, String> {
     Err(looked.join(", "))
 }
 
+/// libtorch's include directories and C++ ABI, found the way torch-sys finds them.
+fn torch_headers_and_abi(torch_root: &Path) -> (Vec<PathBuf>, String) {
+    if env_var("LIBTORCH_USE_PYTORCH").is_some() {
+        let python = if env::var_os("VIRTUAL_ENV").is_some() { "python" } else { "python3" };
+        let script = "import torch\nfrom torch.utils import cpp_extension\n\
+                      print('ABI', int(torch._C._GLIBCXX_USE_CXX11_ABI))\n\
+                      for p in cpp_extension.include_paths(): print('INCLUDE', p)\n";
+        let out = Command::new(python)
+            .args(["-c", script])
+            .output()
+            .unwrap_or_else(|e| panic!("tch-cuda-graphs: LIBTORCH_USE_PYTORCH is set but {python} failed: {e}"));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let abi = text.lines().find_map(|l| l.strip_prefix("ABI ")).map(str::to_owned);
+        let includes: Vec<PathBuf> =
+            text.lines().filter_map(|l| l.strip_prefix("INCLUDE ")).map(PathBuf::from).collect();
+        let abi = abi.unwrap_or_else(|| panic!("tch-cuda-graphs: {python} printed no C++ ABI: {text}"));
+        return (includes, abi);
+    }
+    let root = env_var("LIBTORCH_INCLUDE").map(PathBuf::from).unwrap_or_else(|| torch_root.to_path_buf());
+    let include = root.join("include");
+    let abi = env_var("LIBTORCH_CXX11_ABI").unwrap_or_else(|| "1".to_owned());
+    (vec![include.clone(), include.join("torch/csrc/api/include")], abi)
+}
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=csrc/tcg.cpp");
-    println!("cargo:rerun-if-changed=csrc/tcg.h");
-    println!("cargo:rerun-if-changed=csrc/cudart.cpp");
+    println!("cargo:rerun-if-changed=csrc");
+    if env::var_os("CARGO_FEATURE_DOC_ONLY").is_some() || env_var("DOCS_RS").is_some() {
+        return; // docs only: no libtorch, nothing to compile or link
+    }
 
     // torch-sys (links = "tch") exports the libtorch lib dir it linked against.
     let lib_dir = env_var("DEP_TCH_LIBTORCH_LIB").map(PathBuf::from).unwrap_or_else(|| {
@@ -46,24 +86,25 @@ fn main() {
     });
     let lib_dir = lib_dir.canonicalize().unwrap_or(lib_dir);
     let torch_root = lib_dir.parent().expect("libtorch lib dir has a parent").to_path_buf();
-    let include = torch_root.join("include");
-    let cxx11_abi = env_var("LIBTORCH_CXX11_ABI").unwrap_or_else(|| "1".to_owned());
-    let with_cuda = lib_dir.join("libtorch_cuda.so").exists();
+    let (includes, cxx11_abi) = torch_headers_and_abi(&torch_root);
+    let libtorch_has_cuda = lib_dir.join("libtorch_cuda.so").exists();
+    let forced_off = env_var("TCH_CUDA_GRAPHS_NO_CUDA").is_some_and(|v| v != "0");
+    let with_cuda = libtorch_has_cuda && !forced_off;
+    // For this package's tests: what the build found, to check the shim against.
+    println!("cargo:rustc-env=TCG_LIBTORCH_HAS_CUDA={}", u8::from(libtorch_has_cuda));
 
     let mut build = cc::Build::new();
     build
         .cpp(true)
         .pic(true)
         .warnings(false)
-        .include(&include)
-        .include(include.join("torch/csrc/api/include"))
+        .includes(&includes)
         .flag("-std=c++17")
         .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi}"))
         .flag("-DGLOG_USE_GLOG_EXPORT")
-        // Nothing of the shim is exported from a binary (see csrc/cudart.cpp).
+        // Nothing of the shim is exported from a binary (see csrc/cuda/cudart.cpp).
         .flag("-fvisibility=hidden")
-        .file("csrc/tcg.cpp")
-        .file("csrc/cudart.cpp");
+        .files(["csrc/error.cpp", "csrc/optim.cpp", "csrc/watch.cpp"]);
     if with_cuda {
         match find_cuda_include(&torch_root) {
             Ok(dir) => {
@@ -80,13 +121,15 @@ fn main() {
                 torch_root.display()
             ),
         }
+        build.files(["csrc/cuda/device.cpp", "csrc/cuda/graph.cpp", "csrc/cuda/memory.cpp", "csrc/cuda/cudart.cpp"]);
     } else {
+        let why = if forced_off { "TCH_CUDA_GRAPHS_NO_CUDA is set" } else { "libtorch has no CUDA" };
         println!(
-            "cargo:warning=tch-cuda-graphs: libtorch at {} has no CUDA; every GPU entry point will \
-             return Error::NoCuda",
+            "cargo:warning=tch-cuda-graphs: built without CUDA ({why}, libtorch at {}); every GPU \
+             entry point will return Error::NoCuda",
             torch_root.display()
         );
-        build.define("TCG_NO_CUDA", None);
+        build.file("csrc/no_cuda.cpp");
     }
     build.compile("tch_cuda_graphs_shim");
 

@@ -57,10 +57,12 @@ impl Opt {
     }
 }
 
+#[derive(serde::Serialize)]
 struct Row {
     model: String,
     opt: String,
     mode: String,
+    #[serde(rename = "us_per_step")]
     us: f64,
 }
 
@@ -68,21 +70,41 @@ struct Args {
     out: String,
     steps: usize,
     torch: bool,
+    profile_small: bool,
+    feed: bool,
+    as_test: bool,
 }
 
-fn parse_args() -> Args {
-    let mut a = Args { out: "target/bench".into(), steps: 1000, torch: true };
-    let mut it = std::env::args().skip(1);
-    while let Some(s) = it.next() {
-        match s.as_str() {
-            "--out" => a.out = it.next().expect("--out DIR"),
-            "--steps" => a.steps = it.next().expect("--steps N").parse().expect("a number"),
-            "--no-torch" => a.torch = false,
-            _ => {} // cargo bench passes --bench
+fn parse_args() -> Result<Args, lexopt::Error> {
+    use lexopt::prelude::*;
+    let mut a = Args {
+        out: "target/bench".into(),
+        steps: 1000,
+        torch: true,
+        profile_small: false,
+        feed: false,
+        as_test: false,
+    };
+    let mut parser = lexopt::Parser::from_env();
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("out") => a.out = parser.value()?.string()?,
+            Long("steps") => a.steps = parser.value()?.parse()?,
+            Long("no-torch") => a.torch = false,
+            Long("profile-small") => a.profile_small = true,
+            Long("feed") => a.feed = true,
+            Long("bench") => {} // cargo bench passes --bench
+            // started as a test binary (cargo test --benches, the GPU runner)
+            Long("include-ignored") | Long("nocapture") => a.as_test = true,
+            Long("test-threads") => {
+                let _ = parser.value()?;
+                a.as_test = true;
+            }
+            _ => return Err(arg.unexpected()),
         }
     }
     a.steps = a.steps.max(100);
-    a
+    Ok(a)
 }
 
 const BLOCK: usize = 50;
@@ -130,9 +152,13 @@ fn graphed_step(kind: ModelKind, opt: Opt, device: Device, first: &(Tensor, Tens
     .unwrap()
 }
 
+#[derive(serde::Serialize)]
 struct Extra {
+    model: &'static str,
+    opt: &'static str,
     capture_ms: f64,
     replay_host_us: f64,
+    #[serde(rename = "pool_reserved_bytes")]
     pool_bytes: i64,
 }
 
@@ -195,7 +221,7 @@ fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut
         host.push(t.elapsed().as_secs_f64() * 1e6);
     }
     synchronize(device).unwrap();
-    Extra { capture_ms, replay_host_us: median(host), pool_bytes }
+    Extra { model: kind.name(), opt: opt.name(), capture_ms, replay_host_us: median(host), pool_bytes }
 }
 
 fn run_torch(steps: usize, rows: &mut Vec<Row>) -> Result<(), String> {
@@ -221,7 +247,7 @@ fn run_torch(steps: usize, rows: &mut Vec<Row>) -> Result<(), String> {
 
 /// For `ncu`: captures the small MLP's Adam step into a kept graph, prints its node counts,
 /// and replays it 3 times (ncu times each kernel of the replays).
-fn profile_small() {
+fn profile_small(feed: bool) {
     let device = Device::Cuda(0);
     let kind = ModelKind::SmallMlp;
     let mut step = graphed_step(kind, Opt::Adam, device, &batch(kind, device), true);
@@ -231,7 +257,7 @@ fn profile_small() {
         step.replay().unwrap();
     }
     synchronize(device).unwrap();
-    if std::env::args().any(|a| a == "--feed") {
+    if feed {
         let batches: Vec<(Tensor, Tensor)> = (0..8).map(|_| batch(kind, device)).collect();
         let replay = time_steps(device, 1000, |_| {
             step.replay().unwrap();
@@ -257,13 +283,19 @@ fn find(rows: &[Row], model: &str, opt: &str, mode: &str) -> Option<f64> {
 }
 
 fn main() {
-    if std::env::args().any(|a| a == "--include-ignored" || a.starts_with("--test-threads")) {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("bench step: {e}\nusage: step [--out DIR] [--steps N] [--no-torch] [--profile-small [--feed]]");
+            std::process::exit(2);
+        }
+    };
+    if args.as_test {
         println!("bench step: started as a test binary; run it with `cargo bench --bench step` (or directly).");
         return;
     }
-    let args = parse_args();
-    if std::env::args().any(|a| a == "--profile-small") {
-        profile_small();
+    if args.profile_small {
+        profile_small(args.feed);
         return;
     }
     if !cuda_is_available() {
@@ -286,7 +318,7 @@ fn main() {
                 e.replay_host_us,
                 e.pool_bytes as f64 / (1 << 20) as f64
             );
-            extras.push((kind.name(), opt.name(), e));
+            extras.push(e);
         }
     }
     if args.torch {
@@ -302,25 +334,8 @@ fn main() {
         "| model | opt | tch eager | tch eager + fused | **graph (this crate)** | torch eager | torch graph best | eager/graph | graph/torch best |"
     );
     let _ = writeln!(table, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
-    let mut json = String::from("{\n  \"rows\": [\n");
-    for (i, r) in rows.iter().enumerate() {
-        let _ = write!(
-            json,
-            "    {{\"model\": \"{}\", \"opt\": \"{}\", \"mode\": \"{}\", \"us_per_step\": {:.2}}}",
-            r.model, r.opt, r.mode, r.us
-        );
-        json.push_str(if i + 1 < rows.len() { ",\n" } else { "\n" });
-    }
-    json.push_str("  ],\n  \"extras\": [\n");
-    for (i, (m, o, e)) in extras.iter().enumerate() {
-        let _ = write!(
-            json,
-            "    {{\"model\": \"{m}\", \"opt\": \"{o}\", \"capture_ms\": {:.2}, \"replay_host_us\": {:.2}, \"pool_reserved_bytes\": {}}}",
-            e.capture_ms, e.replay_host_us, e.pool_bytes
-        );
-        json.push_str(if i + 1 < extras.len() { ",\n" } else { "\n" });
-    }
-    json.push_str("  ]\n}\n");
+    let json = serde_json::to_string_pretty(&serde_json::json!({ "rows": rows, "extras": extras }))
+        .expect("serialize the results");
     for kind in ModelKind::ALL {
         for opt in Opt::ALL {
             let (m, o) = (kind.name(), opt.name());

@@ -1,8 +1,18 @@
 // tch-cuda-graphs C shim: a C API over libtorch's CUDA graph, stream, allocator and fused
 // optimizer functions. Every function returns a tcg_status; on failure a message is kept in
 // a thread-local slot that tcg_take_last_error() hands over (and clears) exactly once.
-// Naming: one prefix per object family (tcg_graph_*, tcg_stream_*, tcg_mempool_*, ...), each
-// owning family with a matching *_free.
+// Naming: one prefix per object family (tcg_graph_*, tcg_stream_*, tcg_mempool_*,
+// tcg_watch_*, ...), each owning family with a matching *_free.
+//
+// Where each family lives:
+//   csrc/error.cpp        errors, statuses, fault injection for tests
+//   csrc/optim.cpp        fused optimizers, gradient helpers (CPU and CUDA)
+//   csrc/watch.cpp        tensor watches (storage identity checks; CPU and CUDA)
+//   csrc/cuda/device.cpp  devices and streams              (CUDA builds)
+//   csrc/cuda/graph.cpp   CUDA graphs                      (CUDA builds)
+//   csrc/cuda/memory.cpp  pools and allocator figures      (CUDA builds)
+//   csrc/cuda/cudart.cpp  CUDA runtime forwarding          (CUDA builds)
+//   csrc/no_cuda.cpp      the CUDA families as NO_CUDA stubs (builds without CUDA)
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -17,6 +27,8 @@ typedef enum {
   TCG_NO_CUDA = 2,              // built without CUDA, or no CUDA device
   TCG_CAPTURE_INVALIDATED = 3,  // the stream capture was invalidated (e.g. a sync during capture)
   TCG_MISUSE = 4,               // an API used out of order (replay before capture, ...)
+  TCG_OUT_OF_MEMORY = 5,        // c10::OutOfMemoryError (or cudaErrorMemoryAllocation)
+  TCG_STALE = 6,                // a watched tensor no longer has the storage it had
 } tcg_status;
 
 // tch's C_tensor: a pointer to a heap-allocated at::Tensor.
@@ -24,6 +36,7 @@ typedef void* tcg_tensor;
 typedef struct tcg_graph tcg_graph;
 typedef struct tcg_stream_guard tcg_stream_guard;
 typedef struct tcg_mempool tcg_mempool;
+typedef struct tcg_watch tcg_watch;
 
 // A CUDA stream as c10::Stream::pack3() gives it: plain data, no ownership.
 typedef struct {
@@ -44,17 +57,53 @@ typedef struct {
   int64_t num_alloc_retries, num_ooms;
 } tcg_mem_stats;
 
-// Errors: returns a malloc'ed copy of this thread's last message (NULL if none) and clears it.
+// Node counts of a captured graph by cudaGraphNodeType; types this shim does not name
+// (semaphores, conditionals, types newer than the headers) are counted in `other`.
+typedef struct {
+  size_t kernel, memcpy, memset, host, graph, empty, event, mem_alloc_free, other;
+} tcg_node_kinds;
+
+// ---------------------------------------------------------------- error.cpp
+// Returns a malloc'ed copy of this thread's last message (NULL if none) and clears it.
 char* tcg_take_last_error(void);
 void tcg_string_free(char* s);
+// Fault injection for tests: the next time this thread reaches `point` ("graph_instantiate"),
+// the shim fails there as if libtorch had thrown. NULL clears it.
+tcg_status tcg_testing_fail_next(const char* point);
 
-// Build and devices.
+// ---------------------------------------------------------------- optim.cpp (CPU and CUDA)
+// `lr` is a tensor (device or CPU).
+tcg_status tcg_fused_sgd(tcg_tensor* params, tcg_tensor* grads, tcg_tensor* bufs, size_t n,
+                         size_t n_bufs, double weight_decay, double momentum, tcg_tensor lr,
+                         double dampening, int nesterov, int maximize, int is_first_step);
+// adamw != 0: decoupled weight decay. n_max: 0 unless amsgrad. steps: one 0-d tensor per
+// parameter, each incremented by one (one _foreach_add_) before the update, as PyTorch's
+// fused Adam does.
+tcg_status tcg_fused_adam(int adamw, tcg_tensor* params, tcg_tensor* grads, tcg_tensor* exp_avgs,
+                          tcg_tensor* exp_avg_sqs, tcg_tensor* max_exp_avg_sqs, size_t n_max,
+                          tcg_tensor* steps, size_t n, tcg_tensor lr, double beta1, double beta2,
+                          double weight_decay, double eps, int amsgrad, int maximize);
+// Sets every tensor's .grad to undefined (PyTorch's zero_grad(set_to_none=True)).
+tcg_status tcg_grads_set_to_none(tcg_tensor* params, size_t n);
+// Global-norm clipping on the device: total = ||(||g_i||_p)_i||_p; g_i *= min(1, max/(total+1e-6)).
+// Returns the total norm as a new 0-d tensor; no host sync.
+tcg_status tcg_clip_grad_norm(tcg_tensor* grads, size_t n, double max_norm, double norm_type,
+                              tcg_tensor* total_out);
+
+// ---------------------------------------------------------------- watch.cpp (CPU and CUDA)
+// A watch holds references to tensors and what their storage was when added (data pointer,
+// dtype, shape). tcg_watch_check returns TCG_STALE, with the first changed tensor's position
+// in *index, when any of them changed since (set_data, a dtype change, a resize).
+tcg_status tcg_watch_new(tcg_watch** out);
+void tcg_watch_free(tcg_watch* w);
+tcg_status tcg_watch_add(tcg_watch* w, tcg_tensor* ts, size_t n);
+tcg_status tcg_watch_check(tcg_watch* w, size_t* index);
+
+// ---------------------------------------------------------------- cuda/device.cpp
 int tcg_built_with_cuda(void);
 tcg_status tcg_device_count(int* out);
 tcg_status tcg_current_device(int* out);
 tcg_status tcg_device_synchronize(int device);
-
-// Streams.
 tcg_status tcg_stream_from_pool(int device, int high_priority, tcg_stream* out);
 tcg_status tcg_stream_current(int device, tcg_stream* out);
 tcg_status tcg_stream_default(int device, tcg_stream* out);
@@ -68,13 +117,14 @@ tcg_status tcg_stream_capture_status(tcg_stream s, int* out);
 tcg_status tcg_stream_guard_new(tcg_stream s, tcg_stream_guard** out);
 void tcg_stream_guard_free(tcg_stream_guard* g);
 
-// Graphs (at::cuda::CUDAGraph).
+// ---------------------------------------------------------------- cuda/graph.cpp
 tcg_status tcg_graph_new(int keep_graph, tcg_graph** out);
 void tcg_graph_free(tcg_graph* g);
 // mode: 0 global, 1 thread-local, 2 relaxed (cudaStreamCaptureMode). pool {0,0}: private pool.
 tcg_status tcg_graph_capture_begin(tcg_graph* g, tcg_pool_id pool, int mode);
-// Ends the capture. On any failure the capture is torn down completely (stream capture ended,
-// allocator routing ended, pool reference released, graph reset) before the status returns.
+// Ends the capture and instantiates the graph. On any failure the capture is torn down
+// completely (stream capture ended, allocator routing ended, pool reference released, graph
+// and executable destroyed) before the status returns.
 tcg_status tcg_graph_capture_end(tcg_graph* g);
 // Tears down a capture that is under way without keeping anything (error/panic paths).
 // *was_invalidated tells whether CUDA had already invalidated it.
@@ -85,40 +135,22 @@ tcg_status tcg_graph_upload(tcg_graph* g);
 tcg_status tcg_graph_reset(tcg_graph* g);
 tcg_status tcg_graph_pool(tcg_graph* g, tcg_pool_id* out);
 tcg_status tcg_graph_debug_dump(tcg_graph* g, const char* path);
-tcg_status tcg_graph_enable_debug_mode(tcg_graph* g);
 tcg_status tcg_graph_node_count(tcg_graph* g, size_t* out);
-// counts[k] = number of nodes of cudaGraphNodeType k, for k < n.
-tcg_status tcg_graph_node_kinds(tcg_graph* g, size_t* counts, size_t n);
+tcg_status tcg_graph_node_kinds(tcg_graph* g, tcg_node_kinds* out);
 
-// Pools.
+// ---------------------------------------------------------------- cuda/memory.cpp
+// Every function here initializes CUDA lazily (as torch.cuda.memory_stats() does), so any of
+// them may be the first CUDA call of a process.
 tcg_status tcg_graph_pool_handle(tcg_pool_id* out);
 tcg_status tcg_mempool_new(tcg_mempool** out);
 void tcg_mempool_free(tcg_mempool* p);
 tcg_status tcg_mempool_id(tcg_mempool* p, tcg_pool_id* out);
 tcg_status tcg_mempool_use_count(tcg_mempool* p, int* out);
-
-// Allocator figures.
 tcg_status tcg_memory_stats(int device, tcg_mem_stats* out);
 tcg_status tcg_reset_peak_stats(int device);
 // Bytes of the caching allocator's segments owned by `pool` on `device`.
 tcg_status tcg_pool_memory(int device, tcg_pool_id pool, int64_t* reserved, int64_t* allocated);
 tcg_status tcg_empty_cache(void);
-
-// Fused optimizer kernels and helpers (CPU and CUDA). `lr` is a tensor (device or CPU).
-tcg_status tcg_fused_sgd(tcg_tensor* params, tcg_tensor* grads, tcg_tensor* bufs, size_t n,
-                         size_t n_bufs, double weight_decay, double momentum, tcg_tensor lr,
-                         double dampening, int nesterov, int maximize, int is_first_step);
-// adamw != 0: decoupled weight decay. n_max: 0 unless amsgrad. steps: n tensors (may repeat).
-tcg_status tcg_fused_adam(int adamw, tcg_tensor* params, tcg_tensor* grads, tcg_tensor* exp_avgs,
-                          tcg_tensor* exp_avg_sqs, tcg_tensor* max_exp_avg_sqs, size_t n_max,
-                          tcg_tensor* steps, size_t n, tcg_tensor lr, double beta1, double beta2,
-                          double weight_decay, double eps, int amsgrad, int maximize);
-// Sets every tensor's .grad to undefined (PyTorch's zero_grad(set_to_none=True)).
-tcg_status tcg_grads_set_to_none(tcg_tensor* params, size_t n);
-// Global-norm clipping on the device: total = ||(||g_i||_p)_i||_p; g_i *= min(1, max/(total+1e-6)).
-// Returns the total norm as a new 0-d tensor; no host sync.
-tcg_status tcg_clip_grad_norm(tcg_tensor* grads, size_t n, double max_norm, double norm_type,
-                              tcg_tensor* total_out);
 
 #ifdef __cplusplus
 }

@@ -1,55 +1,42 @@
-//! Capture helpers: [`CaptureOptions`], [`capture_with_warmup`], and the side-stream capture
-//! that [`CudaGraph::capture`] uses.
+//! Capture policy on top of [`CudaGraph`]: [`CaptureOptions`], [`CudaGraph::capture`] (one
+//! capture on the device's capture stream), [`capture_with_warmup`], and the per-device
+//! [`CaptureLock`] that keeps captures one at a time.
+//!
+//! # One capture at a time
+//! This crate captures on one side stream per device (see [`Stream::capture_stream`]), so that
+//! graphs sharing a pool reuse each other's freed blocks. Work queued on that stream by another
+//! thread while a capture is under way would be recorded into the wrong graph, so
+//! [`CudaGraph::capture`] and [`capture_with_warmup`] hold the device's [`CaptureLock`] from
+//! the first warmup run to the end of the capture: a second thread's capture (warmup included)
+//! waits for the first to finish. Capturing again from inside a captured closure (or its
+//! warmup) on the same device is refused with [`Error::Misuse`] instead of deadlocking. The
+//! low-level [`CudaGraph::capture_begin`] takes no lock: take [`CaptureLock::acquire`] yourself
+//! around hand-rolled captures on the capture stream.
+//!
+//! # Failures
+//! Whatever ends a capture early (the closure's error, a panic, an invalidating sync, OOM), the
+//! capture is torn down (stream capture ended, allocator routing ended, pool reference
+//! released), the previous stream is current again, and the lock is released; the process can
+//! run eager work and capture again. Errors are classified by state, not message text: an
+//! invalidated capture stream gives [`Error::CaptureInvalidated`], a rise of the allocator's OOM
+//! counter gives [`Error::OutOfMemory`] (both keep the closure's error as `source`), anything
+//! else comes back unchanged. A panic always resumes, after the clean-up.
 
 use crate::device::{current_device, synchronize};
 use crate::error::{Error, Result};
-use crate::graph::CudaGraph;
-use crate::memory::empty_cache;
+use crate::graph::{CaptureMode, CudaGraph};
+use crate::memory::{empty_cache, memory_stats};
 use crate::pool::PoolId;
 use crate::stream::{Stream, StreamGuard};
-use std::any::Any;
+use std::cell::RefCell;
+use std::collections::HashSet;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::{Condvar, Mutex, OnceLock};
 use tch::Device;
 
 /// The number of warmup runs [`capture_with_warmup`] users are advised to start from (as in
 /// PyTorch's examples): enough for cuBLAS/cuDNN handles, the allocator and autograd to settle.
 pub const DEFAULT_WARMUP: usize = 3;
-
-/// How strictly CUDA checks for unsafe API calls during capture (`cudaStreamCaptureMode`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[repr(i32)]
-pub enum CaptureMode {
-    /// Unsafe calls from any thread invalidate the capture (PyTorch's default).
-    #[default]
-    Global = 0,
-    /// Only unsafe calls from the capturing thread do.
-    ThreadLocal = 1,
-    /// No check: unsafe calls are allowed (and may break the graph).
-    Relaxed = 2,
-}
-
-impl CaptureMode {
-    /// From PyTorch's names: "global", "thread_local", "relaxed".
-    pub fn from_name(name: &str) -> Result<Self> {
-        match name {
-            "global" => Ok(CaptureMode::Global),
-            "thread_local" => Ok(CaptureMode::ThreadLocal),
-            "relaxed" => Ok(CaptureMode::Relaxed),
-            other => Err(Error::Misuse(format!(
-                "unknown capture mode {other:?} (expected \"global\", \"thread_local\" or \"relaxed\")"
-            ))),
-        }
-    }
-
-    /// PyTorch's name of the mode.
-    pub fn name(self) -> &'static str {
-        match self {
-            CaptureMode::Global => "global",
-            CaptureMode::ThreadLocal => "thread_local",
-            CaptureMode::Relaxed => "relaxed",
-        }
-    }
-}
 
 /// Options of a capture. Builder style; each setter says its default.
 ///
@@ -139,10 +126,72 @@ impl CaptureOptions {
     }
 }
 
-/// Synchronizes the capture device and returns the capture stream ordered after its current
-/// stream.
-fn side_stream(options: &CaptureOptions) -> Result<Stream> {
-    let device = options.resolve_device()?;
+/// The per-device capture lock (see the module docs): held, a capture or warmup of this crate
+/// on that device waits. Released on drop, panics included.
+///
+/// ```no_run
+/// # fn main() -> tch_cuda_graphs::Result<()> {
+/// use tch_cuda_graphs::CaptureLock;
+/// let _lock = CaptureLock::acquire(tch::Device::Cuda(0))?;
+/// // a hand-rolled capture on Stream::capture_stream(Device::Cuda(0)) goes here
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct CaptureLock {
+    device: usize,
+}
+
+struct Locks {
+    held: Mutex<HashSet<usize>>,
+    freed: Condvar,
+}
+
+fn locks() -> &'static Locks {
+    static LOCKS: OnceLock<Locks> = OnceLock::new();
+    LOCKS.get_or_init(|| Locks { held: Mutex::new(HashSet::new()), freed: Condvar::new() })
+}
+
+thread_local! {
+    /// Devices whose capture lock this thread holds: a second acquire would deadlock.
+    static HELD_HERE: RefCell<HashSet<usize>> = RefCell::new(HashSet::new());
+}
+
+impl CaptureLock {
+    /// Waits until no other capture of this crate is under way on `device`, then holds its lock.
+    /// [`Error::Misuse`] if this thread already holds it (a capture inside a capture).
+    pub fn acquire(device: Device) -> Result<Self> {
+        let device = match device {
+            Device::Cuda(i) => i,
+            other => return Err(Error::Misuse(format!("capture lock: {other:?} is not a CUDA device"))),
+        };
+        if HELD_HERE.with(|h| h.borrow().contains(&device)) {
+            return Err(Error::Misuse(format!(
+                "a capture on cuda:{device} is already under way on this thread: captures cannot nest"
+            )));
+        }
+        let locks = locks();
+        // A poisoned mutex only means a thread panicked while holding the set: it is consistent.
+        let mut held = locks.held.lock().unwrap_or_else(|p| p.into_inner());
+        while held.contains(&device) {
+            held = locks.freed.wait(held).unwrap_or_else(|p| p.into_inner());
+        }
+        held.insert(device);
+        HELD_HERE.with(|h| h.borrow_mut().insert(device));
+        Ok(CaptureLock { device })
+    }
+}
+
+impl Drop for CaptureLock {
+    fn drop(&mut self) {
+        HELD_HERE.with(|h| h.borrow_mut().remove(&self.device));
+        let locks = locks();
+        locks.held.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.device);
+        locks.freed.notify_all();
+    }
+}
+
+/// Synchronizes `device` and returns its capture stream ordered after its current stream.
+fn side_stream(device: Device) -> Result<Stream> {
     synchronize(device)?;
     let side = Stream::capture_stream(device)?;
     side.wait_stream(&Stream::current(device)?)?;
@@ -156,10 +205,11 @@ struct AbortOnDrop<'a> {
 }
 
 impl AbortOnDrop<'_> {
+    /// Aborts now; whether CUDA had invalidated the capture (false if that cannot be told).
     fn abort(&mut self) -> bool {
         self.armed = false;
         // An abort that fails leaves nothing more to do: the shim already tore down what it could.
-        self.graph.capture_abort().unwrap_or(true)
+        self.graph.capture_abort().unwrap_or(false)
     }
 }
 
@@ -171,74 +221,81 @@ impl Drop for AbortOnDrop<'_> {
     }
 }
 
-fn panic_message(p: &(dyn Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
+/// The allocator's OOM counter of `device`, to tell afterwards whether an error was an OOM.
+fn oom_count(device: Device) -> Result<i64> {
+    Ok(memory_stats(device)?.ooms)
+}
+
+/// Classifies an error that ended a capture (or its warmup) by state: whether CUDA invalidated
+/// the capture, and whether the allocator's OOM counter rose since `ooms_before`.
+fn classify(e: Error, invalidated: bool, device: Device, ooms_before: i64) -> Error {
+    if e.is_capture_invalidated() || e.is_out_of_memory() {
+        return e;
+    }
+    let oom = memory_stats(device).map(|s| s.ooms > ooms_before).unwrap_or(false);
+    if oom {
+        Error::OutOfMemory { source: Box::new(e) }
+    } else if invalidated {
+        Error::CaptureInvalidated { source: Box::new(e) }
     } else {
-        "panic with a non-string payload".to_owned()
+        e
     }
 }
 
-/// Whether an error message is libtorch or CUDA refusing something because a capture is under
-/// way (e.g. "Cannot copy between CPU and CUDA tensors during CUDA graph capture", "operation
-/// not permitted when stream is capturing"): libtorch refuses some syncs before CUDA sees them,
-/// so the capture is not invalidated, but the closure did something a graph cannot hold.
-fn illegal_during_capture(msg: &str) -> bool {
-    msg.contains("graph capture") || msg.contains("is capturing") || msg.contains("StreamCapture")
-}
-
-/// Records `f` into `graph` on `side`, restoring the previous stream on every path.
+/// Records `f` into `graph` on `side`, restoring the previous stream on every path. The caller
+/// holds the device's capture lock.
 fn record<T>(
     graph: &mut CudaGraph,
     options: &CaptureOptions,
     side: &Stream,
+    device: Device,
     f: impl FnOnce() -> Result<T>,
 ) -> Result<T> {
     if options.empty_cache {
         empty_cache()?;
     }
+    let ooms = oom_count(device)?;
     let _stream = StreamGuard::new(side)?; // dropped last: the capture ends on `side`
     graph.capture_begin(options.pool, options.mode)?;
     let mut guard = AbortOnDrop { graph, armed: true };
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(out)) => {
             guard.armed = false;
-            guard.graph.capture_end()?; // tears down by itself on failure
+            // capture_end tears down by itself on failure
+            guard.graph.capture_end().map_err(|e| classify(e, false, device, ooms))?;
             Ok(out)
         }
         Ok(Err(e)) => {
-            let msg = e.to_string();
-            if guard.abort() || illegal_during_capture(&msg) {
-                Err(Error::CaptureInvalidated(msg))
-            } else {
-                Err(e)
-            }
+            let invalidated = guard.abort();
+            Err(classify(e, invalidated, device, ooms))
         }
         Err(panic) => {
-            let msg = panic_message(&*panic);
-            if guard.abort() || illegal_during_capture(&msg) {
-                Err(Error::CaptureInvalidated(format!("the closure panicked: {msg}")))
-            } else {
-                drop(guard);
-                drop(_stream);
-                resume_unwind(panic)
-            }
+            drop(guard); // abort the capture
+            drop(_stream); // restore the stream
+            resume_unwind(panic)
         }
     }
 }
 
-pub(crate) fn capture_on_side_stream<T>(
-    graph: &mut CudaGraph,
-    options: &CaptureOptions,
-    f: impl FnOnce() -> Result<T>,
-) -> Result<T> {
-    let side = side_stream(options)?;
-    record(graph, options, &side, f)
+impl CudaGraph {
+    /// Captures the work `f` queues into this graph and returns what `f` returned (tensors whose
+    /// memory the graph will write on each replay).
+    ///
+    /// Like `torch.cuda.graph`: holds the device's [`CaptureLock`], synchronizes the device,
+    /// frees cached memory (see [`CaptureOptions::empty_cache`]), switches to the device's
+    /// capture stream, captures, and restores the previous stream. On failure see the module
+    /// docs: the capture is torn down and the graph is empty again; an invalidated capture is
+    /// [`Error::CaptureInvalidated`], an OOM [`Error::OutOfMemory`], other errors come back as
+    /// they are, and a panic resumes after the clean-up.
+    pub fn capture<T>(&mut self, options: CaptureOptions, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let device = options.resolve_device()?;
+        let _lock = CaptureLock::acquire(device)?;
+        let side = side_stream(device)?;
+        record(self, &options, &side, device, f)
+    }
 }
 
-/// Runs `f` `warmup` times on a side stream (so cuBLAS/cuDNN handles, autograd's device threads,
+/// Holds the device's [`CaptureLock`], runs `f` `warmup` times on the capture stream (so cuBLAS/cuDNN handles, autograd's device threads,
 /// the allocator and lazily created state settle), synchronizes, then captures one more call of
 /// `f` into a new graph on the same side stream. Returns the graph and what the captured call
 /// returned. `f` runs `warmup + 1` times in all; the warmup runs are real runs (a training step
@@ -258,15 +315,18 @@ pub fn capture_with_warmup<T>(
     options: CaptureOptions,
     mut f: impl FnMut() -> Result<T>,
 ) -> Result<(CudaGraph, T)> {
-    let side = side_stream(&options)?;
+    let device = options.resolve_device()?;
+    let _lock = CaptureLock::acquire(device)?;
+    let side = side_stream(device)?;
+    let ooms = oom_count(device)?;
     {
         let _stream = StreamGuard::new(&side)?;
         for _ in 0..warmup {
-            drop(f()?);
+            drop(f().map_err(|e| classify(e, false, device, ooms))?);
         }
     }
     side.synchronize()?;
     let mut graph = CudaGraph::with_keep_graph(options.keep_graph)?;
-    let out = record(&mut graph, &options, &side, &mut f)?;
+    let out = record(&mut graph, &options, &side, device, &mut f)?;
     Ok((graph, out))
 }

@@ -1,23 +1,47 @@
 //! The crate's one error type, and the check every FFI status goes through.
+//!
+//! Errors are classified by what the shim and CUDA report (the C++ exception's type, the CUDA
+//! error code, the capture stream's status, the allocator's OOM counter), never by searching
+//! message texts. The underlying error stays reachable as the [`std::error::Error::source`].
 
 use crate::ffi;
 use std::ffi::CStr;
 
 /// Everything that can go wrong in this crate. Match on the variant; the message is for people.
+///
+/// Variants that wrap another error ([`Error::CaptureInvalidated`], [`Error::OutOfMemory`],
+/// [`Error::Torch`], [`Error::User`]) keep it as their `source` and do not repeat it in their
+/// own message: print the chain (e.g. anyhow's `{:#}`) to see both.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
-    /// No CUDA device is usable: the crate was built against a CPU-only libtorch, or the driver
-    /// reports no device. The eager paths ([`crate::TrainStep`] on CPU, the optimizers) still work.
+    /// No CUDA device is usable: the crate was built without CUDA (a CPU-only libtorch, or
+    /// `TCH_CUDA_GRAPHS_NO_CUDA=1` at build time), or the driver reports no device. The eager
+    /// paths ([`crate::TrainStep`] on CPU, the optimizers) still work.
     #[error("no CUDA device: {0}")]
     NoCuda(String),
     /// CUDA invalidated the stream capture, typically because the captured work synchronized
-    /// with the host (`.item()`, `f64::try_from`, `.to(Device::Cpu)`, printing a tensor) or used
-    /// an API that is illegal during capture. The capture was torn down; the process can run
-    /// eager CUDA work and capture again.
-    #[error("CUDA graph capture was invalidated (a host sync or an illegal call during capture?): {0}")]
-    CaptureInvalidated(String),
+    /// with the host (`.item()`, `f64::try_from`) or made a call that is illegal during capture.
+    /// The capture was torn down; the process can run eager CUDA work and capture again.
+    /// `source` is the error that surfaced first (from the closure, or from ending the capture).
+    #[error("CUDA graph capture was invalidated (a host sync or an illegal call during capture?)")]
+    CaptureInvalidated {
+        /// What surfaced: the closure's error, or the shim's report of the failed capture end.
+        #[source]
+        source: Box<Error>,
+    },
+    /// The CUDA caching allocator ran out of device memory (libtorch's `c10::OutOfMemoryError`,
+    /// seen as such by the shim or through the allocator's OOM counter during a capture or its
+    /// warmup). Anything under way was torn down.
+    #[error("CUDA out of memory")]
+    OutOfMemory {
+        /// The error that reported it.
+        #[source]
+        source: Box<Error>,
+    },
     /// An API used out of order or with invalid arguments: replay before capture, capture twice,
-    /// `capture_end` without `capture_begin`, node queries on a graph that was not kept, ...
+    /// `capture_end` without `capture_begin`, node queries on a graph that was not kept, a
+    /// capture started from inside another capture, ...
     #[error("misuse of tch-cuda-graphs: {0}")]
     Misuse(String),
     /// A batch fed to a static input does not match it; nothing was copied.
@@ -32,14 +56,59 @@ pub enum Error {
         /// Shape, dtype and device of what was given.
         got: String,
     },
-    /// An error reported by libtorch or the CUDA runtime, with its message.
+    /// A tensor a captured graph uses no longer has the storage it had at capture (`set_data`,
+    /// `VarStore::set_kind`, a resize): replaying would read or write freed memory, so nothing
+    /// ran. Build the step again (capture again) after changing parameters this way.
+    #[error("stale graph: {what} changed since capture: {detail}; capture the step again")]
+    StaleGraph {
+        /// Which tensor: "static input `x`", or "watched tensor #i".
+        what: String,
+        /// What changed (storage, dtype or shape, with the values).
+        detail: String,
+    },
+    /// An error from a tch call (libtorch through tch's C API).
+    #[error("libtorch error (through tch)")]
+    Torch(#[from] tch::TchError),
+    /// An error that libtorch or the CUDA runtime reported to this crate's shim.
     #[error("libtorch/CUDA error: {0}")]
-    Torch(String),
+    Libtorch(String),
+    /// An error of the caller's own, carried through a step closure unchanged (see
+    /// [`Error::user`]); get it back with `source()` and `downcast_ref`.
+    #[error("error in the user's step")]
+    User(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
-impl From<tch::TchError> for Error {
-    fn from(e: tch::TchError) -> Self {
-        Error::Torch(e.to_string())
+impl Error {
+    /// Wraps an error of the caller's own so it can travel through a step closure (whose
+    /// return type is this crate's [`Result`]) and come back out unchanged.
+    ///
+    /// ```
+    /// use tch_cuda_graphs::Error;
+    /// #[derive(Debug)]
+    /// struct DataEnded;
+    /// impl std::fmt::Display for DataEnded {
+    ///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str("data ended") }
+    /// }
+    /// impl std::error::Error for DataEnded {}
+    ///
+    /// let e = Error::user(DataEnded);
+    /// match &e {
+    ///     Error::User(inner) => assert!(inner.downcast_ref::<DataEnded>().is_some()),
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// ```
+    pub fn user(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Error::User(e.into())
+    }
+
+    /// Whether this error means a capture was invalidated (directly, not through a source).
+    pub fn is_capture_invalidated(&self) -> bool {
+        matches!(self, Error::CaptureInvalidated { .. })
+    }
+
+    /// Whether this error is an out-of-memory error.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Error::OutOfMemory { .. })
     }
 }
 
@@ -67,8 +136,17 @@ pub(crate) fn check(status: ffi::tcg_status) -> Result<()> {
     match status {
         ffi::TCG_OK => Ok(()),
         ffi::TCG_NO_CUDA => Err(Error::NoCuda(take_last_error())),
-        ffi::TCG_CAPTURE_INVALIDATED => Err(Error::CaptureInvalidated(take_last_error())),
+        ffi::TCG_CAPTURE_INVALIDATED => {
+            Err(Error::CaptureInvalidated { source: Box::new(Error::Libtorch(take_last_error())) })
+        }
         ffi::TCG_MISUSE => Err(Error::Misuse(take_last_error())),
-        _ => Err(Error::Torch(take_last_error())),
+        ffi::TCG_OUT_OF_MEMORY => Err(Error::OutOfMemory { source: Box::new(Error::Libtorch(take_last_error())) }),
+        // TCG_STALE is read by the watch, which knows the tensor's name; elsewhere it is plain.
+        _ => Err(Error::Libtorch(take_last_error())),
     }
+}
+
+/// The raw message of a failed status (for callers that build their own variant from it).
+pub(crate) fn take_message() -> String {
+    take_last_error()
 }

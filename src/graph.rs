@@ -1,12 +1,50 @@
-//! The safe CUDA graph: [`CudaGraph`] owns one `at::cuda::CUDAGraph`.
+//! The safe CUDA graph: [`CudaGraph`] owns one `at::cuda::CUDAGraph`. This is the graph owner
+//! only: how captures are run (side streams, warmup, locking) is [`crate::capture`]'s business,
+//! which builds on this module and not the other way round.
 
-use crate::capture::{capture_on_side_stream, CaptureMode, CaptureOptions};
 use crate::error::{check, Error, Result};
 use crate::ffi;
 use crate::pool::PoolId;
+use std::any::Any;
 use std::ffi::CString;
 use std::path::Path;
 use std::ptr::NonNull;
+
+/// How strictly CUDA checks for unsafe API calls during capture (`cudaStreamCaptureMode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(i32)]
+pub enum CaptureMode {
+    /// Unsafe calls from any thread invalidate the capture (PyTorch's default).
+    #[default]
+    Global = 0,
+    /// Only unsafe calls from the capturing thread do.
+    ThreadLocal = 1,
+    /// No check: unsafe calls are allowed (and may break the graph).
+    Relaxed = 2,
+}
+
+impl CaptureMode {
+    /// From PyTorch's names: "global", "thread_local", "relaxed".
+    pub fn from_name(name: &str) -> Result<Self> {
+        match name {
+            "global" => Ok(CaptureMode::Global),
+            "thread_local" => Ok(CaptureMode::ThreadLocal),
+            "relaxed" => Ok(CaptureMode::Relaxed),
+            other => Err(Error::Misuse(format!(
+                "unknown capture mode {other:?} (expected \"global\", \"thread_local\" or \"relaxed\")"
+            ))),
+        }
+    }
+
+    /// PyTorch's name of the mode.
+    pub fn name(self) -> &'static str {
+        match self {
+            CaptureMode::Global => "global",
+            CaptureMode::ThreadLocal => "thread_local",
+            CaptureMode::Relaxed => "relaxed",
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -34,7 +72,7 @@ pub struct NodeKinds {
     pub event: usize,
     /// Memory allocation and free nodes.
     pub mem_alloc_free: usize,
-    /// Any other kind (semaphores, batch memory ops, conditionals).
+    /// Any other kind (semaphores, conditionals, kinds newer than this crate).
     pub other: usize,
 }
 
@@ -52,24 +90,33 @@ impl NodeKinds {
             + self.other
     }
 
-    fn from_counts(c: &[usize; 16]) -> Self {
-        // cudaGraphNodeType: 0 kernel, 1 memcpy, 2 memset, 3 host, 4 graph, 5 empty,
-        // 6 wait event, 7 event record, 8/9 ext semaphores, 10 mem alloc, 11 mem free, 12.. other
+    fn from_ffi(k: ffi::tcg_node_kinds) -> Self {
         NodeKinds {
-            kernel: c[0],
-            memcpy: c[1],
-            memset: c[2],
-            host: c[3],
-            graph: c[4],
-            empty: c[5],
-            event: c[6] + c[7],
-            mem_alloc_free: c[10] + c[11],
-            other: c[8] + c[9] + c[12..].iter().sum::<usize>(),
+            kernel: k.kernel,
+            memcpy: k.memcpy,
+            memset: k.memset,
+            host: k.host,
+            graph: k.graph,
+            empty: k.empty,
+            event: k.event,
+            mem_alloc_free: k.mem_alloc_free,
+            other: k.other,
         }
     }
 }
 
 /// A CUDA graph: work captured once from a stream, replayed with one launch.
+///
+/// # What a replay writes
+/// A replay re-runs the captured kernels on the addresses they used at capture: it reads the
+/// tensors the captured work read (static inputs, parameters, optimizer state) and writes
+/// everything the captured work wrote, in place: the tensors returned by the capture (they live
+/// in the graph's pool and are overwritten by every replay: copy what you need to keep), and
+/// any tensor the work updated in place (parameters, optimizer state, accumulators). Nothing
+/// else is allocated or freed. So every tensor the captured work touches must stay alive, with
+/// the same storage, as long as the graph is replayed: own them elsewhere, or hand them to
+/// [`retain`](Self::retain); [`crate::TrainStep`] does both and checks the storage before every
+/// run.
 ///
 /// Wraps libtorch's `at::cuda::CUDAGraph` (PyTorch's `torch.cuda.CUDAGraph`), so RNG ops and
 /// the caching allocator cooperate with capture exactly as in PyTorch. [`CudaGraph::capture`]
@@ -94,17 +141,29 @@ impl NodeKinds {
 /// replay mutates host state (the lazily instantiated executable, the RNG generators' offsets)
 /// and CUDA graph objects are not internally synchronized, so every method that reaches the
 /// C++ object takes `&mut self`. Share one between threads behind a `Mutex`.
-#[derive(Debug)]
 pub struct CudaGraph {
     raw: NonNull<ffi::tcg_graph>,
     state: State,
     keep_graph: bool,
+    /// Dropped after the C++ graph (fields drop after `Drop::drop`).
+    retained: Vec<Box<dyn Any + Send>>,
+}
+
+impl std::fmt::Debug for CudaGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaGraph")
+            .field("state", &self.state)
+            .field("keep_graph", &self.keep_graph)
+            .field("retained", &self.retained.len())
+            .finish()
+    }
 }
 
 // SAFETY: the C++ CUDAGraph holds no thread-local state: its capture stream and device are
 // explicit members, its replay takes the calling thread's current stream and sets the device
 // itself, and libtorch's capture bookkeeping is behind global mutexes. Moving it to another
-// thread is sound; concurrent use is prevented by `&mut self` (no Sync impl).
+// thread is sound; concurrent use is prevented by `&mut self` (no Sync impl). What `retain`
+// keeps is `Send` by its bound.
 unsafe impl Send for CudaGraph {}
 
 impl CudaGraph {
@@ -122,8 +181,8 @@ impl CudaGraph {
         let mut raw = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out pointer; on success it holds a graph that we own.
         check(unsafe { ffi::tcg_graph_new(i32::from(keep_graph), &mut raw) })?;
-        let raw = NonNull::new(raw).ok_or_else(|| Error::Torch("CUDAGraph: null handle".into()))?;
-        Ok(CudaGraph { raw, state: State::Empty, keep_graph })
+        let raw = NonNull::new(raw).ok_or_else(|| Error::Libtorch("CUDAGraph: null handle".into()))?;
+        Ok(CudaGraph { raw, state: State::Empty, keep_graph, retained: Vec::new() })
     }
 
     /// Whether this graph holds a successful capture.
@@ -136,23 +195,9 @@ impl CudaGraph {
         self.keep_graph
     }
 
-    /// Captures the work `f` queues into this graph and returns what `f` returned (tensors whose
-    /// memory the graph will write on each replay).
-    ///
-    /// Like `torch.cuda.graph`: synchronizes the device, frees cached memory (see
-    /// [`CaptureOptions::empty_cache`]), switches to a side stream, captures, and restores the
-    /// previous stream. The capture is ended on every path out. If `f` returns an error or
-    /// panics, or CUDA invalidates the capture (a host sync such as `.item()`), the capture is
-    /// torn down (allocator routing ended, pool reference released) and the graph is empty
-    /// again; an invalidated capture gives [`Error::CaptureInvalidated`], other errors are
-    /// returned as they are, and a panic that did not invalidate the capture resumes after the
-    /// clean-up.
-    pub fn capture<T>(&mut self, options: CaptureOptions, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        capture_on_side_stream(self, &options, f)
-    }
-
     /// Low level (`CUDAGraph::capture_begin`): starts capturing the *current* stream, which
-    /// must not be the default stream. Prefer [`capture`](Self::capture). A capture begun here
+    /// must not be the default stream. Prefer [`capture`](Self::capture) (in
+    /// [`crate::capture`]), which also takes the device's capture lock; this does not. A capture begun here
     /// must be ended with [`capture_end`](Self::capture_end) or
     /// [`capture_abort`](Self::capture_abort); dropping the graph aborts it.
     pub fn capture_begin(&mut self, pool: PoolId, mode: CaptureMode) -> Result<()> {
@@ -224,6 +269,7 @@ impl CudaGraph {
 
     /// Frees the captured graph and releases its pool reference; the graph can capture again.
     /// Tensors returned by the capture stay valid (their blocks return to the pool when freed).
+    /// What was [`retain`](Self::retain)ed is released too.
     pub fn reset(&mut self) -> Result<()> {
         if self.state == State::Capturing {
             return Err(Error::Misuse("reset during a capture: end or abort it first".into()));
@@ -231,7 +277,28 @@ impl CudaGraph {
         // SAFETY: `self.raw` is live (owned by self).
         check(unsafe { ffi::tcg_graph_reset(self.raw.as_ptr()) })?;
         self.state = State::Empty;
+        self.retained.clear();
         Ok(())
+    }
+
+    /// Keeps `object` alive as long as this graph holds its capture (until
+    /// [`reset`](Self::reset) or drop), like PyTorch's `CUDAGraph` keeping the objects its
+    /// capture used. Give it what the captured work reads or writes and nothing else owns:
+    /// input tensors, parameters, optimizer state, a model, a `VarStore`.
+    ///
+    /// ```no_run
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// use tch::{Device, Kind, Tensor};
+    /// use tch_cuda_graphs::{CaptureOptions, CudaGraph};
+    /// let x = Tensor::ones([4], (Kind::Float, Device::Cuda(0)));
+    /// let mut g = CudaGraph::new()?;
+    /// let y = g.capture(CaptureOptions::default(), || Ok(x.f_mul_scalar(2.0)?))?;
+    /// g.retain(x); // the caller's handle can go: the graph keeps the input's memory
+    /// g.replay()?;
+    /// # let _ = y; Ok(()) }
+    /// ```
+    pub fn retain<T: Send + 'static>(&mut self, object: T) {
+        self.retained.push(Box::new(object));
     }
 
     /// The id of the pool this graph's memory lives in; give it to another capture to share it.
@@ -252,12 +319,6 @@ impl CudaGraph {
         check(unsafe { ffi::tcg_graph_debug_dump(self.raw.as_ptr(), c.as_ptr()) })
     }
 
-    /// libtorch's process-wide graph debug mode (keeps every graph's `cudaGraph_t`).
-    pub fn enable_debug_mode(&mut self) -> Result<()> {
-        // SAFETY: `self.raw` is live (owned by self).
-        check(unsafe { ffi::tcg_graph_enable_debug_mode(self.raw.as_ptr()) })
-    }
-
     /// The number of nodes of the kept graph.
     pub fn node_count(&mut self) -> Result<usize> {
         self.require_kept("node_count")?;
@@ -270,10 +331,10 @@ impl CudaGraph {
     /// The nodes of the kept graph by kind.
     pub fn node_kinds(&mut self) -> Result<NodeKinds> {
         self.require_kept("node_kinds")?;
-        let mut counts = [0usize; 16];
-        // SAFETY: `self.raw` is live; `counts` has room for the 16 entries we pass.
-        check(unsafe { ffi::tcg_graph_node_kinds(self.raw.as_ptr(), counts.as_mut_ptr(), counts.len()) })?;
-        Ok(NodeKinds::from_counts(&counts))
+        let mut kinds = ffi::tcg_node_kinds::default();
+        // SAFETY: `self.raw` is live; `kinds` is a valid out pointer.
+        check(unsafe { ffi::tcg_graph_node_kinds(self.raw.as_ptr(), &mut kinds) })?;
+        Ok(NodeKinds::from_ffi(kinds))
     }
 
     fn require_captured(&self, what: &str) -> Result<()> {

@@ -6,8 +6,10 @@
 //!
 //! Where to look:
 //! - [`ffi`]: the raw C API of the C++ shim (`csrc/`), [`error`]: [`Error`] and the status check.
-//! - [`graph`]: [`CudaGraph`], the safe owner of an `at::cuda::CUDAGraph`.
-//! - [`capture`]: [`CaptureOptions`], [`capture_with_warmup`] (side stream, warmup, capture).
+//! - [`graph`]: [`CudaGraph`], the safe owner of an `at::cuda::CUDAGraph` (no capture policy).
+//! - [`capture`]: [`CaptureOptions`], [`CudaGraph::capture`], [`capture_with_warmup`] (capture
+//!   stream, warmup, capture) and the per-device [`CaptureLock`] (one capture at a time).
+//! - [`watch`]: [`TensorWatch`], the storage check that keeps replays off replaced tensors.
 //! - [`pool`]: [`PoolId`], [`graph_pool_handle`], [`MemPool`]; [`memory`]: allocator figures.
 //! - [`stream`]: [`Stream`], [`StreamGuard`], capture status; [`device`]: availability, sync.
 //! - [`optim`]: capturable fused [`optim::Sgd`] and [`optim::Adam`] (Adam/AdamW); [`clip`]:
@@ -39,14 +41,17 @@ pub mod memory;
 pub mod optim;
 pub mod pool;
 pub mod stream;
+pub mod testing;
 pub mod train_step;
+pub mod watch;
 
-pub use capture::{capture_with_warmup, CaptureMode, CaptureOptions, DEFAULT_WARMUP};
+pub use capture::{capture_with_warmup, CaptureLock, CaptureOptions, DEFAULT_WARMUP};
 pub use clip::clip_grad_norm;
 pub use device::{built_with_cuda, cuda_device_count, cuda_is_available, synchronize};
 pub use error::{Error, Result};
-pub use graph::{CudaGraph, NodeKinds};
-pub use memory::{empty_cache, memory_stats, pool_memory, MemoryStats, PoolMemory};
+pub use graph::{CaptureMode, CudaGraph, NodeKinds};
+pub use memory::{empty_cache, memory_stats, pool_memory, reset_peak_stats, MemoryStats, PoolMemory};
 pub use pool::{graph_pool_handle, MemPool, PoolId};
 pub use stream::{is_current_stream_capturing, CaptureStatus, Stream, StreamGuard};
 pub use train_step::{StepOptions, TrainStep};
+pub use watch::TensorWatch;

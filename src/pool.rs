@@ -84,7 +84,7 @@ impl MemPool {
         let mut raw = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out pointer; on success it holds a pool we own.
         check(unsafe { ffi::tcg_mempool_new(&mut raw) })?;
-        NonNull::new(raw).map(|raw| MemPool { raw }).ok_or_else(|| Error::Torch("MemPool: null handle".into()))
+        NonNull::new(raw).map(|raw| MemPool { raw }).ok_or_else(|| Error::Libtorch("MemPool: null handle".into()))
     }
 
     /// The pool's id, for [`crate::CaptureOptions::pool`].

@@ -27,7 +27,7 @@ impl CaptureStatus {
             0 => Ok(CaptureStatus::None),
             1 => Ok(CaptureStatus::Active),
             2 => Ok(CaptureStatus::Invalidated),
-            other => Err(Error::Torch(format!("unknown capture status code {other}"))),
+            other => Err(Error::Libtorch(format!("unknown capture status code {other}"))),
         }
     }
 }
@@ -148,7 +148,9 @@ impl StreamGuard {
         let mut raw = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out pointer; on success it holds a guard we own.
         check(unsafe { ffi::tcg_stream_guard_new(stream.raw, &mut raw) })?;
-        NonNull::new(raw).map(|raw| StreamGuard { raw }).ok_or_else(|| Error::Torch("stream guard: null handle".into()))
+        NonNull::new(raw)
+            .map(|raw| StreamGuard { raw })
+            .ok_or_else(|| Error::Libtorch("stream guard: null handle".into()))
     }
 }
 

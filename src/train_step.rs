@@ -1,12 +1,13 @@
 //! [`TrainStep`]: a whole training step (forward, loss, backward, optimizer) captured once and
 //! replayed per batch through static inputs, with an eager fallback without a GPU.
 
-use crate::capture::{capture_with_warmup, CaptureMode, CaptureOptions, DEFAULT_WARMUP};
+use crate::capture::{capture_with_warmup, CaptureOptions, DEFAULT_WARMUP};
 use crate::device::cuda_is_available;
 use crate::error::{Error, Result};
-use crate::graph::CudaGraph;
+use crate::graph::{CaptureMode, CudaGraph};
 use crate::pool::PoolId;
-use tch::{Device, Tensor};
+use crate::watch::TensorWatch;
+use tch::{nn::VarStore, Device, Tensor};
 
 type StepFn = Box<dyn FnMut(&[Tensor]) -> Result<Vec<Tensor>> + Send>;
 
@@ -68,7 +69,18 @@ impl StepOptions {
 ///
 /// The step keeps alive everything the graph touches: the static inputs and outputs, the
 /// closure (move the model and the optimizer into it: their parameters and state are then held
-/// by the step), anything given to [`keep_alive`](Self::keep_alive), and the graph's pool.
+/// by the step), anything given to [`watch`](Self::watch) or [`watch_vars`](Self::watch_vars),
+/// and the graph's pool.
+///
+/// # Stale graphs
+/// The graph works on the addresses its tensors had at capture. Before every
+/// [`run`](Self::run) and [`replay`](Self::replay) the step checks, in one call costing a few
+/// nanoseconds per tensor, that the static inputs and every watched tensor still have that
+/// storage, dtype and shape; if one was replaced (`VarStore::set_kind`, `set_data`, a resize,
+/// loading a checkpoint of another dtype) it returns [`Error::StaleGraph`] and runs nothing,
+/// instead of silently training freed memory. Watch the parameters with
+/// [`watch_vars`](Self::watch_vars). The eager fallback checks the same, so a program that
+/// works on the CPU works graphed.
 ///
 /// ```no_run
 /// # fn main() -> tch_cuda_graphs::Result<()> {
@@ -100,7 +112,7 @@ pub struct TrainStep {
     outputs: Vec<Tensor>,
     graph: Option<CudaGraph>,
     step_fn: StepFn,
-    keep_alive: Vec<Tensor>,
+    watch: TensorWatch,
     runs: u64,
 }
 
@@ -160,7 +172,9 @@ impl TrainStep {
             }
             (None, outputs)
         };
-        Ok(TrainStep { names, inputs: statics, outputs, graph, step_fn, keep_alive: Vec::new(), runs: 0 })
+        let mut watch = TensorWatch::new()?;
+        watch.add(names.iter().map(|n| format!("static input `{n}`")), &statics)?;
+        Ok(TrainStep { names, inputs: statics, outputs, graph, step_fn, watch, runs: 0 })
     }
 
     /// Whether the step replays a CUDA graph (`false`: the eager fallback).
@@ -172,14 +186,20 @@ impl TrainStep {
     /// anything), copies it in, and runs the step. Returns the static outputs.
     pub fn run(&mut self, batch: &[&Tensor]) -> Result<&[Tensor]> {
         self.check_batch(batch)?;
+        self.watch.check()?;
         for (dst, src) in self.inputs.iter_mut().zip(batch) {
             dst.f_copy_(src)?;
         }
-        self.replay()
+        self.replay_checked()
     }
 
     /// Runs the step on what the static inputs hold now (no copy).
     pub fn replay(&mut self) -> Result<&[Tensor]> {
+        self.watch.check()?;
+        self.replay_checked()
+    }
+
+    fn replay_checked(&mut self) -> Result<&[Tensor]> {
         match &mut self.graph {
             Some(g) => g.replay()?,
             None => self.outputs = (self.step_fn)(&self.inputs)?,
@@ -241,8 +261,32 @@ impl TrainStep {
         self.graph.as_mut()
     }
 
-    /// Keeps `tensors` alive as long as the step (e.g. parameters the closure does not own).
-    pub fn keep_alive(&mut self, tensors: impl IntoIterator<Item = Tensor>) {
-        self.keep_alive.extend(tensors);
+    /// Keeps `tensors` alive as long as the step and checks before every run that each still
+    /// has the storage, dtype and shape it has now (see "Stale graphs" above). Call it right
+    /// after [`new`](Self::new), with tensors the captured step uses.
+    pub fn watch<'a>(&mut self, tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>) -> Result<()> {
+        let (names, tensors): (Vec<String>, Vec<&Tensor>) =
+            tensors.into_iter().map(|(n, t)| (format!("tensor `{n}`"), t)).unzip();
+        self.watch.add(names, tensors)
+    }
+
+    /// [`watch`](Self::watch) every variable of `vs` (the model's parameters and buffers), named
+    /// as in the VarStore.
+    ///
+    /// ```no_run
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// # use tch::{nn, Device, Kind, Tensor};
+    /// # use tch_cuda_graphs::{StepOptions, TrainStep};
+    /// # let vs = nn::VarStore::new(Device::Cuda(0));
+    /// # let x = Tensor::zeros([1], (Kind::Float, Device::Cuda(0)));
+    /// let mut step = TrainStep::new(&[("x", &x)], StepOptions::default(), |_| Ok(vec![]))?;
+    /// step.watch_vars(&vs)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn watch_vars(&mut self, vs: &VarStore) -> Result<()> {
+        let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        let names = vars.iter().map(|(n, _)| format!("parameter `{n}`"));
+        self.watch.add(names, vars.iter().map(|(_, t)| t))
     }
 }

@@ -1,16 +1,37 @@
 //! Tests that run without a GPU (CI): error paths, option and id handling, the optimizers'
-//! numerics against tch's own optimizers on CPU, gradient clipping, and TrainStep's eager
-//! fallback and input validation.
+//! numerics against tch's own optimizers on CPU, gradient clipping, TrainStep's eager
+//! fallback, input validation and stale-storage checks, and the error type. CI runs them twice:
+//! against the CUDA build of the shim and the no-CUDA build (`TCH_CUDA_GRAPHS_NO_CUDA=1`).
 
 mod common;
 
 use common::{batch, max_param_rel_diff, mse, twin_mlps};
+use std::error::Error as _;
 use tch::{nn, nn::OptimizerConfig, Device, Kind, Tensor};
 use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use tch_cuda_graphs::{
-    capture_with_warmup, clip_grad_norm, cuda_is_available, graph_pool_handle, memory_stats, CaptureMode,
-    CaptureOptions, CaptureStatus, CudaGraph, Error, MemPool, PoolId, StepOptions, Stream, TrainStep,
+    built_with_cuda, capture_with_warmup, clip_grad_norm, cuda_is_available, empty_cache, graph_pool_handle,
+    memory_stats, pool_memory, reset_peak_stats, synchronize, CaptureLock, CaptureMode, CaptureOptions, CaptureStatus,
+    CudaGraph, Error, MemPool, PoolId, StepOptions, Stream, TensorWatch, TrainStep,
 };
+
+/// The shim was built the way the build asked: without CUDA when `TCH_CUDA_GRAPHS_NO_CUDA=1`
+/// was set at build time (or libtorch has no CUDA), with CUDA otherwise.
+#[test]
+fn the_shim_is_built_with_or_without_cuda_as_asked() {
+    let forced_off = option_env!("TCH_CUDA_GRAPHS_NO_CUDA").is_some_and(|v| !v.is_empty() && v != "0");
+    let libtorch_has_cuda = env!("TCG_LIBTORCH_HAS_CUDA") == "1"; // set by build.rs
+    let expected = libtorch_has_cuda && !forced_off;
+    println!(
+        "libtorch has CUDA: {libtorch_has_cuda}, TCH_CUDA_GRAPHS_NO_CUDA at build: {:?}, shim built with CUDA: {}",
+        option_env!("TCH_CUDA_GRAPHS_NO_CUDA"),
+        built_with_cuda()
+    );
+    assert_eq!(built_with_cuda(), expected);
+    if !built_with_cuda() {
+        assert!(!cuda_is_available(), "a no-CUDA build reports no device");
+    }
+}
 
 /// Without CUDA every GPU entry point says NoCuda with a message; with CUDA they work. Either
 /// way the test asserts what it sees (it runs in CI without a GPU and on the GPU machine).
@@ -22,7 +43,19 @@ fn gpu_entry_points_report_no_cuda_without_a_device() {
         ("MemPool::new", MemPool::new().map(drop)),
         ("Stream::current", Stream::current(Device::Cuda(0)).map(drop)),
         ("memory_stats", memory_stats(Device::Cuda(0)).map(drop)),
+        ("reset_peak_stats", reset_peak_stats(Device::Cuda(0))),
+        ("pool_memory", pool_memory(Device::Cuda(0), PoolId::PRIVATE).map(drop)),
+        ("empty_cache", empty_cache()),
+        ("synchronize", synchronize(Device::Cuda(0))),
         ("capture_with_warmup", capture_with_warmup(1, CaptureOptions::default(), || Ok(())).map(drop)),
+        (
+            "CudaGraph::capture",
+            // A graph cannot even be made without CUDA; with CUDA this captures one kernel.
+            CudaGraph::new().and_then(|mut g| {
+                g.capture(CaptureOptions::default(), || Ok(Tensor::f_zeros([1], (Kind::Float, Device::Cuda(0)))?))
+                    .map(drop)
+            }),
+        ),
     ];
     for (what, r) in results {
         if cuda_is_available() {
@@ -334,4 +367,186 @@ fn train_step_checks_every_input_before_copying() {
     assert_eq!(step.runs(), 0);
     let err = step.run(&[&good_x, &bad_y]).unwrap_err().to_string();
     assert!(err.contains("`y`") && err.contains("[16, 2]") && err.contains("[32, 2]"), "{err}");
+}
+
+/// Adam keeps one step count per parameter, as PyTorch does: a parameter that first gets a
+/// gradient at step 11 gets the bias correction of a first step. Compared with tch's Adam
+/// (libtorch's C++ torch::optim::Adam, per-parameter state) on a model whose second head joins
+/// the loss late. A shared counter fails this by a wide margin (about 3x the first update).
+#[test]
+fn adam_counts_steps_per_parameter_like_pytorch() {
+    for adamw in [false, true] {
+        tch::manual_seed(4);
+        let head = |p: nn::Path| nn::linear(p, 8, 2, Default::default());
+        let vs_a = nn::VarStore::new(Device::Cpu);
+        let (a1, a2) = (head(vs_a.root() / "h1"), head(vs_a.root() / "h2"));
+        let mut vs_b = nn::VarStore::new(Device::Cpu);
+        let (b1, b2) = (head(vs_b.root() / "h1"), head(vs_b.root() / "h2"));
+        vs_b.copy(&vs_a).unwrap();
+        let mut ours = if adamw {
+            Adam::new(&vs_a, AdamConfig::adamw().lr(1e-2)).unwrap()
+        } else {
+            Adam::new(&vs_a, AdamConfig::default().lr(1e-2)).unwrap()
+        };
+        let mut theirs = if adamw {
+            nn::AdamW { wd: 1e-2, ..Default::default() }.build(&vs_b, 1e-2).unwrap()
+        } else {
+            nn::Adam::default().build(&vs_b, 1e-2).unwrap()
+        };
+        use tch::nn::Module;
+        for step in 0..30 {
+            let (x, y) = batch(Device::Cpu, 16, 8, 2);
+            let late = step >= 10; // the second head joins the loss at step 11
+            ours.zero_grad().unwrap();
+            let mut out = a1.forward(&x);
+            if late {
+                out += a2.forward(&x);
+            }
+            out.mse_loss(&y, tch::Reduction::Mean).backward();
+            ours.step().unwrap();
+            theirs.zero_grad();
+            let mut out = b1.forward(&x);
+            if late {
+                out += b2.forward(&x);
+            }
+            out.mse_loss(&y, tch::Reduction::Mean).backward();
+            theirs.step();
+            if step == 10 {
+                let counts: Vec<f64> = (0..4).map(|i| f64::try_from(ours.step_tensor(i).unwrap()).unwrap()).collect();
+                println!("adamw={adamw}: step counts after the late head's first update: {counts:?}");
+            }
+        }
+        let rel = max_param_rel_diff(&vs_a, &vs_b);
+        println!("adamw={adamw}: a head joining at step 11, 30 steps: max rel diff vs tch {rel:.3e}");
+        assert!(rel <= 1e-5, "adamw={adamw}: late parameter differs from tch's Adam by {rel}");
+    }
+}
+
+/// A TrainStep notices a static input or a watched parameter whose storage was replaced, and
+/// runs nothing (the eager fallback checks the same as the graphed step).
+#[test]
+fn train_step_refuses_to_run_on_replaced_storage() {
+    // a parameter: set_kind replaces every variable's storage
+    let (mut step, mut vs, x, y) = mlp_step(Device::Cpu, StepOptions::default().warmup(1));
+    step.watch_vars(&vs).unwrap();
+    step.run(&[&x, &y]).unwrap();
+    vs.set_kind(Kind::Double);
+    match step.run(&[&x, &y]) {
+        Err(Error::StaleGraph { what, detail }) => {
+            println!("after set_kind: {what}: {detail}");
+            assert!(what.starts_with("parameter `"), "{what}");
+            assert!(detail.contains("dtype"), "{detail}");
+        }
+        other => panic!("expected StaleGraph after set_kind, got {other:?}"),
+    }
+    assert!(matches!(step.replay(), Err(Error::StaleGraph { .. })), "replay checks too");
+    assert_eq!(step.runs(), 1, "nothing ran on the stale step");
+
+    // a static input: set_data on the step's own input tensor
+    let (mut step, _vs, x, y) = mlp_step(Device::Cpu, StepOptions::default().warmup(1));
+    let mut input = step.inputs()[0].shallow_clone();
+    input.set_data(&Tensor::zeros([32, 8], (Kind::Float, Device::Cpu)));
+    match step.run(&[&x, &y]) {
+        Err(Error::StaleGraph { what, detail }) => {
+            println!("after set_data: {what}: {detail}");
+            assert_eq!(what, "static input `x`");
+            assert!(detail.contains("storage"), "{detail}");
+        }
+        other => panic!("expected StaleGraph after set_data, got {other:?}"),
+    }
+
+    // a resize in place of a watched tensor
+    let (mut step, _vs, x, y) = mlp_step(Device::Cpu, StepOptions::default().warmup(1));
+    let mut extra = Tensor::zeros([4], (Kind::Float, Device::Cpu));
+    step.watch([("extra", &extra)]).unwrap();
+    step.run(&[&x, &y]).unwrap();
+    let _ = extra.resize_([1 << 16]);
+    match step.run(&[&x, &y]) {
+        Err(Error::StaleGraph { what, .. }) => assert_eq!(what, "tensor `extra`"),
+        other => panic!("expected StaleGraph after a resize, got {other:?}"),
+    }
+}
+
+#[test]
+fn tensor_watch_sees_storage_dtype_and_shape_changes_only() {
+    let a = Tensor::zeros([8], (Kind::Float, Device::Cpu));
+    let mut b = Tensor::zeros([2, 3], (Kind::Float, Device::Cpu));
+    let mut w = TensorWatch::new().unwrap();
+    w.add(["a".into(), "b".into()], [&a, &b]).unwrap();
+    assert_eq!(w.len(), 2);
+    // writing data in place is what a training step does: not a change
+    let _ = b.fill_(3.0);
+    let _ = a.shallow_clone().f_add_scalar_(1.0).unwrap();
+    w.check().unwrap();
+    b.set_data(&Tensor::zeros([2, 3], (Kind::Float, Device::Cpu)));
+    match w.check() {
+        Err(Error::StaleGraph { what, .. }) => assert_eq!(what, "b"),
+        other => panic!("expected StaleGraph naming b, got {other:?}"),
+    }
+    assert!(matches!(w.add(["only one name".into()], [&a, &b]), Err(Error::Misuse(_))));
+}
+
+/// A user's own error travels through the step closure and comes back as its source.
+#[test]
+fn a_users_error_comes_back_through_the_closure() {
+    #[derive(Debug)]
+    struct OutOfData(usize);
+    impl std::fmt::Display for OutOfData {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "out of data after {} batches", self.0)
+        }
+    }
+    impl std::error::Error for OutOfData {}
+    let x = Tensor::zeros([2], (Kind::Float, Device::Cpu));
+    let mut calls = 0;
+    let mut step = TrainStep::new(&[("x", &x)], StepOptions::default().warmup(1), move |_| {
+        calls += 1;
+        if calls > 1 {
+            return Err(Error::user(OutOfData(calls)));
+        }
+        Ok(vec![])
+    })
+    .unwrap();
+    let err = step.run(&[&x]).unwrap_err();
+    match &err {
+        Error::User(inner) => assert_eq!(inner.downcast_ref::<OutOfData>().map(|e| e.0), Some(2)),
+        other => panic!("expected Error::User, got {other:?}"),
+    }
+    let source = err.source().expect("User keeps its source");
+    assert_eq!(source.to_string(), "out of data after 2 batches");
+}
+
+/// tch's errors convert with `?` and stay reachable as the source.
+#[test]
+fn tch_errors_keep_their_source() {
+    let a = Tensor::zeros([2, 3], (Kind::Float, Device::Cpu));
+    let b = Tensor::zeros([4, 5], (Kind::Float, Device::Cpu));
+    let r: Result<Tensor, Error> = (|| Ok(a.f_matmul(&b)?))();
+    let err = r.unwrap_err();
+    assert!(matches!(err, Error::Torch(_)), "{err:?}");
+    let source = err.source().expect("Torch keeps the TchError");
+    assert!(source.downcast_ref::<tch::TchError>().is_some());
+    println!("{err}: {source}");
+}
+
+/// The capture lock is per device, refuses to nest on one thread, and is released on drop.
+#[test]
+fn the_capture_lock_refuses_to_nest_and_releases_on_drop() {
+    let held = CaptureLock::acquire(Device::Cuda(0)).unwrap();
+    assert!(matches!(CaptureLock::acquire(Device::Cuda(0)), Err(Error::Misuse(_))), "nested");
+    let other = CaptureLock::acquire(Device::Cuda(1)).unwrap(); // another device is free
+                                                                // another thread waits until this one lets go
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _l = CaptureLock::acquire(Device::Cuda(0)).unwrap();
+        tx.send(()).unwrap();
+    });
+    assert!(rx.recv_timeout(std::time::Duration::from_millis(200)).is_err(), "must wait while held");
+    drop(held);
+    rx.recv_timeout(std::time::Duration::from_secs(10)).expect("acquired once released");
+    waiter.join().unwrap();
+    drop(other);
+    let again = CaptureLock::acquire(Device::Cuda(0)).unwrap();
+    drop(again);
+    assert!(matches!(CaptureLock::acquire(Device::Cpu), Err(Error::Misuse(_))));
 }

@@ -215,3 +215,50 @@ fn train_and_eval_steps_share_one_pool() {
     }
     assert!(f64::try_from(&eval.outputs()[0]).unwrap().is_finite());
 }
+
+/// A graphed step whose parameters were converted after capture (set_kind replaces their
+/// storage) refuses to replay instead of training freed memory; so does one whose static input
+/// was replaced. The check costs nanoseconds per tensor (figure printed).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_graphed_step_refuses_to_run_on_replaced_storage() {
+    let d = cuda();
+    tch::manual_seed(11);
+    let mut vs = nn::VarStore::new(d);
+    let model = common::mlp(vs.root(), 16, 32, 2);
+    let opt = Adam::new(&vs, AdamConfig::default().lr(1e-2)).unwrap();
+    let (x, y) = batch(d, 32, 16, 2);
+    let mut step = step_for(model, Box::new(opt), &x, &y, StepOptions::default(), None).unwrap();
+    assert!(step.is_graphed());
+    step.watch_vars(&vs).unwrap();
+    step.run(&[&x, &y]).unwrap();
+    // cost of the check: run() = check + copies + replay; time the check alone through a watch
+    let mut w = tch_cuda_graphs::TensorWatch::new().unwrap();
+    let vars: Vec<Tensor> = vs.trainable_variables();
+    w.add((0..vars.len()).map(|i| format!("p{i}")), &vars).unwrap();
+    let n = 100_000;
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        w.check().unwrap();
+    }
+    let per = t.elapsed().as_nanos() as f64 / n as f64;
+    println!(
+        "storage check of {} tensors: {per:.0} ns per step ({:.1} ns per tensor)",
+        vars.len(),
+        per / vars.len() as f64
+    );
+    vs.set_kind(Kind::Double);
+    match step.run(&[&x, &y]) {
+        Err(Error::StaleGraph { what, detail }) => println!("graphed step after set_kind: {what}: {detail}"),
+        other => panic!("expected StaleGraph, got {other:?}"),
+    }
+    // a replaced static input
+    let vs2 = nn::VarStore::new(d);
+    let model2 = common::mlp(vs2.root(), 16, 32, 2);
+    let opt2 = Adam::new(&vs2, AdamConfig::default().lr(1e-2)).unwrap();
+    let mut step2 = step_for(model2, Box::new(opt2), &x, &y, StepOptions::default(), None).unwrap();
+    step2.watch_vars(&vs2).unwrap();
+    let mut input = step2.inputs()[1].shallow_clone();
+    input.set_data(&Tensor::zeros([32, 2], (Kind::Float, d)));
+    assert!(matches!(step2.run(&[&x, &y]), Err(Error::StaleGraph { .. })));
+}

@@ -1,8 +1,8 @@
 //! Capturable Adam / AdamW on `at::_fused_adam_` / `at::_fused_adamw_` (tensor learning rate).
 
-use super::{check_hparam, grads_to_none, params_on_one_device, ptr, ptrs, trainable, with_grads, Lr, Optimizer};
+use super::{check_hparam, grads_to_none, params_on_one_device, trainable, with_grads, Lr, Optimizer};
 use crate::error::{check, Result};
-use crate::ffi;
+use crate::ffi::{self, tensor_ptr as ptr, tensor_ptrs as ptrs};
 use tch::{nn::VarStore, Kind, Tensor};
 
 /// Hyper-parameters of [`Adam`]. Builder style; each setter says its default (PyTorch's).
@@ -87,9 +87,11 @@ impl AdamConfig {
 /// Adam and AdamW, capturable (PyTorch's `Adam(capturable=True, fused=True)` and `AdamW(...)`).
 ///
 /// State lives on the parameters' device: first and second moments (and the AMSGrad maximum),
-/// a step counter, and the learning rate. One 0-d step tensor is shared by all parameters, so a
-/// step costs one increment kernel plus one fused kernel. (Unlike PyTorch's per-parameter
-/// counters, a parameter without a gradient in some step still advances the shared counter.)
+/// one step counter per parameter (0-d float32, as PyTorch's capturable/fused Adam keeps), and
+/// the learning rate. A step increments the counters of the parameters that have a gradient in
+/// one multi-tensor kernel (`_foreach_add_`), then runs one fused kernel: a parameter that first
+/// gets a gradient at step t (progressive unfreezing, a conditional branch) starts its own count
+/// at 1 and gets PyTorch's bias correction, exactly as `torch.optim.Adam` does.
 ///
 /// ```no_run
 /// # fn main() -> tch_cuda_graphs::Result<()> {
@@ -109,7 +111,7 @@ pub struct Adam {
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
     max_exp_avg_sq: Vec<Tensor>,
-    step: Tensor,
+    steps: Vec<Tensor>,
     lr: Lr,
     config: AdamConfig,
 }
@@ -134,9 +136,9 @@ impl Adam {
         let exp_avg_sq = params.iter().map(zeros).collect::<Result<Vec<_>>>()?;
         let max_exp_avg_sq =
             if config.amsgrad { params.iter().map(zeros).collect::<Result<Vec<_>>>()? } else { Vec::new() };
-        let step = Tensor::f_zeros([], (Kind::Float, device))?;
+        let steps = params.iter().map(|_| Tensor::f_zeros([], (Kind::Float, device))).collect::<Result<Vec<_>, _>>()?;
         let lr = Lr::new(config.lr, device)?;
-        Ok(Adam { params, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, config })
+        Ok(Adam { params, exp_avg, exp_avg_sq, max_exp_avg_sq, steps, lr, config })
     }
 
     /// The hyper-parameters.
@@ -149,9 +151,10 @@ impl Adam {
         self.lr.tensor()
     }
 
-    /// The step counter (0-d float32 on the parameters' device).
-    pub fn step_tensor(&self) -> &Tensor {
-        &self.step
+    /// The step counter of parameter `i` (0-d float32 on the parameters' device): how many
+    /// updates that parameter has had.
+    pub fn step_tensor(&self, i: usize) -> Option<&Tensor> {
+        self.steps.get(i)
     }
 
     /// First and second moment of parameter `i`.
@@ -166,16 +169,16 @@ impl Optimizer for Adam {
         if idx.is_empty() {
             return Ok(());
         }
-        let _ = self.step.f_add_scalar_(1.0)?;
         let p = ptrs(idx.iter().map(|&i| &self.params[i]));
         let g = ptrs(&grads);
         let m = ptrs(idx.iter().map(|&i| &self.exp_avg[i]));
         let v = ptrs(idx.iter().map(|&i| &self.exp_avg_sq[i]));
         let vmax = if self.config.amsgrad { ptrs(idx.iter().map(|&i| &self.max_exp_avg_sq[i])) } else { Vec::new() };
-        let steps = vec![ptr(&self.step); p.len()];
+        let steps = ptrs(idx.iter().map(|&i| &self.steps[i]));
         let c = &self.config;
         // SAFETY: every pointer is a live tensor handle borrowed for the call; `p`, `g`, `m`,
-        // `v` and `steps` have p.len() entries, `vmax` has vmax.len() (0 or p.len()).
+        // `v` and `steps` have p.len() entries, `vmax` has vmax.len() (0 or p.len()). The shim
+        // increments `steps` (one _foreach_add_) before the fused update.
         check(unsafe {
             ffi::tcg_fused_adam(
                 i32::from(c.decoupled),

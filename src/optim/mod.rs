@@ -34,16 +34,6 @@ pub trait Optimizer {
     fn params(&self) -> &[Tensor];
 }
 
-pub(crate) fn ptr(t: &Tensor) -> ffi::tcg_tensor {
-    // The shim reads the at::Tensor handle and updates tensor data in place; it never replaces
-    // the handle object, so handing out a mutable pointer to a shared handle is sound.
-    t.as_ptr() as ffi::tcg_tensor
-}
-
-pub(crate) fn ptrs<'a>(ts: impl IntoIterator<Item = &'a Tensor>) -> Vec<ffi::tcg_tensor> {
-    ts.into_iter().map(ptr).collect()
-}
-
 /// The trainable variables of a VarStore, checked to share one device.
 pub(crate) fn trainable(vs: &VarStore) -> Result<(Vec<Tensor>, Device)> {
     params_on_one_device(vs.trainable_variables())
@@ -77,7 +67,7 @@ pub(crate) fn with_grads(params: &[Tensor]) -> Result<(Vec<usize>, Vec<Tensor>)>
 
 /// Sets the grads of `params` to none.
 pub(crate) fn grads_to_none(params: &[Tensor]) -> Result<()> {
-    let p = ptrs(params);
+    let p = ffi::tensor_ptrs(params);
     // SAFETY: `p` holds live tensor handles (borrowed from `params` for the call's duration).
     check(unsafe { ffi::tcg_grads_set_to_none(p.as_ptr(), p.len()) })
 }

@@ -1,8 +1,8 @@
 //! Capturable SGD on `at::_fused_sgd_` (tensor learning rate).
 
-use super::{check_hparam, grads_to_none, params_on_one_device, ptr, ptrs, trainable, with_grads, Lr, Optimizer};
+use super::{check_hparam, grads_to_none, params_on_one_device, trainable, with_grads, Lr, Optimizer};
 use crate::error::{check, Error, Result};
-use crate::ffi;
+use crate::ffi::{self, tensor_ptr as ptr, tensor_ptrs as ptrs};
 use tch::{nn::VarStore, Tensor};
 
 /// Hyper-parameters of [`Sgd`]. Builder style; each setter says its default (PyTorch's).
@@ -194,7 +194,7 @@ impl Optimizer for Sgd {
             let gs: Vec<&Tensor> = group.iter().map(|&k| &grads[k]).collect();
             let bufs: Vec<&Tensor> = group
                 .iter()
-                .map(|&k| self.bufs[idx[k]].as_ref().ok_or_else(|| Error::Torch("momentum buffer missing".into())))
+                .map(|&k| self.bufs[idx[k]].as_ref().ok_or_else(|| Error::Libtorch("momentum buffer missing".into())))
                 .collect::<Result<_>>()?;
             self.fused(&params, &gs, &bufs, is_first)?;
         }

@@ -1,20 +1,6 @@
-//! Raw bindings to the C++ shim in `csrc/tcg.h`. Nothing here is safe to call directly: the
-//! safe layer is in [`crate::graph`], [`crate::stream`], [`crate::pool`], [`crate::memory`]
-//! and [`crate::optim`]. Every function returns a status that [`crate::error::check`] turns
-//! into a [`crate::Error`].
-#![allow(non_camel_case_types, missing_docs)]
-
-use std::os::raw::{c_char, c_double, c_int};
-
-pub type tcg_status = c_int;
-pub const TCG_OK: tcg_status = 0;
-pub const TCG_ERROR: tcg_status = 1;
-pub const TCG_NO_CUDA: tcg_status = 2;
-pub const TCG_CAPTURE_INVALIDATED: tcg_status = 3;
-pub const TCG_MISUSE: tcg_status = 4;
-
-/// tch's `C_tensor`: a pointer to a heap-allocated `at::Tensor`.
-pub type tcg_tensor = *mut torch_sys::C_tensor;
+//! `csrc/cuda/*.cpp` (or `csrc/no_cuda.cpp`): devices, streams, graphs, pools, allocator figures.
+use super::tcg_status;
+use std::os::raw::{c_char, c_int};
 
 #[repr(C)]
 pub struct tcg_graph {
@@ -56,15 +42,26 @@ pub struct tcg_mem_stats {
     pub num_ooms: i64,
 }
 
-extern "C" {
-    pub fn tcg_take_last_error() -> *mut c_char;
-    pub fn tcg_string_free(s: *mut c_char);
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct tcg_node_kinds {
+    pub kernel: usize,
+    pub memcpy: usize,
+    pub memset: usize,
+    pub host: usize,
+    pub graph: usize,
+    pub empty: usize,
+    pub event: usize,
+    pub mem_alloc_free: usize,
+    pub other: usize,
+}
 
+extern "C" {
+    // cuda/device.cpp
     pub fn tcg_built_with_cuda() -> c_int;
     pub fn tcg_device_count(out: *mut c_int) -> tcg_status;
     pub fn tcg_current_device(out: *mut c_int) -> tcg_status;
     pub fn tcg_device_synchronize(device: c_int) -> tcg_status;
-
     pub fn tcg_stream_from_pool(device: c_int, high_priority: c_int, out: *mut tcg_stream) -> tcg_status;
     pub fn tcg_stream_current(device: c_int, out: *mut tcg_stream) -> tcg_status;
     pub fn tcg_stream_default(device: c_int, out: *mut tcg_stream) -> tcg_status;
@@ -75,6 +72,7 @@ extern "C" {
     pub fn tcg_stream_guard_new(s: tcg_stream, out: *mut *mut tcg_stream_guard) -> tcg_status;
     pub fn tcg_stream_guard_free(g: *mut tcg_stream_guard);
 
+    // cuda/graph.cpp
     pub fn tcg_graph_new(keep_graph: c_int, out: *mut *mut tcg_graph) -> tcg_status;
     pub fn tcg_graph_free(g: *mut tcg_graph);
     pub fn tcg_graph_capture_begin(g: *mut tcg_graph, pool: tcg_pool_id, mode: c_int) -> tcg_status;
@@ -86,59 +84,17 @@ extern "C" {
     pub fn tcg_graph_reset(g: *mut tcg_graph) -> tcg_status;
     pub fn tcg_graph_pool(g: *mut tcg_graph, out: *mut tcg_pool_id) -> tcg_status;
     pub fn tcg_graph_debug_dump(g: *mut tcg_graph, path: *const c_char) -> tcg_status;
-    pub fn tcg_graph_enable_debug_mode(g: *mut tcg_graph) -> tcg_status;
     pub fn tcg_graph_node_count(g: *mut tcg_graph, out: *mut usize) -> tcg_status;
-    pub fn tcg_graph_node_kinds(g: *mut tcg_graph, counts: *mut usize, n: usize) -> tcg_status;
+    pub fn tcg_graph_node_kinds(g: *mut tcg_graph, out: *mut tcg_node_kinds) -> tcg_status;
 
+    // cuda/memory.cpp
     pub fn tcg_graph_pool_handle(out: *mut tcg_pool_id) -> tcg_status;
     pub fn tcg_mempool_new(out: *mut *mut tcg_mempool) -> tcg_status;
     pub fn tcg_mempool_free(p: *mut tcg_mempool);
     pub fn tcg_mempool_id(p: *mut tcg_mempool, out: *mut tcg_pool_id) -> tcg_status;
     pub fn tcg_mempool_use_count(p: *mut tcg_mempool, out: *mut c_int) -> tcg_status;
-
     pub fn tcg_memory_stats(device: c_int, out: *mut tcg_mem_stats) -> tcg_status;
     pub fn tcg_reset_peak_stats(device: c_int) -> tcg_status;
     pub fn tcg_pool_memory(device: c_int, pool: tcg_pool_id, reserved: *mut i64, allocated: *mut i64) -> tcg_status;
     pub fn tcg_empty_cache() -> tcg_status;
-
-    pub fn tcg_fused_sgd(
-        params: *const tcg_tensor,
-        grads: *const tcg_tensor,
-        bufs: *const tcg_tensor,
-        n: usize,
-        n_bufs: usize,
-        weight_decay: c_double,
-        momentum: c_double,
-        lr: tcg_tensor,
-        dampening: c_double,
-        nesterov: c_int,
-        maximize: c_int,
-        is_first_step: c_int,
-    ) -> tcg_status;
-    pub fn tcg_fused_adam(
-        adamw: c_int,
-        params: *const tcg_tensor,
-        grads: *const tcg_tensor,
-        exp_avgs: *const tcg_tensor,
-        exp_avg_sqs: *const tcg_tensor,
-        max_exp_avg_sqs: *const tcg_tensor,
-        n_max: usize,
-        steps: *const tcg_tensor,
-        n: usize,
-        lr: tcg_tensor,
-        beta1: c_double,
-        beta2: c_double,
-        weight_decay: c_double,
-        eps: c_double,
-        amsgrad: c_int,
-        maximize: c_int,
-    ) -> tcg_status;
-    pub fn tcg_grads_set_to_none(params: *const tcg_tensor, n: usize) -> tcg_status;
-    pub fn tcg_clip_grad_norm(
-        grads: *const tcg_tensor,
-        n: usize,
-        max_norm: c_double,
-        norm_type: c_double,
-        total_out: *mut tcg_tensor,
-    ) -> tcg_status;
 }

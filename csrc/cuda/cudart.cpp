@@ -2,24 +2,47 @@
 // calls, forwarded at run time to the libcudart that libtorch_cuda has already loaded.
 //
 // Why: linking libcudart directly would give every binary a NEEDED entry of its own for
-// libcudart.so.13, which must then be found on the binary's own library path (it lives beside
-// torch in pip installs, not beside libtorch). Forwarding needs only libtorch's path, and uses
-// the very runtime instance libtorch uses. This file is compiled with -fvisibility=hidden: the
+// libcudart.so.<major>, which must then be found on the binary's own library path (it lives
+// beside torch in pip installs, not beside libtorch). Forwarding needs only libtorch's path,
+// and uses the very runtime instance libtorch uses, whatever its version: the library is found
+// among those already loaded, never by a hard-coded name. This file is compiled with -fvisibility=hidden: the
 // definitions bind only the shim's own references and are never exported, so libtorch keeps
 // calling libcudart directly.
-#ifndef TCG_NO_CUDA
+// Compiled in CUDA builds only (build.rs).
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <link.h>
+
+#include <cstring>
 
 namespace {
+
+// dl_iterate_phdr callback: the path of the first loaded object whose file name starts with
+// "libcudart.so" (libtorch_cuda's own dependency, whatever its major version).
+int find_cudart(struct dl_phdr_info* info, size_t, void* data) {
+  const char* path = info->dlpi_name;
+  if (path == nullptr) return 0;
+  const char* base = std::strrchr(path, '/');
+  base = base == nullptr ? path : base + 1;
+  if (std::strncmp(base, "libcudart.so", 12) != 0) return 0;
+  *static_cast<const char**>(data) = path;
+  return 1;
+}
+
 void* resolve(const char* name) {
+  // Found in the global scope when libtorch_cuda was loaded by the dynamic linker (the usual
+  // case); otherwise (libtorch dlopen'ed with RTLD_LOCAL, as Python does) look among the loaded
+  // objects for the runtime libtorch_cuda brought in.
   void* p = dlsym(RTLD_DEFAULT, name);
   if (p == nullptr) {
-    void* lib = dlopen("libcudart.so.13", RTLD_LAZY | RTLD_NOLOAD);
+    const char* path = nullptr;
+    dl_iterate_phdr(find_cudart, &path);
+    void* lib = path == nullptr ? nullptr : dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
     if (lib != nullptr) p = dlsym(lib, name);
   }
   return p;
 }
+
 }  // namespace
 
 #define TCG_FORWARD(name, params, args)                                        \
@@ -53,4 +76,3 @@ extern "C" const char* cudaGetErrorString(cudaError_t err) {
   if (fn == nullptr) return "CUDA runtime (libcudart) is not loaded";
   return fn(err);
 }
-#endif  // TCG_NO_CUDA

@@ -1,0 +1,74 @@
+// Internal helpers of the CUDA translation units (csrc/cuda/*.cpp).
+#pragma once
+#include "../shim.h"
+
+#include <ATen/Context.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+namespace tcg {
+
+using c10::cuda::CUDAStream;
+
+// Initializes CUDA lazily (the caching allocator included) the way PyTorch's torch.cuda
+// functions do, and fails with TCG_NO_CUDA when the driver reports no device.
+inline void require_cuda() {
+  if (c10::cuda::device_count() <= 0) {
+    throw exception(TCG_NO_CUDA,
+                    "no CUDA device is available (libtorch has CUDA, but the driver reports "
+                    "no device: check the driver and CUDA_VISIBLE_DEVICES)");
+  }
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);  // call_once inside: cheap
+}
+
+inline c10::DeviceIndex checked_device(int device) {
+  require_cuda();
+  if (device < 0 || device >= c10::cuda::device_count()) {
+    throw exception(TCG_MISUSE, "CUDA device index " + std::to_string(device) +
+                                    " is out of range (" +
+                                    std::to_string(c10::cuda::device_count()) + " devices)");
+  }
+  return static_cast<c10::DeviceIndex>(device);
+}
+
+inline tcg_stream pack(const CUDAStream& s) {
+  auto d = s.unwrap().pack3();
+  return tcg_stream{d.stream_id, d.device_index, static_cast<int8_t>(d.device_type)};
+}
+
+inline CUDAStream unpack(tcg_stream s) {
+  require_cuda();
+  if (static_cast<c10::DeviceType>(s.device_type) != c10::DeviceType::CUDA) {
+    misuse("not a CUDA stream");
+  }
+  return CUDAStream(CUDAStream::UNCHECKED,
+                    c10::Stream::unpack3(s.id, s.device_index, c10::DeviceType::CUDA));
+}
+
+inline void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    tcg_status status = TCG_ERROR;
+    if (err == cudaErrorMemoryAllocation) status = TCG_OUT_OF_MEMORY;
+    if (err >= cudaErrorStreamCaptureUnsupported && err <= cudaErrorStreamCaptureWrongThread) {
+      status = TCG_CAPTURE_INVALIDATED;
+    }
+    throw exception(status, std::string(what) + ": " + cudaGetErrorString(err));
+  }
+}
+
+// 0 none, 1 active, 2 invalidated.
+inline int capture_status_of(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(s, &st), "cudaStreamIsCapturing");
+  switch (st) {
+    case cudaStreamCaptureStatusNone: return 0;
+    case cudaStreamCaptureStatusActive: return 1;
+    default: return 2;
+  }
+}
+
+}  // namespace tcg

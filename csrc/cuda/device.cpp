@@ -1,0 +1,86 @@
+// Devices and streams (CUDA builds).
+#include "cuda_shim.h"
+
+#include <c10/cuda/CUDAGuard.h>
+
+using namespace tcg;
+
+struct tcg_stream_guard {
+  c10::cuda::CUDAStreamGuard guard;
+  explicit tcg_stream_guard(CUDAStream s) : guard(s) {}
+};
+
+extern "C" {
+
+int tcg_built_with_cuda(void) { return 1; }
+
+tcg_status tcg_device_count(int* out) {
+  return guard([&] { *out = static_cast<int>(c10::cuda::device_count()); });
+}
+
+tcg_status tcg_current_device(int* out) {
+  return guard([&] {
+    require_cuda();
+    *out = static_cast<int>(c10::cuda::current_device());
+  });
+}
+
+tcg_status tcg_device_synchronize(int device) {
+  return guard([&] {
+    c10::cuda::CUDAGuard g(checked_device(device));
+    c10::cuda::device_synchronize();
+  });
+}
+
+tcg_status tcg_stream_from_pool(int device, int high_priority, tcg_stream* out) {
+  return guard(
+      [&] { *out = pack(c10::cuda::getStreamFromPool(high_priority != 0, checked_device(device))); });
+}
+
+tcg_status tcg_stream_current(int device, tcg_stream* out) {
+  return guard([&] { *out = pack(c10::cuda::getCurrentCUDAStream(checked_device(device))); });
+}
+
+tcg_status tcg_stream_default(int device, tcg_stream* out) {
+  return guard([&] { *out = pack(c10::cuda::getDefaultCUDAStream(checked_device(device))); });
+}
+
+tcg_status tcg_stream_set_current(tcg_stream s) {
+  return guard([&] { c10::cuda::setCurrentCUDAStream(unpack(s)); });
+}
+
+tcg_status tcg_stream_synchronize(tcg_stream s) {
+  return guard([&] { unpack(s).synchronize(); });
+}
+
+tcg_status tcg_stream_wait_stream(tcg_stream waiter, tcg_stream waitee) {
+  return guard([&] {
+    auto w = unpack(waiter);
+    auto e = unpack(waitee);
+    if (w == e) return;
+    c10::cuda::CUDAGuard g(e.device_index());
+    cudaEvent_t ev = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    cudaError_t err = cudaEventRecord(ev, e.stream());
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(w.stream(), ev, 0);
+    (void)cudaEventDestroy(ev);
+    check_cuda(err, "stream wait");
+  });
+}
+
+tcg_status tcg_stream_capture_status(tcg_stream s, int* out) {
+  return guard([&] { *out = capture_status_of(unpack(s).stream()); });
+}
+
+tcg_status tcg_stream_guard_new(tcg_stream s, tcg_stream_guard** out) {
+  return guard([&] { *out = new tcg_stream_guard(unpack(s)); });
+}
+
+void tcg_stream_guard_free(tcg_stream_guard* g) {
+  try {
+    delete g;
+  } catch (...) {
+  }
+}
+
+}  // extern "C"

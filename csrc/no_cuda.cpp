@@ -1,0 +1,58 @@
+// The CUDA families of tcg.h for builds without CUDA (a CPU-only libtorch, or
+// TCH_CUDA_GRAPHS_NO_CUDA=1 at build time): every entry point reports TCG_NO_CUDA, except the
+// queries that have an honest answer (no device). error.cpp, optim.cpp and watch.cpp are
+// built as usual, so the optimizers and the eager fallback keep working.
+#include "shim.h"
+
+namespace {
+tcg_status no_cuda() noexcept {
+  return tcg::fail(TCG_NO_CUDA,
+                   "tch-cuda-graphs was built without CUDA (a libtorch without CUDA, or "
+                   "TCH_CUDA_GRAPHS_NO_CUDA set at build time): CUDA graphs are unavailable");
+}
+}  // namespace
+
+extern "C" {
+
+int tcg_built_with_cuda(void) { return 0; }
+tcg_status tcg_device_count(int* out) {
+  *out = 0;
+  return TCG_OK;
+}
+tcg_status tcg_current_device(int*) { return no_cuda(); }
+tcg_status tcg_device_synchronize(int) { return no_cuda(); }
+tcg_status tcg_stream_from_pool(int, int, tcg_stream*) { return no_cuda(); }
+tcg_status tcg_stream_current(int, tcg_stream*) { return no_cuda(); }
+tcg_status tcg_stream_default(int, tcg_stream*) { return no_cuda(); }
+tcg_status tcg_stream_set_current(tcg_stream) { return no_cuda(); }
+tcg_status tcg_stream_synchronize(tcg_stream) { return no_cuda(); }
+tcg_status tcg_stream_wait_stream(tcg_stream, tcg_stream) { return no_cuda(); }
+tcg_status tcg_stream_capture_status(tcg_stream, int*) { return no_cuda(); }
+tcg_status tcg_stream_guard_new(tcg_stream, tcg_stream_guard**) { return no_cuda(); }
+void tcg_stream_guard_free(tcg_stream_guard*) {}
+
+tcg_status tcg_graph_new(int, tcg_graph**) { return no_cuda(); }
+void tcg_graph_free(tcg_graph*) {}
+tcg_status tcg_graph_capture_begin(tcg_graph*, tcg_pool_id, int) { return no_cuda(); }
+tcg_status tcg_graph_capture_end(tcg_graph*) { return no_cuda(); }
+tcg_status tcg_graph_capture_abort(tcg_graph*, int*) { return no_cuda(); }
+tcg_status tcg_graph_instantiate(tcg_graph*) { return no_cuda(); }
+tcg_status tcg_graph_replay(tcg_graph*) { return no_cuda(); }
+tcg_status tcg_graph_upload(tcg_graph*) { return no_cuda(); }
+tcg_status tcg_graph_reset(tcg_graph*) { return no_cuda(); }
+tcg_status tcg_graph_pool(tcg_graph*, tcg_pool_id*) { return no_cuda(); }
+tcg_status tcg_graph_debug_dump(tcg_graph*, const char*) { return no_cuda(); }
+tcg_status tcg_graph_node_count(tcg_graph*, size_t*) { return no_cuda(); }
+tcg_status tcg_graph_node_kinds(tcg_graph*, tcg_node_kinds*) { return no_cuda(); }
+
+tcg_status tcg_graph_pool_handle(tcg_pool_id*) { return no_cuda(); }
+tcg_status tcg_mempool_new(tcg_mempool**) { return no_cuda(); }
+void tcg_mempool_free(tcg_mempool*) {}
+tcg_status tcg_mempool_id(tcg_mempool*, tcg_pool_id*) { return no_cuda(); }
+tcg_status tcg_mempool_use_count(tcg_mempool*, int*) { return no_cuda(); }
+tcg_status tcg_memory_stats(int, tcg_mem_stats*) { return no_cuda(); }
+tcg_status tcg_reset_peak_stats(int) { return no_cuda(); }
+tcg_status tcg_pool_memory(int, tcg_pool_id, int64_t*, int64_t*) { return no_cuda(); }
+tcg_status tcg_empty_cache(void) { return no_cuda(); }
+
+}  // extern "C"

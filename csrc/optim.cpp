@@ -1,0 +1,68 @@
+// Fused optimizer kernels and gradient helpers (ATen has CPU and CUDA kernels for all of them).
+#include "shim.h"
+
+using tcg::guard;
+using tcg::misuse;
+using tcg::tensor_list;
+using tcg::tensor_ref;
+
+extern "C" {
+
+tcg_status tcg_fused_sgd(tcg_tensor* params, tcg_tensor* grads, tcg_tensor* bufs, size_t n,
+                         size_t n_bufs, double weight_decay, double momentum, tcg_tensor lr,
+                         double dampening, int nesterov, int maximize, int is_first_step) {
+  return guard([&] {
+    if (n_bufs != 0 && n_bufs != n) misuse("momentum buffers must be empty or one per parameter");
+    auto p = tensor_list(params, n);
+    auto g = tensor_list(grads, n);
+    auto b = tensor_list(bufs, n_bufs);
+    at::_fused_sgd_(p, g, b, weight_decay, momentum, tensor_ref(lr), dampening, nesterov != 0,
+                    maximize != 0, is_first_step != 0);
+  });
+}
+
+tcg_status tcg_fused_adam(int adamw, tcg_tensor* params, tcg_tensor* grads, tcg_tensor* exp_avgs,
+                          tcg_tensor* exp_avg_sqs, tcg_tensor* max_exp_avg_sqs, size_t n_max,
+                          tcg_tensor* steps, size_t n, tcg_tensor lr, double beta1, double beta2,
+                          double weight_decay, double eps, int amsgrad, int maximize) {
+  return guard([&] {
+    if (amsgrad != 0 && n_max != n) misuse("amsgrad needs one max_exp_avg_sq per parameter");
+    auto p = tensor_list(params, n);
+    auto g = tensor_list(grads, n);
+    auto m = tensor_list(exp_avgs, n);
+    auto v = tensor_list(exp_avg_sqs, n);
+    auto vmax = tensor_list(max_exp_avg_sqs, n_max);
+    auto s = tensor_list(steps, n);
+    // PyTorch's _fused_adam: the per-parameter step counts go up first, in one kernel.
+    at::_foreach_add_(s, 1);
+    if (adamw != 0) {
+      at::_fused_adamw_(p, g, m, v, vmax, s, tensor_ref(lr), beta1, beta2, weight_decay, eps,
+                        amsgrad != 0, maximize != 0);
+    } else {
+      at::_fused_adam_(p, g, m, v, vmax, s, tensor_ref(lr), beta1, beta2, weight_decay, eps,
+                       amsgrad != 0, maximize != 0);
+    }
+  });
+}
+
+tcg_status tcg_grads_set_to_none(tcg_tensor* params, size_t n) {
+  return guard([&] {
+    for (size_t i = 0; i < n; ++i) tensor_ref(params[i]).mutable_grad().reset();
+  });
+}
+
+tcg_status tcg_clip_grad_norm(tcg_tensor* grads, size_t n, double max_norm, double norm_type,
+                              tcg_tensor* total_out) {
+  return guard([&] {
+    auto g = tensor_list(grads, n);
+    if (g.empty()) misuse("clip_grad_norm: no gradients (call backward first)");
+    auto norms = at::_foreach_norm(g, norm_type);
+    at::Tensor total = at::linalg_vector_norm(at::stack(norms), norm_type);
+    // clamp(max_norm / (total + 1e-6), max=1): stays on the device, no host sync.
+    at::Tensor coef = at::clamp_max(at::reciprocal(total + 1e-6) * max_norm, 1.0);
+    at::_foreach_mul_(g, coef);
+    *total_out = new at::Tensor(std::move(total));
+  });
+}
+
+}  // extern "C"
