@@ -53,28 +53,7 @@ enum State {
     Captured,
 }
 
-/// Node counts of a captured graph, by `cudaGraphNodeType`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NodeKinds {
-    /// Kernel launches.
-    pub kernel: usize,
-    /// Memory copies.
-    pub memcpy: usize,
-    /// Memory sets.
-    pub memset: usize,
-    /// Host callbacks.
-    pub host: usize,
-    /// Child graphs.
-    pub graph: usize,
-    /// Empty (dependency) nodes.
-    pub empty: usize,
-    /// Event waits and records.
-    pub event: usize,
-    /// Memory allocation and free nodes.
-    pub mem_alloc_free: usize,
-    /// Any other kind (semaphores, conditionals, kinds newer than this crate).
-    pub other: usize,
-}
+pub use crate::ffi::NodeKinds;
 
 impl NodeKinds {
     /// All nodes.
@@ -88,20 +67,6 @@ impl NodeKinds {
             + self.event
             + self.mem_alloc_free
             + self.other
-    }
-
-    fn from_ffi(k: ffi::tcg_node_kinds) -> Self {
-        NodeKinds {
-            kernel: k.kernel,
-            memcpy: k.memcpy,
-            memset: k.memset,
-            host: k.host,
-            graph: k.graph,
-            empty: k.empty,
-            event: k.event,
-            mem_alloc_free: k.mem_alloc_free,
-            other: k.other,
-        }
     }
 }
 
@@ -331,10 +296,10 @@ impl CudaGraph {
     /// The nodes of the kept graph by kind.
     pub fn node_kinds(&mut self) -> Result<NodeKinds> {
         self.require_kept("node_kinds")?;
-        let mut kinds = ffi::tcg_node_kinds::default();
+        let mut kinds = NodeKinds::default();
         // SAFETY: `self.raw` is live; `kinds` is a valid out pointer.
         check(unsafe { ffi::tcg_graph_node_kinds(self.raw.as_ptr(), &mut kinds) })?;
-        Ok(NodeKinds::from_ffi(kinds))
+        Ok(kinds)
     }
 
     fn require_captured(&self, what: &str) -> Result<()> {

@@ -42,17 +42,28 @@ pub struct tcg_mem_stats {
     pub num_ooms: i64,
 }
 
+/// Node counts of a captured graph, by `cudaGraphNodeType` (`tcg_node_kinds`; the safe API
+/// re-exports it as [`crate::NodeKinds`]).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct tcg_node_kinds {
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeKinds {
+    /// Kernel launches.
     pub kernel: usize,
+    /// Memory copies.
     pub memcpy: usize,
+    /// Memory sets.
     pub memset: usize,
+    /// Host callbacks.
     pub host: usize,
+    /// Child graphs.
     pub graph: usize,
+    /// Empty (dependency) nodes.
     pub empty: usize,
+    /// Event waits and records.
     pub event: usize,
+    /// Memory allocation and free nodes.
     pub mem_alloc_free: usize,
+    /// Any other kind (semaphores, conditionals, kinds newer than this crate).
     pub other: usize,
 }
 
@@ -85,7 +96,7 @@ extern "C" {
     pub fn tcg_graph_pool(g: *mut tcg_graph, out: *mut tcg_pool_id) -> tcg_status;
     pub fn tcg_graph_debug_dump(g: *mut tcg_graph, path: *const c_char) -> tcg_status;
     pub fn tcg_graph_node_count(g: *mut tcg_graph, out: *mut usize) -> tcg_status;
-    pub fn tcg_graph_node_kinds(g: *mut tcg_graph, out: *mut tcg_node_kinds) -> tcg_status;
+    pub fn tcg_graph_node_kinds(g: *mut tcg_graph, out: *mut NodeKinds) -> tcg_status;
 
     // cuda/memory.cpp
     pub fn tcg_graph_pool_handle(out: *mut tcg_pool_id) -> tcg_status;
