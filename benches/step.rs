@@ -23,7 +23,7 @@ use std::process::Command;
 use std::time::Instant;
 use tch::{nn, nn::OptimizerConfig, Device, Tensor};
 use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
-use tch_cuda_graphs::{cuda_is_available, pool_memory, synchronize, StepOptions, TrainStep};
+use tch_cuda_graphs::{cuda_is_available, feed, pool_memory, synchronize, StepOptions, TrainStep};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Opt {
@@ -135,21 +135,27 @@ fn time_steps(device: Device, steps: usize, mut step: impl FnMut(usize)) -> f64 
     median(per_step)
 }
 
-/// A captured training step of `kind` with `opt` (warmup 3), fed from `first`.
+/// A captured training step of `kind` with `opt`: 3 eager warmup steps on `first`, then the
+/// capture and one replay.
 fn graphed_step(kind: ModelKind, opt: Opt, device: Device, first: &(Tensor, Tensor), keep_graph: bool) -> TrainStep {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(device);
     let model = Model::new(kind, &vs);
     let mut o = opt.ours(&vs);
     let options = StepOptions::default().keep_graph(keep_graph);
-    TrainStep::new(&[("x", &first.0), ("y", &first.1)], options, move |inp| {
+    let mut step = TrainStep::new(&[("x", &first.0), ("y", &first.1)], options, move |inp| {
         o.zero_grad()?;
         let loss = model.loss(&inp[0], &inp[1]);
         loss.f_backward()?;
         o.step()?;
         Ok(vec![loss.detach()])
     })
-    .unwrap()
+    .unwrap();
+    // the eager warmup steps, then the capture (and its first replay)
+    for _ in 0..=options.get_warmup() {
+        step.run(&[&first.0, &first.1]).unwrap();
+    }
+    step
 }
 
 #[derive(serde::Serialize)]
@@ -210,6 +216,20 @@ fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut
         step.run(&[x, y]).unwrap();
     });
     push("graph", us);
+    // the same captured step fed from the CPU: pinned batches, and pageable ones
+    if kind != ModelKind::Transformer {
+        let to_cpu = |t: &Tensor| t.to(Device::Cpu);
+        let pageable: Vec<(Tensor, Tensor)> = batches.iter().map(|(x, y)| (to_cpu(x), to_cpu(y))).collect();
+        let pinned: Vec<(Tensor, Tensor)> =
+            pageable.iter().map(|(x, y)| (feed::pinned(x).unwrap(), feed::pinned(y).unwrap())).collect();
+        for (mode, set) in [("graph_cpu_pinned", &pinned), ("graph_cpu_pageable", &pageable)] {
+            let us = time_steps(device, steps, |i| {
+                let (x, y) = &set[i % set.len()];
+                step.run(&[x, y]).unwrap();
+            });
+            push(mode, us);
+        }
+    }
     // host cost of one replay() call (launch only)
     // (device idle before each call, so the launch queue never blocks the call)
     let graph = step.graph_mut().unwrap();
@@ -357,6 +377,22 @@ fn main() {
     }
     println!("\nµs per step (lower is better); eager/graph = tch eager with tch's optimizer over this crate's graph; graph/torch best = this crate's graph over PyTorch's fastest graphed variant (≤ 1.0 meets the target)\n");
     println!("{table}");
+    // CPU-fed vs GPU-fed captured steps (target: CPU-fed within 10% of GPU-fed)
+    let mut fed = String::from(
+        "| model | opt | graph, GPU-fed | graph, CPU pinned | pinned/GPU | graph, CPU pageable | pageable/GPU |\n|---|---|---:|---:|---:|---:|---:|\n",
+    );
+    for kind in [ModelKind::SmallMlp, ModelKind::MediumMlp] {
+        for opt in Opt::ALL {
+            let (m, o) = (kind.name(), opt.name());
+            let g = find(&rows, m, o, "graph").unwrap_or(f64::NAN);
+            let p = find(&rows, m, o, "graph_cpu_pinned").unwrap_or(f64::NAN);
+            let q = find(&rows, m, o, "graph_cpu_pageable").unwrap_or(f64::NAN);
+            let _ = writeln!(fed, "| {m} | {o} | {g:.1} | {p:.1} | {:.2} | {q:.1} | {:.2} |", p / g, q / g);
+        }
+    }
+    println!("{fed}");
+    table.push('\n');
+    table.push_str(&fed);
     let mut csv = String::from("model,opt,mode,us_per_step\n");
     for r in &rows {
         let _ = writeln!(csv, "{},{},{},{:.2}", r.model, r.opt, r.mode, r.us);

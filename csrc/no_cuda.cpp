@@ -30,6 +30,11 @@ tcg_status tcg_stream_wait_stream(tcg_stream, tcg_stream) { return no_cuda(); }
 tcg_status tcg_stream_capture_status(tcg_stream, int*) { return no_cuda(); }
 tcg_status tcg_stream_guard_new(tcg_stream, tcg_stream_guard**) { return no_cuda(); }
 void tcg_stream_guard_free(tcg_stream_guard*) {}
+tcg_status tcg_event_new(int, tcg_event**) { return no_cuda(); }
+void tcg_event_free(tcg_event*) {}
+tcg_status tcg_event_record(tcg_event*, tcg_stream) { return no_cuda(); }
+tcg_status tcg_stream_wait_event(tcg_stream, tcg_event*) { return no_cuda(); }
+tcg_status tcg_event_synchronize(tcg_event*) { return no_cuda(); }
 
 tcg_status tcg_graph_new(int, tcg_graph**) { return no_cuda(); }
 void tcg_graph_free(tcg_graph*) {}

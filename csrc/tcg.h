@@ -8,6 +8,7 @@
 //   csrc/error.cpp        errors, statuses, fault injection for tests
 //   csrc/optim.cpp        fused optimizers, gradient helpers (CPU and CUDA)
 //   csrc/watch.cpp        tensor watches (storage identity checks; CPU and CUDA)
+//   csrc/feed.cpp         copies for feeding batches (CPU and CUDA)
 //   csrc/cuda/device.cpp  devices and streams              (CUDA builds)
 //   csrc/cuda/graph.cpp   CUDA graphs                      (CUDA builds)
 //   csrc/cuda/memory.cpp  pools and allocator figures      (CUDA builds)
@@ -37,6 +38,7 @@ typedef struct tcg_graph tcg_graph;
 typedef struct tcg_stream_guard tcg_stream_guard;
 typedef struct tcg_mempool tcg_mempool;
 typedef struct tcg_watch tcg_watch;
+typedef struct tcg_event tcg_event;
 
 // A CUDA stream as c10::Stream::pack3() gives it: plain data, no ownership.
 typedef struct {
@@ -99,6 +101,11 @@ void tcg_watch_free(tcg_watch* w);
 tcg_status tcg_watch_add(tcg_watch* w, tcg_tensor* ts, size_t n);
 tcg_status tcg_watch_check(tcg_watch* w, size_t* index);
 
+// ---------------------------------------------------------------- feed.cpp (CPU and CUDA)
+// dst.copy_(src, non_blocking): from pinned host memory (or device to device) the copy is queued
+// on the current stream and the host does not wait.
+tcg_status tcg_copy_(tcg_tensor dst, tcg_tensor src, int non_blocking);
+
 // ---------------------------------------------------------------- cuda/device.cpp
 int tcg_built_with_cuda(void);
 tcg_status tcg_device_count(int* out);
@@ -116,6 +123,14 @@ tcg_status tcg_stream_capture_status(tcg_stream s, int* out);
 // Makes `s` (and its device) current; tcg_stream_guard_free restores what was current before.
 tcg_status tcg_stream_guard_new(tcg_stream s, tcg_stream_guard** out);
 void tcg_stream_guard_free(tcg_stream_guard* g);
+// Events (cudaEventDisableTiming) for ordering streams without host syncs.
+tcg_status tcg_event_new(int device, tcg_event** out);
+void tcg_event_free(tcg_event* e);
+tcg_status tcg_event_record(tcg_event* e, tcg_stream s);
+// The stream waits (on the device) for the event's last record.
+tcg_status tcg_stream_wait_event(tcg_stream s, tcg_event* e);
+// The host waits for the event's last record.
+tcg_status tcg_event_synchronize(tcg_event* e);
 
 // ---------------------------------------------------------------- cuda/graph.cpp
 tcg_status tcg_graph_new(int keep_graph, tcg_graph** out);

@@ -295,6 +295,23 @@ impl CudaGraph {
     }
 }
 
+/// Runs `f` once, eagerly, the way a warmup run of [`capture_with_warmup`] runs: holding the
+/// device's [`CaptureLock`], on the device's capture stream (so lazily made per-stream state,
+/// such as cuBLAS workspaces, is the capture's). The current stream then waits for that work,
+/// so what follows on it is ordered after. No host sync.
+pub fn run_on_capture_stream<T>(device: Device, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let _lock = CaptureLock::acquire(device)?;
+    let current = Stream::current(device)?;
+    let side = Stream::capture_stream(device)?;
+    side.wait_stream(&current)?;
+    let out = {
+        let _stream = StreamGuard::new(&side)?;
+        f()?
+    };
+    current.wait_stream(&side)?;
+    Ok(out)
+}
+
 /// Holds the device's [`CaptureLock`], runs `f` `warmup` times on the capture stream (so cuBLAS/cuDNN handles, autograd's device threads,
 /// the allocator and lazily created state settle), synchronizes, then captures one more call of
 /// `f` into a new graph on the same side stream. Returns the graph and what the captured call

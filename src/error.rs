@@ -66,6 +66,20 @@ pub enum Error {
         /// What changed (storage, dtype or shape, with the values).
         detail: String,
     },
+    /// A checkpoint that does not fit what it is loaded into (another model, another optimizer
+    /// or group layout, other shapes or dtypes). Nothing was changed.
+    #[error("checkpoint does not fit: {0}")]
+    Checkpoint(String),
+    /// A checkpoint file that cannot be read or written (missing, corrupt, not safetensors).
+    /// Nothing was changed.
+    #[error("checkpoint file {path}")]
+    CheckpointFile {
+        /// The file.
+        path: String,
+        /// What tch (safetensors) reported.
+        #[source]
+        source: tch::TchError,
+    },
     /// An error from a tch call (libtorch through tch's C API).
     #[error("libtorch error (through tch)")]
     Torch(#[from] tch::TchError),

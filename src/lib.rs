@@ -12,10 +12,12 @@
 //! - [`watch`]: [`TensorWatch`], the storage check that keeps replays off replaced tensors.
 //! - [`pool`]: [`PoolId`], [`graph_pool_handle`], [`MemPool`]; [`memory`]: allocator figures.
 //! - [`stream`]: [`Stream`], [`StreamGuard`], capture status; [`device`]: availability, sync.
-//! - [`optim`]: capturable fused [`optim::Sgd`] and [`optim::Adam`] (Adam/AdamW); [`clip`]:
-//!   on-device gradient clipping.
-//! - [`train_step`]: [`TrainStep`], a captured training step fed through static inputs, with
-//!   an eager fallback on machines without a GPU.
+//! - [`optim`]: capturable fused [`optim::Sgd`] and [`optim::Adam`] (Adam/AdamW) with parameter
+//!   groups and learning-rate handles; [`schedule`]: schedules applied from the host or computed
+//!   on the device; [`clip`]: on-device gradient clipping; [`checkpoint`]: save and resume.
+//! - [`train_step`]: [`TrainStep`], a training step captured per batch shape into one pool, fed
+//!   from the GPU or the CPU, with an eager fallback on machines without a GPU; [`bucket`]:
+//!   [`Buckets`] for variable-length sequences; [`feed`]: pinned buffers and device-side metrics.
 //!
 //! ```no_run
 //! # fn main() -> tch_cuda_graphs::Result<()> {
@@ -31,27 +33,32 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod bucket;
 pub mod capture;
+pub mod checkpoint;
 pub mod clip;
 pub mod device;
 pub mod error;
+pub mod feed;
 pub mod ffi;
 pub mod graph;
 pub mod memory;
 pub mod optim;
 pub mod pool;
+pub mod schedule;
 pub mod stream;
 pub mod testing;
 pub mod train_step;
 pub mod watch;
 
-pub use capture::{capture_with_warmup, CaptureLock, CaptureOptions, DEFAULT_WARMUP};
+pub use bucket::{Buckets, Padded};
+pub use capture::{capture_with_warmup, run_on_capture_stream, CaptureLock, CaptureOptions, DEFAULT_WARMUP};
 pub use clip::clip_grad_norm;
 pub use device::{built_with_cuda, cuda_device_count, cuda_is_available, synchronize};
 pub use error::{Error, Result};
 pub use graph::{CaptureMode, CudaGraph, NodeKinds};
 pub use memory::{empty_cache, memory_stats, pool_memory, reset_peak_stats, MemoryStats, PoolMemory};
 pub use pool::{graph_pool_handle, MemPool, PoolId};
-pub use stream::{is_current_stream_capturing, CaptureStatus, Stream, StreamGuard};
-pub use train_step::{StepOptions, TrainStep};
+pub use stream::{is_current_stream_capturing, CaptureStatus, Event, Stream, StreamGuard};
+pub use train_step::{StepOptions, TrainStep, DEFAULT_MAX_GRAPHS};
 pub use watch::TensorWatch;

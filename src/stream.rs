@@ -161,3 +161,65 @@ impl Drop for StreamGuard {
         unsafe { ffi::tcg_stream_guard_free(self.raw.as_ptr()) }
     }
 }
+
+/// A CUDA event (timing disabled): records a point in a stream's work so that another stream,
+/// or the host, can wait for it without synchronizing the whole device.
+///
+/// ```no_run
+/// # fn main() -> tch_cuda_graphs::Result<()> {
+/// use tch_cuda_graphs::{Event, Stream};
+/// let d = tch::Device::Cuda(0);
+/// let (copy, compute) = (Stream::from_pool(d)?, Stream::current(d)?);
+/// let mut done = Event::new(d)?;
+/// // ... queue copies on `copy` ...
+/// done.record(&copy)?;
+/// compute.wait_event(&done)?; // later work on `compute` runs after the copies
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Event {
+    raw: NonNull<ffi::tcg_event>,
+}
+
+// SAFETY: a CUDA event is a driver handle usable from any thread; the shim's wrapper holds only
+// the handle and its device index. Recording takes `&mut self`; waits only read the handle.
+unsafe impl Send for Event {}
+
+impl Event {
+    /// A new event on `device`.
+    pub fn new(device: Device) -> Result<Self> {
+        let idx = cuda_index(device)?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out pointer; on success it holds an event we own.
+        check(unsafe { ffi::tcg_event_new(idx, &mut raw) })?;
+        NonNull::new(raw).map(|raw| Event { raw }).ok_or_else(|| Error::Libtorch("event: null handle".into()))
+    }
+
+    /// Records the work queued so far on `stream` (which must be on the event's device).
+    pub fn record(&mut self, stream: &Stream) -> Result<()> {
+        // SAFETY: `self.raw` is live (owned by self); the stream is plain data the shim checks.
+        check(unsafe { ffi::tcg_event_record(self.raw.as_ptr(), stream.raw) })
+    }
+
+    /// Blocks the host until the work of the last [`record`](Self::record) has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: `self.raw` is live; cudaEventSynchronize only reads the handle.
+        check(unsafe { ffi::tcg_event_synchronize(self.raw.as_ptr()) })
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from tcg_event_new and is freed exactly once, here; the shim's free
+        // never throws.
+        unsafe { ffi::tcg_event_free(self.raw.as_ptr()) }
+    }
+}
+
+impl Stream {
+    /// Makes this stream wait (on the device) for the last record of `event`.
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        // SAFETY: plain stream data; `event.raw` is live for the call and only read.
+        check(unsafe { ffi::tcg_stream_wait_event(self.raw, event.raw.as_ptr()) })
+    }
+}

@@ -1,33 +1,55 @@
-//! [`TrainStep`]: a whole training step (forward, loss, backward, optimizer) captured once and
-//! replayed per batch through static inputs, with an eager fallback without a GPU.
+//! [`TrainStep`]: a whole training step (forward, loss, backward, optimizer) captured into CUDA
+//! graphs, one per batch shape, all in one memory pool, and replayed per batch through static
+//! inputs; fed from the GPU or the CPU; with an eager fallback without a GPU.
 
-use crate::capture::{capture_with_warmup, CaptureOptions, DEFAULT_WARMUP};
+use crate::capture::{capture_with_warmup, run_on_capture_stream, CaptureOptions, DEFAULT_WARMUP};
 use crate::device::cuda_is_available;
 use crate::error::{Error, Result};
+use crate::feed::{copy_non_blocking, is_pinned, Stager};
 use crate::graph::{CaptureMode, CudaGraph};
-use crate::pool::PoolId;
+use crate::pool::{graph_pool_handle, PoolId};
 use crate::watch::TensorWatch;
-use tch::{nn::VarStore, Device, Tensor};
+use tch::{nn::VarStore, Device, Kind, Tensor};
 
 type StepFn = Box<dyn FnMut(&[Tensor]) -> Result<Vec<Tensor>> + Send>;
 
+/// The default bound on the graphs a [`TrainStep`] keeps (one per batch shape).
+pub const DEFAULT_MAX_GRAPHS: usize = 8;
+
 /// Options of a [`TrainStep`]. Builder style; each setter says its default.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StepOptions {
     warmup: Option<usize>,
     capture: CaptureOptions,
     eager: bool,
+    max_graphs: usize,
+    copy_stream: bool,
+}
+
+impl Default for StepOptions {
+    fn default() -> Self {
+        StepOptions {
+            warmup: None,
+            capture: CaptureOptions::default(),
+            eager: false,
+            max_graphs: DEFAULT_MAX_GRAPHS,
+            copy_stream: true,
+        }
+    }
 }
 
 impl StepOptions {
-    /// Warmup runs before capture (real steps on the initial contents of the static inputs).
+    /// Eager steps a batch shape gets before its graph is captured. They are real training
+    /// steps on real batches (the first `n` batches of that shape), run on the capture stream
+    /// so that lazily made state (optimizer buffers, cuBLAS workspaces) exists before capture.
     /// Default: [`DEFAULT_WARMUP`] (3). SGD with momentum needs at least 1.
     pub fn warmup(mut self, n: usize) -> Self {
         self.warmup = Some(n);
         self
     }
-    /// The pool to capture into. Default: a private pool. Give an eval step the train step's
-    /// [`TrainStep::pool`] to share memory (then replay them in capture order).
+    /// The pool every graph of the step is captured into. Default: a fresh pool of the step's
+    /// own ([`graph_pool_handle`]). Give an eval step the train step's [`TrainStep::pool`] to
+    /// share memory.
     pub fn pool(mut self, pool: PoolId) -> Self {
         self.capture = self.capture.pool(pool);
         self
@@ -37,7 +59,7 @@ impl StepOptions {
         self.capture = self.capture.mode(mode);
         self
     }
-    /// Whether the graph keeps its `cudaGraph_t` (for node counts and dumps). Default: false.
+    /// Whether the graphs keep their `cudaGraph_t` (for node counts and dumps). Default: false.
     pub fn keep_graph(mut self, yes: bool) -> Self {
         self.capture = self.capture.keep_graph(yes);
         self
@@ -48,39 +70,84 @@ impl StepOptions {
         self.eager = yes;
         self
     }
-    /// The number of warmup runs this gives.
+    /// The most graphs (batch shapes) kept at once; a new shape beyond it evicts the least
+    /// recently used one (its graph and static inputs are freed; its memory stays in the pool
+    /// for the next capture; the shape is warmed up and captured again if it comes back).
+    /// Default: [`DEFAULT_MAX_GRAPHS`] (8). At least 1.
+    pub fn max_graphs(mut self, n: usize) -> Self {
+        self.max_graphs = n.max(1);
+        self
+    }
+    /// For batches on the CPU: copy them to the device on a copy stream through two staging
+    /// buffers, so the copy of the next batch overlaps the graph of the current one (ordered by
+    /// events; the host never waits). Off: copy straight into the static inputs on the compute
+    /// stream (asynchronous from pinned memory, blocking from pageable memory). Default: on.
+    pub fn copy_stream(mut self, yes: bool) -> Self {
+        self.copy_stream = yes;
+        self
+    }
+    /// The number of warmup steps per shape this gives.
     pub fn get_warmup(&self) -> usize {
         self.warmup.unwrap_or(DEFAULT_WARMUP)
     }
+    /// The bound on kept graphs.
+    pub fn get_max_graphs(&self) -> usize {
+        self.max_graphs
+    }
 }
 
-/// One training step, captured into a CUDA graph and replayed per batch.
+/// The static inputs, outputs and graph of one batch shape.
+struct ShapeEntry {
+    shape: Vec<Vec<i64>>,
+    inputs: Vec<Tensor>,
+    outputs: Vec<Tensor>,
+    graph: Option<CudaGraph>,
+    /// Eager (warmup) steps run for this shape so far.
+    warmed: usize,
+    last_used: u64,
+    /// The static inputs' storage.
+    watch: TensorWatch,
+    /// Made by the first CPU batch of this shape.
+    stager: Option<Stager>,
+}
+
+/// One training step, captured into CUDA graphs (one per batch shape) and replayed per batch.
 ///
-/// Built from the step's static inputs (tensors allocated before capture, holding a first
-/// batch) and a closure that computes the step from them and returns its outputs (the loss,
-/// metrics). [`TrainStep::new`] runs the closure `warmup` times (real training steps), then
-/// captures one call. [`TrainStep::run`] checks and copies a batch into the static inputs and
-/// replays the graph; the returned outputs are the static output tensors, updated in place.
+/// Built from example static inputs (names, dtypes, device, and a first shape) and a closure
+/// that computes the step from the static inputs and returns its outputs (the loss, metrics).
+/// [`run`](Self::run) takes a batch of any shape (same dtypes and ranks), on the step's device
+/// or on the CPU:
+/// - The first time a shape is seen, it gets static inputs of its own. Its first
+///   [`StepOptions::warmup`] batches run eagerly (real steps, on the capture stream); the next
+///   batch of that shape captures the graph (recording only) and replays it; later batches
+///   replay. So **every batch trains exactly once**, whatever its shape, and a run over mixed
+///   shapes equals the same run done eagerly (same kernels, bit for bit).
+/// - All graphs of a step share one memory pool: N shapes cost about the memory of the largest,
+///   not the sum. Graphs of one pool may reuse each other's temporary memory, so **outputs are
+///   valid until the next run of this step** (or of a step sharing its pool): each replay
+///   overwrites them in place. Read or accumulate them right away ([`crate::feed::DeviceMeter`]).
+/// - At most [`StepOptions::max_graphs`] shapes are kept (least recently used evicted). For
+///   sequences, pad to a few [`crate::Buckets`] to keep the number of shapes small.
+/// - CPU batches are copied without blocking the host (see [`StepOptions::copy_stream`]); a
+///   pinned batch must not be overwritten before the step that used it has run.
 ///
-/// Without a CUDA device (or when the inputs live on the CPU, or with
-/// [`StepOptions::eager`]) the same code runs the closure eagerly on every call, and
-/// [`is_graphed`](Self::is_graphed) says `false`: one program for CPU development and GPU
-/// training. The warmup runs happen in both modes, so both train the same number of steps.
+/// Without a CUDA device (or when the inputs live on the CPU, or with [`StepOptions::eager`])
+/// the same code runs the closure eagerly on every call, and [`is_graphed`](Self::is_graphed)
+/// says `false`: one program for CPU development and GPU training.
 ///
-/// The step keeps alive everything the graph touches: the static inputs and outputs, the
+/// The step keeps alive everything the graphs touch: the static inputs and outputs, the
 /// closure (move the model and the optimizer into it: their parameters and state are then held
 /// by the step), anything given to [`watch`](Self::watch) or [`watch_vars`](Self::watch_vars),
-/// and the graph's pool.
+/// and the pool.
 ///
 /// # Stale graphs
-/// The graph works on the addresses its tensors had at capture. Before every
+/// A graph works on the addresses its tensors had at capture. Before every
 /// [`run`](Self::run) and [`replay`](Self::replay) the step checks, in one call costing a few
 /// nanoseconds per tensor, that the static inputs and every watched tensor still have that
-/// storage, dtype and shape; if one was replaced (`VarStore::set_kind`, `set_data`, a resize,
-/// loading a checkpoint of another dtype) it returns [`Error::StaleGraph`] and runs nothing,
-/// instead of silently training freed memory. Watch the parameters with
-/// [`watch_vars`](Self::watch_vars). The eager fallback checks the same, so a program that
-/// works on the CPU works graphed.
+/// storage, dtype and shape; if one was replaced (`VarStore::set_kind`, `set_data`, a resize)
+/// it returns [`Error::StaleGraph`] and runs nothing, instead of silently training freed
+/// memory. Watch the parameters with [`watch_vars`](Self::watch_vars). The eager fallback
+/// checks the same, so a program that works on the CPU works graphed.
 ///
 /// ```no_run
 /// # fn main() -> tch_cuda_graphs::Result<()> {
@@ -90,8 +157,8 @@ impl StepOptions {
 /// let vs = nn::VarStore::new(dev);
 /// let model = nn::linear(vs.root(), 8, 1, Default::default());
 /// let mut opt = Adam::new(&vs, AdamConfig::default())?;
-/// let x = Tensor::randn([32, 8], (Kind::Float, dev));
-/// let y = Tensor::randn([32, 1], (Kind::Float, dev));
+/// let x = Tensor::zeros([32, 8], (Kind::Float, dev));
+/// let y = Tensor::zeros([32, 1], (Kind::Float, dev));
 /// let mut step = TrainStep::new(&[("x", &x), ("y", &y)], StepOptions::default(), move |inp| {
 ///     opt.zero_grad()?;
 ///     let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
@@ -99,8 +166,9 @@ impl StepOptions {
 ///     opt.step()?;
 ///     Ok(vec![loss])
 /// })?;
-/// for _ in 0..100 {
-///     let (bx, by) = (Tensor::randn([32, 8], (Kind::Float, dev)), Tensor::randn([32, 1], (Kind::Float, dev)));
+/// step.watch_vars(&vs)?;
+/// for n in [32, 32, 32, 32, 32, 17] { // a ragged last batch gets a graph of its own
+///     let (bx, by) = (Tensor::randn([n, 8], (Kind::Float, Device::Cpu)), Tensor::randn([n, 1], (Kind::Float, Device::Cpu)));
 ///     let out = step.run(&[&bx, &by])?;
 ///     let _loss = &out[0];
 /// }
@@ -108,20 +176,29 @@ impl StepOptions {
 /// ```
 pub struct TrainStep {
     names: Vec<String>,
-    inputs: Vec<Tensor>,
-    outputs: Vec<Tensor>,
-    graph: Option<CudaGraph>,
+    kinds: Vec<Kind>,
+    ranks: Vec<usize>,
+    device: Device,
+    graphed: bool,
+    options: StepOptions,
+    pool: Option<PoolId>,
+    shapes: Vec<ShapeEntry>,
+    /// The entry of the last run (whose outputs are current).
+    current: usize,
     step_fn: StepFn,
     watch: TensorWatch,
     runs: u64,
+    captures: u64,
 }
 
 impl std::fmt::Debug for TrainStep {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TrainStep")
             .field("inputs", &self.names)
-            .field("outputs", &self.outputs.len())
-            .field("graphed", &self.is_graphed())
+            .field("device", &self.device)
+            .field("graphed", &self.graphed)
+            .field("shapes", &self.shapes.iter().map(|e| &e.shape).collect::<Vec<_>>())
+            .field("graphs", &self.graph_count())
             .field("runs", &self.runs)
             .finish()
     }
@@ -132,113 +209,216 @@ fn describe(t: &Tensor) -> String {
 }
 
 impl TrainStep {
-    /// Declares the static inputs (name, tensor holding the first batch), warms up, and
-    /// captures `step` (see the type's docs). The static inputs are copies made here, so feeding
-    /// batches never overwrites the caller's tensors; [`inputs`](Self::inputs) gives them, to
-    /// fill directly before a [`replay`](Self::replay).
+    /// Declares the static inputs (name, example tensor: dtype, device, first shape) and the
+    /// step. Nothing runs yet: the first [`run`](Self::run) of each shape warms up or captures
+    /// (see the type's docs). The example tensors are copied into the first shape's static
+    /// inputs, so [`replay`](Self::replay) before any run steps on them.
     pub fn new<F>(inputs: &[(&str, &Tensor)], options: StepOptions, step: F) -> Result<Self>
     where
         F: FnMut(&[Tensor]) -> Result<Vec<Tensor>> + Send + 'static,
     {
         let names: Vec<String> = inputs.iter().map(|(n, _)| (*n).to_owned()).collect();
-        let copy = |t: &Tensor| -> Result<Tensor> {
-            let mut s = t.f_empty_like()?;
-            s.f_copy_(t)?;
-            Ok(s)
-        };
-        let statics = inputs.iter().map(|(_, t)| copy(t)).collect::<Result<Vec<Tensor>>>()?;
-        let mut step_fn: StepFn = Box::new(step);
-        let device = statics.first().map(Tensor::device).or(options.capture.get_device());
-        if let Some((i, t)) = statics.iter().enumerate().find(|(_, t)| Some(t.device()) != device) {
+        let device = inputs.first().map(|(_, t)| t.device()).or(options.capture.get_device());
+        let device = device.ok_or_else(|| Error::Misuse("a step needs at least one static input".into()))?;
+        if let Some((n, t)) = inputs.iter().find(|(_, t)| t.device() != device) {
             return Err(Error::Misuse(format!(
-                "static input `{}` is on {:?} but the step runs on {device:?}: all inputs must share one device",
-                names[i],
+                "static input `{n}` is on {:?} but the step runs on {device:?}: all inputs must share one device",
                 t.device()
             )));
         }
-        let graphed = !options.eager && matches!(device, Some(Device::Cuda(_))) && cuda_is_available();
-        let warmup = options.get_warmup();
-        let (graph, outputs) = if graphed {
-            let mut capture = options.capture;
-            if let Some(d) = device {
-                capture = capture.device(d);
-            }
-            let (graph, outputs) = capture_with_warmup(warmup, capture, || step_fn(&statics))?;
-            (Some(graph), outputs)
-        } else {
-            let mut outputs = Vec::new();
-            for _ in 0..warmup {
-                outputs = step_fn(&statics)?;
-            }
-            (None, outputs)
+        let graphed = !options.eager && matches!(device, Device::Cuda(_)) && cuda_is_available();
+        let pool = match (graphed, options.capture.get_pool()) {
+            (false, _) => None,
+            (true, p) if !p.is_private() => Some(p),
+            (true, _) => Some(graph_pool_handle()?),
         };
-        let mut watch = TensorWatch::new()?;
-        watch.add(names.iter().map(|n| format!("static input `{n}`")), &statics)?;
-        Ok(TrainStep { names, inputs: statics, outputs, graph, step_fn, watch, runs: 0 })
+        let copies = inputs
+            .iter()
+            .map(|(_, t)| -> Result<Tensor> {
+                let mut s = t.f_empty_like()?;
+                s.f_copy_(t)?;
+                Ok(s)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut step = TrainStep {
+            kinds: inputs.iter().map(|(_, t)| t.kind()).collect(),
+            ranks: inputs.iter().map(|(_, t)| t.dim()).collect(),
+            names,
+            device,
+            graphed,
+            options,
+            pool,
+            shapes: Vec::new(),
+            current: 0,
+            step_fn: Box::new(step),
+            watch: TensorWatch::new()?,
+            runs: 0,
+            captures: 0,
+        };
+        step.push_entry(inputs.iter().map(|(_, t)| t.size()).collect(), Some(copies))?;
+        Ok(step)
     }
 
-    /// Whether the step replays a CUDA graph (`false`: the eager fallback).
+    /// Whether the step replays CUDA graphs (`false`: the eager fallback).
     pub fn is_graphed(&self) -> bool {
-        self.graph.is_some()
+        self.graphed
     }
 
-    /// Checks `batch` against the static inputs (count, shape, dtype, device; all before copying
-    /// anything), copies it in, and runs the step. Returns the static outputs.
+    /// Checks `batch` (count, dtypes, ranks, devices: the step's, or the CPU), finds or makes
+    /// the static inputs of its shape, copies it in and runs the step (eager warmup, capture
+    /// and replay, or replay). Returns the outputs, valid until the next run.
     pub fn run(&mut self, batch: &[&Tensor]) -> Result<&[Tensor]> {
-        self.check_batch(batch)?;
+        let shape = self.batch_shape(batch)?;
         self.watch.check()?;
-        for (dst, src) in self.inputs.iter_mut().zip(batch) {
-            dst.f_copy_(src)?;
-        }
-        self.replay_checked()
+        let i = self.entry_for(shape)?;
+        self.shapes[i].watch.check()?;
+        self.fill(i, batch)?;
+        self.step(i)
     }
 
-    /// Runs the step on what the static inputs hold now (no copy).
+    /// Runs the step on what the static inputs of the last run's shape hold now (no copy).
     pub fn replay(&mut self) -> Result<&[Tensor]> {
         self.watch.check()?;
-        self.replay_checked()
-    }
-
-    fn replay_checked(&mut self) -> Result<&[Tensor]> {
-        match &mut self.graph {
-            Some(g) => g.replay()?,
-            None => self.outputs = (self.step_fn)(&self.inputs)?,
-        }
-        self.runs += 1;
-        Ok(&self.outputs)
+        self.shapes[self.current].watch.check()?;
+        self.step(self.current)
     }
 
     /// Validates a batch without copying it.
     pub fn check_batch(&self, batch: &[&Tensor]) -> Result<()> {
-        if batch.len() != self.inputs.len() {
+        self.batch_shape(batch).map(drop)
+    }
+
+    fn batch_shape(&self, batch: &[&Tensor]) -> Result<Vec<Vec<i64>>> {
+        if batch.len() != self.names.len() {
             return Err(Error::Misuse(format!(
                 "the step has {} static inputs ({}), got {} tensors",
-                self.inputs.len(),
+                self.names.len(),
                 self.names.join(", "),
                 batch.len()
             )));
         }
-        for (index, (s, b)) in self.inputs.iter().zip(batch).enumerate() {
-            if s.size() != b.size() || s.kind() != b.kind() || s.device() != b.device() {
+        let mut shape = Vec::with_capacity(batch.len());
+        for (index, b) in batch.iter().enumerate() {
+            let device_ok = b.device() == self.device || (self.device != Device::Cpu && b.device() == Device::Cpu);
+            let size = b.size();
+            if b.kind() != self.kinds[index] || !device_ok || size.len() != self.ranks[index] {
                 return Err(Error::InputMismatch {
                     name: self.names[index].clone(),
                     index,
-                    expected: describe(s),
+                    expected: format!(
+                        "rank {} {:?} on {:?}{}",
+                        self.ranks[index],
+                        self.kinds[index],
+                        self.device,
+                        if self.device == Device::Cpu { "" } else { " or the CPU" }
+                    ),
                     got: describe(b),
                 });
+            }
+            shape.push(size);
+        }
+        Ok(shape)
+    }
+
+    /// The entry of `shape`, made (evicting the least recently used one past the bound) if new.
+    fn entry_for(&mut self, shape: Vec<Vec<i64>>) -> Result<usize> {
+        if let Some(i) = self.shapes.iter().position(|e| e.shape == shape) {
+            return Ok(i);
+        }
+        if self.shapes.len() >= self.options.max_graphs {
+            let lru = (0..self.shapes.len()).min_by_key(|&i| self.shapes[i].last_used).unwrap_or(0);
+            self.shapes.swap_remove(lru);
+            self.current = 0;
+        }
+        self.push_entry(shape, None)
+    }
+
+    fn push_entry(&mut self, shape: Vec<Vec<i64>>, inputs: Option<Vec<Tensor>>) -> Result<usize> {
+        let inputs = match inputs {
+            Some(t) => t,
+            None => shape
+                .iter()
+                .zip(&self.kinds)
+                .map(|(s, &k)| Ok(Tensor::f_empty(s.as_slice(), (k, self.device))?))
+                .collect::<Result<Vec<_>>>()?,
+        };
+        let mut watch = TensorWatch::new()?;
+        watch.add(self.names.iter().map(|n| format!("static input `{n}`")), &inputs)?;
+        self.shapes.push(ShapeEntry {
+            shape,
+            inputs,
+            outputs: Vec::new(),
+            graph: None,
+            warmed: 0,
+            last_used: 0,
+            watch,
+            stager: None,
+        });
+        Ok(self.shapes.len() - 1)
+    }
+
+    /// Copies `batch` into entry `i`'s static inputs.
+    fn fill(&mut self, i: usize, batch: &[&Tensor]) -> Result<()> {
+        let entry = &mut self.shapes[i];
+        let from_cpu = self.device != Device::Cpu && batch.iter().all(|b| b.device() == Device::Cpu);
+        if self.graphed && from_cpu && self.options.copy_stream {
+            let stager = match &mut entry.stager {
+                Some(s) => s,
+                none => none.insert(Stager::new(self.device, &entry.inputs)?),
+            };
+            return stager.feed(&mut entry.inputs, batch);
+        }
+        for (dst, src) in entry.inputs.iter_mut().zip(batch) {
+            if src.device() != Device::Cpu || is_pinned(src) {
+                copy_non_blocking(dst, src)?; // queued on the current stream
+            } else {
+                dst.f_copy_(src)?; // pageable memory: CUDA copies synchronously
             }
         }
         Ok(())
     }
 
-    /// The static outputs (updated in place by each run when graphed).
-    pub fn outputs(&self) -> &[Tensor] {
-        &self.outputs
+    /// One step of entry `i`: eager, eager warmup, or (capture and) replay.
+    fn step(&mut self, i: usize) -> Result<&[Tensor]> {
+        let warmup = self.options.get_warmup();
+        let capture = match self.pool {
+            Some(pool) => self.options.capture.pool(pool).device(self.device),
+            None => self.options.capture,
+        };
+        let TrainStep { shapes, step_fn, graphed, device, runs, captures, current, .. } = self;
+        let entry = &mut shapes[i];
+        if !*graphed {
+            entry.outputs = step_fn(&entry.inputs)?;
+        } else if entry.graph.is_none() && entry.warmed < warmup {
+            let inputs = &entry.inputs;
+            entry.outputs = run_on_capture_stream(*device, || step_fn(inputs))?;
+            entry.warmed += 1;
+        } else {
+            if entry.graph.is_none() {
+                let inputs = &entry.inputs;
+                let (graph, outputs) = capture_with_warmup(0, capture, || step_fn(inputs))?;
+                entry.graph = Some(graph);
+                entry.outputs = outputs;
+                *captures += 1;
+            }
+            if let Some(g) = &mut entry.graph {
+                g.replay()?;
+            }
+        }
+        *runs += 1;
+        entry.last_used = *runs;
+        *current = i;
+        Ok(&entry.outputs)
     }
 
-    /// The static inputs.
+    /// The outputs of the last run (overwritten in place by the next).
+    pub fn outputs(&self) -> &[Tensor] {
+        &self.shapes[self.current].outputs
+    }
+
+    /// The static inputs of the last run's shape.
     pub fn inputs(&self) -> &[Tensor] {
-        &self.inputs
+        &self.shapes[self.current].inputs
     }
 
     /// The names of the static inputs, in order.
@@ -246,24 +426,42 @@ impl TrainStep {
         &self.names
     }
 
-    /// How many times [`run`](Self::run) or [`replay`](Self::replay) ran (warmup excluded).
+    /// How many times [`run`](Self::run) or [`replay`](Self::replay) ran (each one step).
     pub fn runs(&self) -> u64 {
         self.runs
     }
 
-    /// The pool of the graph, to share with another step (`None` when eager).
-    pub fn pool(&self) -> Result<Option<PoolId>> {
-        self.graph.as_ref().map(CudaGraph::pool).transpose()
+    /// How many graphs were captured so far (re-captures after eviction included).
+    pub fn captures(&self) -> u64 {
+        self.captures
     }
 
-    /// The graph, when graphed (node counts, upload, ...).
+    /// How many graphs the step holds now (one per captured shape).
+    pub fn graph_count(&self) -> usize {
+        self.shapes.iter().filter(|e| e.graph.is_some()).count()
+    }
+
+    /// The batch shapes the step holds static inputs for, most recently used last.
+    pub fn shapes(&self) -> Vec<Vec<Vec<i64>>> {
+        let mut v: Vec<&ShapeEntry> = self.shapes.iter().collect();
+        v.sort_by_key(|e| e.last_used);
+        v.into_iter().map(|e| e.shape.clone()).collect()
+    }
+
+    /// The pool all graphs of the step are captured into (`None` when eager). Give it to an
+    /// eval step ([`StepOptions::pool`]) to share memory.
+    pub fn pool(&self) -> Option<PoolId> {
+        self.pool
+    }
+
+    /// The graph of the last run's shape, once captured (node counts, upload, ...).
     pub fn graph_mut(&mut self) -> Option<&mut CudaGraph> {
-        self.graph.as_mut()
+        self.shapes[self.current].graph.as_mut()
     }
 
     /// Keeps `tensors` alive as long as the step and checks before every run that each still
     /// has the storage, dtype and shape it has now (see "Stale graphs" above). Call it right
-    /// after [`new`](Self::new), with tensors the captured step uses.
+    /// after [`new`](Self::new), with tensors the step uses.
     pub fn watch<'a>(&mut self, tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>) -> Result<()> {
         let (names, tensors): (Vec<String>, Vec<&Tensor>) =
             tensors.into_iter().map(|(n, t)| (format!("tensor `{n}`"), t)).unzip();

@@ -306,8 +306,9 @@ fn mlp_step(device: Device, options: StepOptions) -> (TrainStep, nn::VarStore, T
 fn train_step_falls_back_to_eager_on_cpu_and_trains() {
     let (mut step, _vs, x, y) = mlp_step(Device::Cpu, StepOptions::default().warmup(2));
     assert!(!step.is_graphed(), "CPU inputs must give the eager fallback");
-    assert_eq!(step.outputs().len(), 1, "warmup outputs are kept");
+    assert_eq!(step.runs(), 0, "nothing runs before the first batch");
     let first = f64::try_from(&step.run(&[&x, &y]).unwrap()[0]).unwrap();
+    assert_eq!(step.outputs().len(), 1);
     let mut last = first;
     for _ in 0..200 {
         last = f64::try_from(&step.run(&[&x, &y]).unwrap()[0]).unwrap();
@@ -326,7 +327,7 @@ fn train_step_eager_equals_a_hand_written_loop() {
     let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-2)).unwrap();
     let (x2, y2) = batch(Device::Cpu, 32, 8, 2);
     assert!(x.equal(&x2) && y.equal(&y2));
-    for _ in 0..3 + 10 {
+    for _ in 0..10 {
         opt.zero_grad().unwrap();
         mse(&model, &x2, &y2).backward();
         opt.step().unwrap();
@@ -343,14 +344,15 @@ fn train_step_checks_every_input_before_copying() {
     let (mut step, _vs, x, _y) = mlp_step(Device::Cpu, StepOptions::default().warmup(0));
     let x_before = step.inputs()[0].copy();
     let good_x = Tensor::randn([32, 8], (Kind::Float, Device::Cpu));
-    // The first input is fine, the second has the wrong shape: nothing may be copied.
-    let bad_y = Tensor::randn([16, 2], (Kind::Float, Device::Cpu));
+    // The first input is fine, the second has the wrong rank: nothing may be copied. (Another
+    // size of the same rank is a new batch shape, which is fine.)
+    let bad_y = Tensor::randn([32], (Kind::Float, Device::Cpu));
     match step.run(&[&good_x, &bad_y]) {
         Err(Error::InputMismatch { name, index, expected, got }) => {
             assert_eq!(name, "y");
             assert_eq!(index, 1);
-            assert!(expected.contains("[32, 2]"), "{expected}");
-            assert!(got.contains("[16, 2]"), "{got}");
+            assert!(expected.contains("rank 2"), "{expected}");
+            assert!(got.contains("[32]"), "{got}");
         }
         other => panic!("expected InputMismatch, got {other:?}"),
     }
@@ -366,7 +368,7 @@ fn train_step_checks_every_input_before_copying() {
     assert!(matches!(step.run(&[&x]), Err(Error::Misuse(_))));
     assert_eq!(step.runs(), 0);
     let err = step.run(&[&good_x, &bad_y]).unwrap_err().to_string();
-    assert!(err.contains("`y`") && err.contains("[16, 2]") && err.contains("[32, 2]"), "{err}");
+    assert!(err.contains("`y`") && err.contains("[32]") && err.contains("rank 2"), "{err}");
 }
 
 /// Adam keeps one step count per parameter, as PyTorch does: a parameter that first gets a
@@ -507,6 +509,7 @@ fn a_users_error_comes_back_through_the_closure() {
         Ok(vec![])
     })
     .unwrap();
+    step.run(&[&x]).unwrap();
     let err = step.run(&[&x]).unwrap_err();
     match &err {
         Error::User(inner) => assert_eq!(inner.downcast_ref::<OutOfData>().map(|e| e.0), Some(2)),

@@ -3,11 +3,25 @@
 
 #include <c10/cuda/CUDAGuard.h>
 
+#include <memory>
+
 using namespace tcg;
 
 struct tcg_stream_guard {
   c10::cuda::CUDAStreamGuard guard;
   explicit tcg_stream_guard(CUDAStream s) : guard(s) {}
+};
+
+struct tcg_event {
+  cudaEvent_t ev = nullptr;
+  c10::DeviceIndex device = 0;
+  ~tcg_event() {
+    if (ev != nullptr) {
+      c10::cuda::CUDAGuard g(device);
+      (void)cudaEventDestroy(ev);
+      (void)cudaGetLastError();
+    }
+  }
 };
 
 extern "C" {
@@ -81,6 +95,45 @@ void tcg_stream_guard_free(tcg_stream_guard* g) {
     delete g;
   } catch (...) {
   }
+}
+
+tcg_status tcg_event_new(int device, tcg_event** out) {
+  return guard([&] {
+    auto dev = checked_device(device);
+    c10::cuda::CUDAGuard g(dev);
+    auto e = std::make_unique<tcg_event>();
+    e->device = dev;
+    check_cuda(cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming), "cudaEventCreate");
+    *out = e.release();
+  });
+}
+
+void tcg_event_free(tcg_event* e) {
+  try {
+    delete e;
+  } catch (...) {
+  }
+}
+
+tcg_status tcg_event_record(tcg_event* e, tcg_stream s) {
+  return guard([&] {
+    auto st = unpack(s);
+    if (st.device_index() != e->device) misuse("event and stream are on different devices");
+    c10::cuda::CUDAGuard g(e->device);
+    check_cuda(cudaEventRecord(e->ev, st.stream()), "cudaEventRecord");
+  });
+}
+
+tcg_status tcg_stream_wait_event(tcg_stream s, tcg_event* e) {
+  return guard([&] {
+    auto st = unpack(s);
+    c10::cuda::CUDAGuard g(st.device_index());
+    check_cuda(cudaStreamWaitEvent(st.stream(), e->ev, 0), "cudaStreamWaitEvent");
+  });
+}
+
+tcg_status tcg_event_synchronize(tcg_event* e) {
+  return guard([&] { check_cuda(cudaEventSynchronize(e->ev), "cudaEventSynchronize"); });
 }
 
 }  // extern "C"

@@ -14,6 +14,10 @@ pub struct tcg_stream_guard {
 pub struct tcg_mempool {
     _private: [u8; 0],
 }
+#[repr(C)]
+pub struct tcg_event {
+    _private: [u8; 0],
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -82,6 +86,11 @@ extern "C" {
     pub fn tcg_stream_capture_status(s: tcg_stream, out: *mut c_int) -> tcg_status;
     pub fn tcg_stream_guard_new(s: tcg_stream, out: *mut *mut tcg_stream_guard) -> tcg_status;
     pub fn tcg_stream_guard_free(g: *mut tcg_stream_guard);
+    pub fn tcg_event_new(device: c_int, out: *mut *mut tcg_event) -> tcg_status;
+    pub fn tcg_event_free(e: *mut tcg_event);
+    pub fn tcg_event_record(e: *mut tcg_event, s: tcg_stream) -> tcg_status;
+    pub fn tcg_stream_wait_event(s: tcg_stream, e: *mut tcg_event) -> tcg_status;
+    pub fn tcg_event_synchronize(e: *mut tcg_event) -> tcg_status;
 
     // cuda/graph.cpp
     pub fn tcg_graph_new(keep_graph: c_int, out: *mut *mut tcg_graph) -> tcg_status;

@@ -6,11 +6,13 @@
 
 mod cuda;
 mod error;
+mod feed;
 mod optim;
 mod watch;
 
 pub use cuda::*;
 pub use error::*;
+pub use feed::*;
 pub use optim::*;
 pub use watch::*;
 

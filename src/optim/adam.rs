@@ -1,8 +1,10 @@
 //! Capturable Adam / AdamW on `at::_fused_adam_` / `at::_fused_adamw_` (tensor learning rate).
 
-use super::{check_hparam, grads_to_none, params_on_one_device, trainable, with_grads, Lr, Optimizer};
+use super::groups::{copy_state, param_key};
+use super::{check_hparam, grads_to_none, with_grads, Groups, HyperParams, LrHandle, Optimizer, ParamGroup};
 use crate::error::{check, Result};
 use crate::ffi::{self, tensor_ptr as ptr, tensor_ptrs as ptrs};
+use std::collections::HashMap;
 use tch::{nn::VarStore, Kind, Tensor};
 
 /// Hyper-parameters of [`Adam`]. Builder style; each setter says its default (PyTorch's).
@@ -74,7 +76,12 @@ impl AdamConfig {
     pub fn is_adamw(&self) -> bool {
         self.decoupled
     }
+}
 
+impl HyperParams for AdamConfig {
+    fn lr(&self) -> f64 {
+        self.lr
+    }
     fn validate(&self) -> Result<()> {
         check_hparam("lr", self.lr, self.lr >= 0.0)?;
         check_hparam("beta1", self.beta1, (0.0..1.0).contains(&self.beta1))?;
@@ -82,16 +89,29 @@ impl AdamConfig {
         check_hparam("eps", self.eps, self.eps >= 0.0)?;
         check_hparam("weight_decay", self.weight_decay, self.weight_decay >= 0.0)
     }
+    fn named(&self) -> Vec<(&'static str, f64)> {
+        vec![("beta1", self.beta1), ("beta2", self.beta2), ("eps", self.eps), ("weight_decay", self.weight_decay)]
+    }
+    fn set_named(&mut self, name: &str, value: f64) {
+        match name {
+            "beta1" => self.beta1 = value,
+            "beta2" => self.beta2 = value,
+            "eps" => self.eps = value,
+            "weight_decay" => self.weight_decay = value,
+            _ => {}
+        }
+    }
 }
 
 /// Adam and AdamW, capturable (PyTorch's `Adam(capturable=True, fused=True)` and `AdamW(...)`).
 ///
 /// State lives on the parameters' device: first and second moments (and the AMSGrad maximum),
 /// one step counter per parameter (0-d float32, as PyTorch's capturable/fused Adam keeps), and
-/// the learning rate. A step increments the counters of the parameters that have a gradient in
-/// one multi-tensor kernel (`_foreach_add_`), then runs one fused kernel: a parameter that first
-/// gets a gradient at step t (progressive unfreezing, a conditional branch) starts its own count
-/// at 1 and gets PyTorch's bias correction, exactly as `torch.optim.Adam` does.
+/// one learning-rate tensor per group. A step increments the counters of the parameters that
+/// have a gradient in one multi-tensor kernel (`_foreach_add_`), then runs one fused kernel per
+/// group: a parameter that first gets a gradient at step t (progressive unfreezing, a
+/// conditional branch) starts its own count at 1 and gets PyTorch's bias correction, exactly as
+/// `torch.optim.Adam` does.
 ///
 /// ```no_run
 /// # fn main() -> tch_cuda_graphs::Result<()> {
@@ -107,48 +127,60 @@ impl AdamConfig {
 /// ```
 #[derive(Debug)]
 pub struct Adam {
-    params: Vec<Tensor>,
+    groups: Groups<AdamConfig>,
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
+    /// Empty tensors for parameters of groups without AMSGrad.
     max_exp_avg_sq: Vec<Tensor>,
     steps: Vec<Tensor>,
-    lr: Lr,
-    config: AdamConfig,
 }
 
 impl Adam {
-    /// An optimizer over the trainable variables of `vs`.
+    /// An optimizer over the trainable variables of `vs`, one group per tch group
+    /// (`nn::Path::set_group`), each with `config`.
     pub fn new(vs: &VarStore, config: AdamConfig) -> Result<Self> {
-        let (params, device) = trainable(vs)?;
-        Self::build(params, device, config)
+        Self::build(Groups::from_var_store(vs, config)?)
     }
 
-    /// An optimizer over `params` (all on one device).
+    /// An optimizer over `params` (all on one device), one group; state names `param{i}`.
     pub fn from_params(params: Vec<Tensor>, config: AdamConfig) -> Result<Self> {
-        let (params, device) = params_on_one_device(params)?;
-        Self::build(params, device, config)
+        Self::build(Groups::from_params(params, config)?)
     }
 
-    fn build(params: Vec<Tensor>, device: tch::Device, config: AdamConfig) -> Result<Self> {
-        config.validate()?;
+    /// An optimizer over explicit groups, each with its own hyper-parameters (see
+    /// [`super::split_params`]). Adam and AdamW groups may be mixed.
+    pub fn with_groups(groups: Vec<ParamGroup<AdamConfig>>) -> Result<Self> {
+        Self::build(Groups::build(groups)?)
+    }
+
+    fn build(groups: Groups<AdamConfig>) -> Result<Self> {
+        let device = groups.device();
         let zeros = |p: &Tensor| -> Result<Tensor> { Ok(p.f_zeros_like()?.f_detach()?) };
-        let exp_avg = params.iter().map(zeros).collect::<Result<Vec<_>>>()?;
-        let exp_avg_sq = params.iter().map(zeros).collect::<Result<Vec<_>>>()?;
-        let max_exp_avg_sq =
-            if config.amsgrad { params.iter().map(zeros).collect::<Result<Vec<_>>>()? } else { Vec::new() };
-        let steps = params.iter().map(|_| Tensor::f_zeros([], (Kind::Float, device))).collect::<Result<Vec<_>, _>>()?;
-        let lr = Lr::new(config.lr, device)?;
-        Ok(Adam { params, exp_avg, exp_avg_sq, max_exp_avg_sq, steps, lr, config })
+        let exp_avg = groups.params.iter().map(zeros).collect::<Result<Vec<_>>>()?;
+        let exp_avg_sq = groups.params.iter().map(zeros).collect::<Result<Vec<_>>>()?;
+        let mut max_exp_avg_sq = Vec::with_capacity(groups.params.len());
+        for g in &groups.groups {
+            for i in g.range.clone() {
+                max_exp_avg_sq.push(if g.config.amsgrad {
+                    zeros(&groups.params[i])?
+                } else {
+                    Tensor::f_empty([0], (Kind::Float, device))?
+                });
+            }
+        }
+        let steps =
+            groups.params.iter().map(|_| Tensor::f_zeros([], (Kind::Float, device))).collect::<Result<Vec<_>, _>>()?;
+        Ok(Adam { groups, exp_avg, exp_avg_sq, max_exp_avg_sq, steps })
     }
 
-    /// The hyper-parameters.
-    pub fn config(&self) -> &AdamConfig {
-        &self.config
+    /// The hyper-parameters of group `g`.
+    pub fn config(&self, g: usize) -> Option<&AdamConfig> {
+        self.groups.groups.get(g).map(|g| &g.config)
     }
 
-    /// The learning-rate tensor a captured step reads.
+    /// The learning-rate tensor of group 0 (what a captured step reads).
     pub fn lr_tensor(&self) -> &Tensor {
-        self.lr.tensor()
+        self.groups.groups[0].lr.tensor()
     }
 
     /// The step counter of parameter `i` (0-d float32 on the parameters' device): how many
@@ -165,55 +197,100 @@ impl Adam {
 
 impl Optimizer for Adam {
     fn step(&mut self) -> Result<()> {
-        let (idx, grads) = with_grads(&self.params)?;
-        if idx.is_empty() {
-            return Ok(());
+        for group in &self.groups.groups {
+            let base = group.range.start;
+            let (idx, grads) = with_grads(&self.groups.params[group.range.clone()])?;
+            if idx.is_empty() {
+                continue;
+            }
+            let c = &group.config;
+            let at = |v: &[Tensor]| ptrs(idx.iter().map(|&i| &v[base + i]));
+            let (p, m, v, steps) = (at(&self.groups.params), at(&self.exp_avg), at(&self.exp_avg_sq), at(&self.steps));
+            let vmax = if c.amsgrad { at(&self.max_exp_avg_sq) } else { Vec::new() };
+            let g = ptrs(&grads);
+            // SAFETY: every pointer is a live tensor handle borrowed for the call; `p`, `g`, `m`,
+            // `v` and `steps` have p.len() entries, `vmax` has vmax.len() (0 or p.len()). The shim
+            // increments `steps` (one _foreach_add_) before the fused update.
+            check(unsafe {
+                ffi::tcg_fused_adam(
+                    i32::from(c.decoupled),
+                    p.as_ptr(),
+                    g.as_ptr(),
+                    m.as_ptr(),
+                    v.as_ptr(),
+                    vmax.as_ptr(),
+                    vmax.len(),
+                    steps.as_ptr(),
+                    p.len(),
+                    ptr(group.lr.tensor()),
+                    c.beta1,
+                    c.beta2,
+                    c.weight_decay,
+                    c.eps,
+                    i32::from(c.amsgrad),
+                    i32::from(c.maximize),
+                )
+            })?;
         }
-        let p = ptrs(idx.iter().map(|&i| &self.params[i]));
-        let g = ptrs(&grads);
-        let m = ptrs(idx.iter().map(|&i| &self.exp_avg[i]));
-        let v = ptrs(idx.iter().map(|&i| &self.exp_avg_sq[i]));
-        let vmax = if self.config.amsgrad { ptrs(idx.iter().map(|&i| &self.max_exp_avg_sq[i])) } else { Vec::new() };
-        let steps = ptrs(idx.iter().map(|&i| &self.steps[i]));
-        let c = &self.config;
-        // SAFETY: every pointer is a live tensor handle borrowed for the call; `p`, `g`, `m`,
-        // `v` and `steps` have p.len() entries, `vmax` has vmax.len() (0 or p.len()). The shim
-        // increments `steps` (one _foreach_add_) before the fused update.
-        check(unsafe {
-            ffi::tcg_fused_adam(
-                i32::from(c.decoupled),
-                p.as_ptr(),
-                g.as_ptr(),
-                m.as_ptr(),
-                v.as_ptr(),
-                vmax.as_ptr(),
-                vmax.len(),
-                steps.as_ptr(),
-                p.len(),
-                ptr(self.lr.tensor()),
-                c.beta1,
-                c.beta2,
-                c.weight_decay,
-                c.eps,
-                i32::from(c.amsgrad),
-                i32::from(c.maximize),
-            )
-        })
+        Ok(())
     }
 
     fn zero_grad(&mut self) -> Result<()> {
-        grads_to_none(&self.params)
+        grads_to_none(&self.groups.params)
     }
 
-    fn set_lr(&mut self, lr: f64) -> Result<()> {
-        self.lr.set(lr)
-    }
-
-    fn lr(&self) -> f64 {
-        self.lr.value()
+    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()> {
+        self.groups.set_lr(group, lr)
     }
 
     fn params(&self) -> &[Tensor] {
-        &self.params
+        &self.groups.params
+    }
+
+    fn group_count(&self) -> usize {
+        self.groups.groups.len()
+    }
+
+    fn lr_handles(&self) -> Vec<LrHandle> {
+        self.groups.lr_handles()
+    }
+
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = Vec::new();
+        self.groups.state(&mut out)?;
+        for (i, name) in self.groups.names.iter().enumerate() {
+            out.push((param_key(name, "exp_avg"), self.exp_avg[i].f_detach()?));
+            out.push((param_key(name, "exp_avg_sq"), self.exp_avg_sq[i].f_detach()?));
+            out.push((param_key(name, "step"), self.steps[i].f_detach()?));
+            if self.max_exp_avg_sq[i].numel() > 0 {
+                out.push((param_key(name, "max_exp_avg_sq"), self.max_exp_avg_sq[i].f_detach()?));
+            }
+        }
+        Ok(out)
+    }
+
+    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
+        let amsgrad: Vec<bool> = self.max_exp_avg_sq.iter().map(|t| t.numel() > 0).collect();
+        self.groups.check_state(state, |i| {
+            let (shape, kind) = (self.groups.params[i].size(), self.exp_avg[i].kind());
+            let mut fields = vec![
+                ("exp_avg", shape.clone(), kind, true),
+                ("exp_avg_sq", shape.clone(), kind, true),
+                ("step", vec![], Kind::Float, true),
+            ];
+            if amsgrad[i] {
+                fields.push(("max_exp_avg_sq", shape, kind, true));
+            }
+            fields
+        })?;
+        for (i, name) in self.groups.names.iter().enumerate() {
+            copy_state(&self.exp_avg[i], &state[&param_key(name, "exp_avg")])?;
+            copy_state(&self.exp_avg_sq[i], &state[&param_key(name, "exp_avg_sq")])?;
+            copy_state(&self.steps[i], &state[&param_key(name, "step")])?;
+            if amsgrad[i] {
+                copy_state(&self.max_exp_avg_sq[i], &state[&param_key(name, "max_exp_avg_sq")])?;
+            }
+        }
+        self.groups.load_state(state)
     }
 }

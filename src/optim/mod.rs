@@ -1,22 +1,34 @@
 //! Capturable optimizers on ATen's fused kernels: state (step counts, moments, the learning
-//! rate) lives in device tensors, so a captured step reads it from memory on every replay, as
+//! rates) lives in device tensors, so a captured step reads it from memory on every replay, as
 //! PyTorch's `capturable=True, fused=True` optimizers do.
 //!
 //! - [`Sgd`]: momentum, dampening, Nesterov, weight decay (`at::_fused_sgd_`).
 //! - [`Adam`]: Adam and AdamW (decoupled weight decay), AMSGrad (`at::_fused_adam_`,
 //!   `at::_fused_adamw_`).
+//! - Parameter groups ([`ParamGroup`]): each with its own hyper-parameters and learning-rate
+//!   tensor, one fused launch per group; from tch's VarStore groups ([`var_store_groups`]),
+//!   a name/shape rule ([`split_params`], e.g. no weight decay on biases and norms), or lists.
+//! - [`LrHandle`]: a cloneable `Send` handle on a group's learning rate that stays reachable
+//!   after the optimizer is moved into a step closure (schedules use it: [`crate::schedule`]).
+//! - [`Optimizer::state`] / [`Optimizer::load_state`]: named state for checkpoints
+//!   ([`crate::checkpoint`]); loading validates everything first, then writes in place.
 //!
 //! Both run on CPU too (ATen has CPU kernels), which is how their numerics are tested in CI.
 
 mod adam;
+mod groups;
 mod sgd;
 
 pub use adam::{Adam, AdamConfig};
+pub use groups::{split_params, var_store_groups, LrHandle, NamedParams, ParamGroup};
 pub use sgd::{Sgd, SgdConfig};
 
-use crate::error::{check, Error, Result};
+pub(crate) use groups::{check_hparam, Groups, HyperParams};
+
+use crate::error::{check, Result};
 use crate::ffi;
-use tch::{nn::VarStore, Device, Tensor};
+use std::collections::HashMap;
+use tch::Tensor;
 
 /// What a training step needs of an optimizer. Implemented by [`Sgd`] and [`Adam`].
 pub trait Optimizer {
@@ -25,33 +37,34 @@ pub trait Optimizer {
     /// Sets every parameter's gradient to none (PyTorch's `zero_grad(set_to_none=True)`, which
     /// is what capture wants: backward then allocates the grads inside the graph's pool).
     fn zero_grad(&mut self) -> Result<()>;
-    /// Sets the learning rate. It is a device tensor that a captured step reads on each replay,
-    /// so calling this between replays changes the rate of a captured step without re-capture.
-    fn set_lr(&mut self, lr: f64) -> Result<()>;
-    /// The learning rate last set (a host-side mirror; reading it never syncs).
-    fn lr(&self) -> f64;
-    /// The parameters this optimizer updates (shallow clones, sharing storage).
-    fn params(&self) -> &[Tensor];
-}
-
-/// The trainable variables of a VarStore, checked to share one device.
-pub(crate) fn trainable(vs: &VarStore) -> Result<(Vec<Tensor>, Device)> {
-    params_on_one_device(vs.trainable_variables())
-}
-
-pub(crate) fn params_on_one_device(params: Vec<Tensor>) -> Result<(Vec<Tensor>, Device)> {
-    let first = params.first().ok_or_else(|| Error::Misuse("optimizer: no trainable parameters".into()))?;
-    let device = first.device();
-    if let Some(p) = params.iter().find(|p| p.device() != device) {
-        return Err(Error::Misuse(format!(
-            "optimizer: parameters live on several devices ({device:?} and {:?}); use one optimizer per device",
-            p.device()
-        )));
+    /// Sets the learning rate of every group. It is a device tensor per group that a captured
+    /// step reads on each replay, so this changes the rate of a captured step without
+    /// re-capture.
+    fn set_lr(&mut self, lr: f64) -> Result<()> {
+        (0..self.group_count()).try_for_each(|g| self.set_group_lr(g, lr))
     }
-    Ok((params.iter().map(Tensor::shallow_clone).collect(), device))
+    /// The learning rate of group 0 (a host-side mirror; reading it never syncs).
+    fn lr(&self) -> f64 {
+        self.lr_handles().first().map(LrHandle::get).unwrap_or(0.0)
+    }
+    /// Sets the learning rate of one group.
+    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()>;
+    /// The parameters this optimizer updates, all groups in order (shallow clones).
+    fn params(&self) -> &[Tensor];
+    /// How many parameter groups there are.
+    fn group_count(&self) -> usize;
+    /// One learning-rate handle per group (clones share the device tensor).
+    fn lr_handles(&self) -> Vec<LrHandle>;
+    /// The optimizer's state by name: per parameter (`"{name}.exp_avg"`, ...) and per group
+    /// (`"group.{g}.lr"`, hyper-parameters), as detached tensors (device state is not copied).
+    fn state(&self) -> Result<Vec<(String, Tensor)>>;
+    /// Loads what [`state`](Self::state) gave, into this optimizer's existing tensors, in
+    /// place (so a step already captured continues from it). Everything is validated first
+    /// (names, group layout, shapes, dtypes): on error nothing changed.
+    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()>;
 }
 
-/// Indices and gradients of the parameters that have a gradient.
+/// Indices and gradients of the parameters of `range` that have a gradient.
 pub(crate) fn with_grads(params: &[Tensor]) -> Result<(Vec<usize>, Vec<Tensor>)> {
     let mut idx = Vec::with_capacity(params.len());
     let mut grads = Vec::with_capacity(params.len());
@@ -70,42 +83,4 @@ pub(crate) fn grads_to_none(params: &[Tensor]) -> Result<()> {
     let p = ffi::tensor_ptrs(params);
     // SAFETY: `p` holds live tensor handles (borrowed from `params` for the call's duration).
     check(unsafe { ffi::tcg_grads_set_to_none(p.as_ptr(), p.len()) })
-}
-
-/// The learning rate: a 0-d float32 tensor on the parameters' device (the fused kernels read a
-/// float from device memory on every launch) and a host mirror of its value.
-#[derive(Debug)]
-pub(crate) struct Lr {
-    tensor: Tensor,
-    value: f64,
-}
-
-impl Lr {
-    pub(crate) fn new(lr: f64, device: Device) -> Result<Self> {
-        Ok(Lr { tensor: Tensor::f_full([], lr, (tch::Kind::Float, device))?, value: lr })
-    }
-
-    /// Fills the device tensor (an eager op on the current stream: ordered with replays).
-    pub(crate) fn set(&mut self, lr: f64) -> Result<()> {
-        check_hparam("lr", lr, lr >= 0.0)?;
-        let _ = self.tensor.f_fill_(lr)?;
-        self.value = lr;
-        Ok(())
-    }
-
-    pub(crate) fn value(&self) -> f64 {
-        self.value
-    }
-
-    pub(crate) fn tensor(&self) -> &Tensor {
-        &self.tensor
-    }
-}
-
-pub(crate) fn check_hparam(name: &str, value: f64, ok: bool) -> Result<()> {
-    if ok && value.is_finite() {
-        Ok(())
-    } else {
-        Err(Error::Misuse(format!("invalid {name}: {value}")))
-    }
 }

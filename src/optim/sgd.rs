@@ -1,8 +1,10 @@
 //! Capturable SGD on `at::_fused_sgd_` (tensor learning rate).
 
-use super::{check_hparam, grads_to_none, params_on_one_device, trainable, with_grads, Lr, Optimizer};
+use super::groups::{copy_state, param_key};
+use super::{check_hparam, grads_to_none, with_grads, Groups, HyperParams, LrHandle, Optimizer, ParamGroup};
 use crate::error::{check, Error, Result};
 use crate::ffi::{self, tensor_ptr as ptr, tensor_ptrs as ptrs};
+use std::collections::HashMap;
 use tch::{nn::VarStore, Tensor};
 
 /// Hyper-parameters of [`Sgd`]. Builder style; each setter says its default (PyTorch's).
@@ -54,6 +56,12 @@ impl SgdConfig {
         self
     }
 
+}
+
+impl HyperParams for SgdConfig {
+    fn lr(&self) -> f64 {
+        self.lr
+    }
     fn validate(&self) -> Result<()> {
         check_hparam("lr", self.lr, self.lr >= 0.0)?;
         check_hparam("momentum", self.momentum, self.momentum >= 0.0)?;
@@ -64,13 +72,24 @@ impl SgdConfig {
         }
         Ok(())
     }
+    fn named(&self) -> Vec<(&'static str, f64)> {
+        vec![("momentum", self.momentum), ("dampening", self.dampening), ("weight_decay", self.weight_decay)]
+    }
+    fn set_named(&mut self, name: &str, value: f64) {
+        match name {
+            "momentum" => self.momentum = value,
+            "dampening" => self.dampening = value,
+            "weight_decay" => self.weight_decay = value,
+            _ => {}
+        }
+    }
 }
 
 /// Stochastic gradient descent with momentum, capturable (PyTorch's `SGD(fused=True)` with a
-/// tensor learning rate).
+/// tensor learning rate), with parameter groups.
 ///
 /// The momentum buffers are created by the first step of each parameter, which must run
-/// eagerly: warm up at least one step before capturing (the capture helpers do). A first step
+/// eagerly: warm up at least one step before capturing ([`crate::TrainStep`] does). A first step
 /// inside a capture is refused with [`Error::Misuse`].
 ///
 /// ```no_run
@@ -86,40 +105,40 @@ impl SgdConfig {
 /// ```
 #[derive(Debug)]
 pub struct Sgd {
-    params: Vec<Tensor>,
+    groups: Groups<SgdConfig>,
     bufs: Vec<Option<Tensor>>,
-    lr: Lr,
-    config: SgdConfig,
 }
 
 impl Sgd {
-    /// An optimizer over the trainable variables of `vs`.
+    /// An optimizer over the trainable variables of `vs`, one group per tch group, each with
+    /// `config`.
     pub fn new(vs: &VarStore, config: SgdConfig) -> Result<Self> {
-        let (params, device) = trainable(vs)?;
-        Self::build(params, device, config)
+        Ok(Sgd::build(Groups::from_var_store(vs, config)?))
     }
 
-    /// An optimizer over `params` (all on one device).
+    /// An optimizer over `params` (all on one device), one group; state names `param{i}`.
     pub fn from_params(params: Vec<Tensor>, config: SgdConfig) -> Result<Self> {
-        let (params, device) = params_on_one_device(params)?;
-        Self::build(params, device, config)
+        Ok(Sgd::build(Groups::from_params(params, config)?))
     }
 
-    fn build(params: Vec<Tensor>, device: tch::Device, config: SgdConfig) -> Result<Self> {
-        config.validate()?;
-        let lr = Lr::new(config.lr, device)?;
-        let bufs = params.iter().map(|_| None).collect();
-        Ok(Sgd { params, bufs, lr, config })
+    /// An optimizer over explicit groups, each with its own hyper-parameters.
+    pub fn with_groups(groups: Vec<ParamGroup<SgdConfig>>) -> Result<Self> {
+        Ok(Sgd::build(Groups::build(groups)?))
     }
 
-    /// The hyper-parameters.
-    pub fn config(&self) -> &SgdConfig {
-        &self.config
+    fn build(groups: Groups<SgdConfig>) -> Self {
+        let bufs = groups.params.iter().map(|_| None).collect();
+        Sgd { groups, bufs }
     }
 
-    /// The learning-rate tensor a captured step reads.
+    /// The hyper-parameters of group `g`.
+    pub fn config(&self, g: usize) -> Option<&SgdConfig> {
+        self.groups.groups.get(g).map(|g| &g.config)
+    }
+
+    /// The learning-rate tensor of group 0 (what a captured step reads).
     pub fn lr_tensor(&self) -> &Tensor {
-        self.lr.tensor()
+        self.groups.groups[0].lr.tensor()
     }
 
     /// The momentum buffer of parameter `i`, once its first step has run.
@@ -127,9 +146,10 @@ impl Sgd {
         self.bufs.get(i).and_then(Option::as_ref)
     }
 
-    fn fused(&self, params: &[&Tensor], grads: &[&Tensor], bufs: &[&Tensor], first: bool) -> Result<()> {
+    fn fused(&self, group: usize, params: &[&Tensor], grads: &[&Tensor], bufs: &[&Tensor], first: bool) -> Result<()> {
         let (p, g, b) = (ptrs(params.iter().copied()), ptrs(grads.iter().copied()), ptrs(bufs.iter().copied()));
-        let c = &self.config;
+        let group = &self.groups.groups[group];
+        let c = &group.config;
         // SAFETY: every pointer is a live tensor handle borrowed for the call; lengths match
         // the vectors passed.
         check(unsafe {
@@ -141,7 +161,7 @@ impl Sgd {
                 b.len(),
                 c.weight_decay,
                 c.momentum,
-                ptr(self.lr.tensor()),
+                ptr(group.lr.tensor()),
                 c.dampening,
                 i32::from(c.nesterov),
                 i32::from(c.maximize),
@@ -149,23 +169,22 @@ impl Sgd {
             )
         })
     }
-}
 
-impl Optimizer for Sgd {
-    fn step(&mut self) -> Result<()> {
-        let (idx, grads) = with_grads(&self.params)?;
+    fn step_group(&mut self, g: usize) -> Result<()> {
+        let range = self.groups.groups[g].range.clone();
+        let (idx, grads) = with_grads(&self.groups.params[range.clone()])?;
         if idx.is_empty() {
             return Ok(());
         }
-        if self.config.momentum == 0.0 {
-            let params: Vec<&Tensor> = idx.iter().map(|&i| &self.params[i]).collect();
+        let idx: Vec<usize> = idx.into_iter().map(|i| range.start + i).collect();
+        if self.groups.groups[g].config.momentum == 0.0 {
+            let params: Vec<&Tensor> = idx.iter().map(|&i| &self.groups.params[i]).collect();
             let grads: Vec<&Tensor> = grads.iter().collect();
-            return self.fused(&params, &grads, &[], false);
+            return self.fused(g, &params, &grads, &[], false);
         }
         // Parameters whose buffer exists take one launch; first steps (buffers created now,
         // initialised by the kernel) another.
-        let mut first = Vec::new();
-        let mut later = Vec::new();
+        let (mut first, mut later) = (Vec::new(), Vec::new());
         for (k, &i) in idx.iter().enumerate() {
             if self.bufs[i].is_none() {
                 first.push(k)
@@ -182,38 +201,78 @@ impl Optimizer for Sgd {
                 ));
             }
             for &k in &first {
-                let i = idx[k];
-                self.bufs[i] = Some(grads[k].f_empty_like()?);
+                self.bufs[idx[k]] = Some(grads[k].f_empty_like()?);
             }
         }
-        for (group, is_first) in [(&later, false), (&first, true)] {
-            if group.is_empty() {
+        for (set, is_first) in [(&later, false), (&first, true)] {
+            if set.is_empty() {
                 continue;
             }
-            let params: Vec<&Tensor> = group.iter().map(|&k| &self.params[idx[k]]).collect();
-            let gs: Vec<&Tensor> = group.iter().map(|&k| &grads[k]).collect();
-            let bufs: Vec<&Tensor> = group
+            let params: Vec<&Tensor> = set.iter().map(|&k| &self.groups.params[idx[k]]).collect();
+            let gs: Vec<&Tensor> = set.iter().map(|&k| &grads[k]).collect();
+            let bufs: Vec<&Tensor> = set
                 .iter()
                 .map(|&k| self.bufs[idx[k]].as_ref().ok_or_else(|| Error::Libtorch("momentum buffer missing".into())))
                 .collect::<Result<_>>()?;
-            self.fused(&params, &gs, &bufs, is_first)?;
+            self.fused(g, &params, &gs, &bufs, is_first)?;
         }
         Ok(())
     }
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self) -> Result<()> {
+        (0..self.groups.groups.len()).try_for_each(|g| self.step_group(g))
+    }
 
     fn zero_grad(&mut self) -> Result<()> {
-        grads_to_none(&self.params)
+        grads_to_none(&self.groups.params)
     }
 
-    fn set_lr(&mut self, lr: f64) -> Result<()> {
-        self.lr.set(lr)
-    }
-
-    fn lr(&self) -> f64 {
-        self.lr.value()
+    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()> {
+        self.groups.set_lr(group, lr)
     }
 
     fn params(&self) -> &[Tensor] {
-        &self.params
+        &self.groups.params
+    }
+
+    fn group_count(&self) -> usize {
+        self.groups.groups.len()
+    }
+
+    fn lr_handles(&self) -> Vec<LrHandle> {
+        self.groups.lr_handles()
+    }
+
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = Vec::new();
+        self.groups.state(&mut out)?;
+        for (name, buf) in self.groups.names.iter().zip(&self.bufs) {
+            if let Some(b) = buf {
+                out.push((param_key(name, "momentum_buffer"), b.f_detach()?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// A parameter whose buffer exists here must have one in `state` (a captured step cannot go
+    /// back to its first step); one without gets the saved buffer.
+    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
+        self.groups.check_state(state, |i| {
+            let p = &self.groups.params[i];
+            vec![("momentum_buffer", p.size(), p.kind(), self.bufs[i].is_some())]
+        })?;
+        for (i, name) in self.groups.names.iter().enumerate() {
+            match (&self.bufs[i], state.get(&param_key(name, "momentum_buffer"))) {
+                (Some(b), Some(saved)) => copy_state(b, saved)?,
+                (None, Some(saved)) => {
+                    // a fresh tensor of our own, on our device (the saved one may be shared)
+                    self.bufs[i] = Some(saved.f_detach()?.f_to_device(self.groups.device())?.copy());
+                }
+                _ => {}
+            }
+        }
+        self.groups.load_state(state)
     }
 }

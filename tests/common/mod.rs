@@ -75,3 +75,38 @@ pub fn batch(device: Device, n: i64, d: i64, o: i64) -> (Tensor, Tensor) {
     let y = x.narrow(1, 0, o).sin() * 2.0;
     (x, y)
 }
+
+/// A fixed sequence of CPU batches of the synthetic task, with the given batch sizes.
+pub fn cpu_batches(seed: i64, sizes: &[i64], d: i64, o: i64) -> Vec<(Tensor, Tensor)> {
+    tch::manual_seed(seed);
+    sizes.iter().map(|&n| batch(Device::Cpu, n, d, o)).collect()
+}
+
+/// The usual step closure: zero_grad, MSE loss, backward, optimizer step; returns the loss.
+pub fn mse_step(
+    model: nn::Sequential,
+    mut opt: impl tch_cuda_graphs::optim::Optimizer + Send + 'static,
+) -> impl FnMut(&[Tensor]) -> tch_cuda_graphs::Result<Vec<Tensor>> + Send + 'static {
+    move |inp| {
+        opt.zero_grad()?;
+        let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
+        loss.f_backward()?;
+        opt.step()?;
+        Ok(vec![loss.detach()])
+    }
+}
+
+/// The same training done by hand: one eager step per batch (moved to `device`).
+pub fn plain_loop(
+    model: &nn::Sequential,
+    opt: &mut impl tch_cuda_graphs::optim::Optimizer,
+    batches: &[(Tensor, Tensor)],
+    device: Device,
+) {
+    for (x, y) in batches {
+        let (x, y) = (x.to(device), y.to(device));
+        opt.zero_grad().unwrap();
+        mse(model, &x, &y).backward();
+        opt.step().unwrap();
+    }
+}
