@@ -1,23 +1,35 @@
-//! The main example: trains an MLP to imitate a random "teacher" network, feeding every batch
-//! through the static inputs of a captured training step.
+//! The main example: a real epoch loop, graphed.
 //!
-//! On a GPU it captures the step into a CUDA graph, then trains the same model eagerly for the
-//! same steps and prints eager vs graphed time per step, the speedup, and the largest
-//! parameter difference between the two runs. On a CPU it runs the eager fallback.
+//! An MLP learns to imitate a random "teacher" network from a data set held on the CPU whose
+//! size is not a multiple of the batch size (a ragged last batch every epoch: a second graph).
+//! Batches are fed through pinned memory; AdamW with weight decay off for biases (two parameter
+//! groups); linear warmup + cosine schedule; evaluation on held-out data every epoch (an eval
+//! step captured into the train step's pool, reading the training weights); a checkpoint at the
+//! end of every epoch, and `--resume` from it; a progress bar with loss and learning rate.
 //!
-//! `cargo run --release --example train [-- STEPS]` (or `make run`).
+//! On a GPU it then trains the same run eagerly and prints eager vs graphed time per step and
+//! the largest parameter difference between the two runs. On a CPU it runs the eager fallback.
+//!
+//! `cargo run --release --example train -- [--epochs N] [--resume] [--checkpoint PATH]`
+//! (or `make run`).
 
-use anyhow::Result;
-use std::io::Write;
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tch::{nn, nn::Module, Device, Kind, Tensor};
-use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
-use tch_cuda_graphs::{cuda_is_available, synchronize, StepOptions, TrainStep};
+use tch_cuda_graphs::feed::{self, DeviceMeter};
+use tch_cuda_graphs::optim::{split_params, Adam, AdamConfig, Optimizer, ParamGroup};
+use tch_cuda_graphs::schedule::{LrScheduler, WarmupCosine};
+use tch_cuda_graphs::{checkpoint, cuda_is_available, synchronize, StepOptions, TrainStep};
 
 const IN: i64 = 64;
 const HIDDEN: i64 = 256;
 const OUT: i64 = 8;
 const BATCH: i64 = 64;
+const TRAIN: i64 = 10_000; // 156 batches of 64 and one of 16 per epoch
+const HELD_OUT: i64 = 1_000;
+const EVAL_BATCH: i64 = 250;
 
 fn mlp(p: nn::Path) -> nn::Sequential {
     nn::seq()
@@ -28,72 +40,174 @@ fn mlp(p: nn::Path) -> nn::Sequential {
         .add(nn::linear(&p / "l3", HIDDEN, OUT, Default::default()))
 }
 
-/// The synthetic task: inputs and the teacher's outputs, all made in the process.
-struct Task {
-    teacher: nn::Sequential,
-    _vs: nn::VarStore,
-    device: Device,
+/// The data set: inputs and the teacher's outputs, on the CPU.
+struct Data {
+    x: Tensor,
+    y: Tensor,
 }
 
-impl Task {
-    fn new(device: Device) -> Self {
-        let vs = nn::VarStore::new(device);
-        let teacher = mlp(vs.root() / "teacher");
-        Task { teacher, _vs: vs, device }
-    }
-    fn batch(&self) -> (Tensor, Tensor) {
+impl Data {
+    fn new(n: i64, teacher: &nn::Sequential) -> Data {
         let _g = tch::no_grad_guard();
-        let x = Tensor::randn([BATCH, IN], (Kind::Float, self.device));
-        let y = self.teacher.forward(&x).tanh();
-        (x, y)
+        let x = Tensor::randn([n, IN], (Kind::Float, Device::Cpu));
+        let y = teacher.forward(&x).tanh();
+        Data { x, y }
+    }
+
+    /// Batches of `order` (a permutation), the last one ragged; pinned when feeding a GPU.
+    fn batches(&self, order: &Tensor, size: i64, pin: bool) -> Result<Vec<(Tensor, Tensor)>> {
+        let n = order.size()[0];
+        let mut out = Vec::new();
+        for start in (0..n).step_by(size as usize) {
+            let idx = order.narrow(0, start, size.min(n - start));
+            let (x, y) = (self.x.index_select(0, &idx), self.y.index_select(0, &idx));
+            out.push(if pin { (feed::pinned(&x)?, feed::pinned(&y)?) } else { (x, y) });
+        }
+        Ok(out)
     }
 }
 
-/// A training step over a fresh student (seeded, so two calls build identical students).
-fn student_step(device: Device, first: &(Tensor, Tensor), eager: bool) -> Result<(TrainStep, nn::VarStore)> {
+struct Args {
+    epochs: usize,
+    resume: bool,
+    checkpoint: String,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut a = Args { epochs: 5, resume: false, checkpoint: "target/train-example.safetensors".into() };
+    let mut it = std::env::args().skip(1);
+    while let Some(s) = it.next() {
+        match s.as_str() {
+            "--epochs" => a.epochs = it.next().context("--epochs N")?.parse()?,
+            "--resume" => a.resume = true,
+            "--checkpoint" => a.checkpoint = it.next().context("--checkpoint PATH")?,
+            other => bail!("unknown argument {other}; usage: train [--epochs N] [--resume] [--checkpoint PATH]"),
+        }
+    }
+    Ok(a)
+}
+
+/// What a run needs to know.
+struct Run<'a> {
+    device: Device,
+    eager: bool,
+    show: bool,
+    args: &'a Args,
+    train: &'a Data,
+    held_out: &'a Data,
+}
+
+/// Trains (or resumes) one run; returns its VarStore and the seconds per training step.
+fn fit(run: &Run) -> Result<(nn::VarStore, f64)> {
+    let device = run.device;
     tch::manual_seed(42);
     let vs = nn::VarStore::new(device);
-    let model = mlp(vs.root() / "student");
-    let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-3))?;
-    let step = TrainStep::new(&[("x", &first.0), ("y", &first.1)], StepOptions::default().eager(eager), move |inp| {
+    let model = Arc::new(Mutex::new(mlp(vs.root() / "student")));
+    let (decay, no_decay) = split_params(&vs, |_, t| t.dim() <= 1);
+    let cfg = AdamConfig::adamw().lr(2e-3).weight_decay(0.01);
+    let opt = Arc::new(Mutex::new(Adam::with_groups(vec![
+        ParamGroup::new(decay, cfg),
+        ParamGroup::new(no_decay, cfg.weight_decay(0.0)),
+    ])?));
+    let steps_per_epoch = (TRAIN + BATCH - 1) / BATCH;
+    let total = steps_per_epoch as u64 * run.args.epochs as u64;
+    let mut schedule =
+        LrScheduler::new(WarmupCosine { warmup: 100, total, min_factor: 0.05 }, opt.lock().unwrap().lr_handles());
+
+    let mut first_epoch = 0;
+    if run.args.resume {
+        let extra = checkpoint::load(&run.args.checkpoint, &vs, &mut *opt.lock().unwrap())
+            .with_context(|| format!("resuming from {}", run.args.checkpoint))?;
+        first_epoch = extra["epoch"].int64_value(&[]) as usize;
+        schedule.set_steps(extra["scheduled"].int64_value(&[]) as u64);
+        if run.show {
+            println!("resumed from {} after epoch {first_epoch}", run.args.checkpoint);
+        }
+    }
+
+    let options = StepOptions::default().eager(run.eager);
+    let (x0, y0) =
+        (Tensor::zeros([BATCH, IN], (Kind::Float, device)), Tensor::zeros([BATCH, OUT], (Kind::Float, device)));
+    let (m, o) = (Arc::clone(&model), Arc::clone(&opt));
+    let mut train = TrainStep::new(&[("x", &x0), ("y", &y0)], options, move |inp| {
+        let (model, mut opt) = (m.lock().unwrap(), o.lock().unwrap());
         opt.zero_grad()?;
         let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
         loss.f_backward()?;
         opt.step()?;
         Ok(vec![loss.detach()])
     })?;
-    Ok((step, vs))
-}
+    train.watch_vars(&vs)?;
+    let m = Arc::clone(&model);
+    let xe = Tensor::zeros([EVAL_BATCH, IN], (Kind::Float, device));
+    let eval_options = match train.pool() {
+        Some(pool) => options.pool(pool).warmup(1),
+        None => options,
+    };
+    let mut eval = TrainStep::new(&[("x", &xe), ("y", &xe.narrow(1, 0, OUT))], eval_options, move |inp| {
+        let _no_grad = tch::no_grad_guard();
+        Ok(vec![m.lock().unwrap().forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?])
+    })?;
 
-fn progress(step: usize, total: usize, loss: f64) {
-    let width = 30;
-    let done = (step * width) / total.max(1);
-    print!("\r  [{}{}] {step:>5}/{total} loss {loss:.5}", "#".repeat(done), ".".repeat(width - done));
-    let _ = std::io::stdout().flush();
-}
-
-/// Trains `steps` steps on `batches`, printing progress; returns seconds per step.
-fn train(step: &mut TrainStep, batches: &[(Tensor, Tensor)], device: Device, show: bool) -> Result<f64> {
-    let sync = || -> Result<()> {
-        if let Device::Cuda(_) = device {
+    let pin = device != Device::Cpu;
+    let held_out = run.held_out.batches(&Tensor::arange(HELD_OUT, (Kind::Int64, Device::Cpu)), EVAL_BATCH, pin)?;
+    let bar = ProgressBar::new(steps_per_epoch as u64);
+    bar.set_style(ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")?.progress_chars("#>."));
+    if !run.show {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let mut seconds = 0.0;
+    let mut steps = 0;
+    for epoch in first_epoch..run.args.epochs {
+        tch::manual_seed(1000 + epoch as i64); // the same order for every run of this epoch
+        let order = Tensor::randperm(TRAIN, (Kind::Int64, Device::Cpu));
+        let batches = run.train.batches(&order, BATCH, pin)?;
+        bar.reset();
+        bar.set_prefix(format!("epoch {}/{}", epoch + 1, run.args.epochs));
+        let mut meter = DeviceMeter::new();
+        if pin {
             synchronize(device)?;
         }
-        Ok(())
-    };
-    sync()?;
-    let start = Instant::now();
-    let every = (batches.len() / 20).max(1);
-    for (i, (x, y)) in batches.iter().enumerate() {
-        let out = step.run(&[x, y])?;
-        if show && (i % every == 0 || i + 1 == batches.len()) {
-            progress(i + 1, batches.len(), f64::try_from(&out[0])?); // a sync: only for display
+        let start = Instant::now();
+        for (i, (x, y)) in batches.iter().enumerate() {
+            let lr = schedule.step()?;
+            meter.add(&train.run(&[x, y])?[0])?;
+            if i % 25 == 24 {
+                let loss = meter.take()?.unwrap_or(f64::NAN); // one sync every 25 steps
+                bar.set_message(format!("loss {loss:.5} lr {lr:.2e}"));
+            }
+            bar.inc(1);
         }
+        if pin {
+            synchronize(device)?;
+        }
+        seconds += start.elapsed().as_secs_f64();
+        steps += batches.len();
+        // evaluation on the held-out set, on the training weights
+        let mut eval_loss = DeviceMeter::new();
+        for (x, y) in &held_out {
+            eval_loss.add(&eval.run(&[x, y])?[0])?;
+        }
+        let eval_loss = eval_loss.take()?.unwrap_or(f64::NAN);
+        if run.show {
+            let line = format!(
+                "epoch {}: eval loss {eval_loss:.5}; {} graphs ({} train shapes, 1 eval)",
+                epoch + 1,
+                train.graph_count() + eval.graph_count(),
+                train.shapes().len()
+            );
+            bar.suspend(|| println!("{line}"));
+        }
+        let (epoch_no, scheduled) = (Tensor::from((epoch + 1) as i64), Tensor::from(schedule.steps() as i64));
+        checkpoint::save(
+            &run.args.checkpoint,
+            &vs,
+            &*opt.lock().unwrap(),
+            &[("epoch", &epoch_no), ("scheduled", &scheduled)],
+        )?;
     }
-    sync()?;
-    if show {
-        println!();
-    }
-    Ok(start.elapsed().as_secs_f64() / batches.len() as f64)
+    bar.finish_and_clear();
+    Ok((vs, seconds / steps.max(1) as f64))
 }
 
 fn max_param_diff(a: &nn::VarStore, b: &nn::VarStore) -> Result<f64> {
@@ -106,40 +220,38 @@ fn max_param_diff(a: &nn::VarStore, b: &nn::VarStore) -> Result<f64> {
 }
 
 fn main() -> Result<()> {
-    let steps: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(2000);
+    let args = parse_args()?;
     let device = if cuda_is_available() { Device::Cuda(0) } else { Device::Cpu };
     tch::manual_seed(0);
-    let task = Task::new(device);
-    let first = task.batch();
-    let batches: Vec<(Tensor, Tensor)> = (0..steps).map(|_| task.batch()).collect();
-
-    let (mut step, vs_graph) = student_step(device, &first, false)?;
-    if step.is_graphed() {
-        println!("CUDA device found: the training step (forward, loss, backward, Adam) is one CUDA graph.");
-        if let Some(g) = step.graph_mut() {
-            g.upload()?;
-        }
-    } else {
-        println!("No CUDA device: running the eager fallback (CUDA graphs need a CUDA device).");
+    let teacher_vs = nn::VarStore::new(Device::Cpu);
+    let teacher = mlp(teacher_vs.root() / "teacher");
+    let (train_data, held_out) = (Data::new(TRAIN, &teacher), Data::new(HELD_OUT, &teacher));
+    if let Some(dir) = std::path::Path::new(&args.checkpoint).parent() {
+        std::fs::create_dir_all(dir)?;
     }
-    println!("Training a {IN}-{HIDDEN}-{HIDDEN}-{OUT} MLP to imitate a random teacher, batch {BATCH}, {steps} steps:");
-    let t_graph = train(&mut step, &batches, device, true)?;
-
-    if step.is_graphed() {
-        println!("Same model, same batches, eager (the same Adam, no graph):");
-        let (mut eager, vs_eager) = student_step(device, &first, true)?;
-        let t_eager = train(&mut eager, &batches, device, true)?;
-        // Timed once more without the progress display's syncs.
-        let (mut g2, _) = student_step(device, &first, false)?;
-        let (mut e2, _) = student_step(device, &first, true)?;
-        let t_graph = t_graph.min(train(&mut g2, &batches, device, false)?);
-        let t_eager = t_eager.min(train(&mut e2, &batches, device, false)?);
-        println!("eager:   {:8.1} µs/step", t_eager * 1e6);
-        println!("graphed: {:8.1} µs/step", t_graph * 1e6);
-        println!("speedup: {:8.2}x", t_eager / t_graph);
-        println!("max |param_graphed - param_eager| after {steps} steps: {:e}", max_param_diff(&vs_graph, &vs_eager)?);
+    let graphed = device != Device::Cpu;
+    println!(
+        "{}: a {IN}-{HIDDEN}-{HIDDEN}-{OUT} MLP imitating a random teacher; {TRAIN} samples on the CPU, batch {BATCH} \
+         (ragged last batch), {} epochs, AdamW (no decay on biases), warmup + cosine",
+        if graphed { "CUDA device: graphed training steps" } else { "No CUDA device: the eager fallback" },
+        args.epochs
+    );
+    let run = Run { device, eager: false, show: true, args: &args, train: &train_data, held_out: &held_out };
+    let (vs, per_step) = fit(&run)?;
+    println!("checkpoint: {} (continue with --resume)", args.checkpoint);
+    if graphed && !args.resume {
+        println!("Same run, eager (the same optimizer and schedule, no graph):");
+        let (vs_eager, per_step_eager) = fit(&Run { eager: true, show: false, ..run })?;
+        println!("eager:   {:8.1} µs/step", per_step_eager * 1e6);
+        println!("graphed: {:8.1} µs/step (CPU-fed through pinned memory)", per_step * 1e6);
+        println!("speedup: {:8.2}x", per_step_eager / per_step);
+        println!(
+            "max |param_graphed - param_eager| after {} epochs: {:e}",
+            args.epochs,
+            max_param_diff(&vs, &vs_eager)?
+        );
     } else {
-        println!("eager: {:.1} µs/step", t_graph * 1e6);
+        println!("{:.1} µs/step", per_step * 1e6);
     }
     Ok(())
 }

@@ -56,7 +56,10 @@ impl Buckets {
     /// The smallest bucket of at least `len`; [`Error::Misuse`] when `len` is longer than all.
     pub fn bucket_for(&self, len: i64) -> Result<i64> {
         self.lengths.iter().copied().find(|&b| b >= len).ok_or_else(|| {
-            Error::Misuse(format!("length {len} is longer than the largest bucket {}", self.lengths[self.lengths.len() - 1]))
+            Error::Misuse(format!(
+                "length {len} is longer than the largest bucket {}",
+                self.lengths[self.lengths.len() - 1]
+            ))
         })
     }
 

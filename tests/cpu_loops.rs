@@ -49,7 +49,8 @@ fn ragged_batches_each_train_once_and_shapes_are_bounded() {
     let mut opt_b = Adam::new(&vs_b, AdamConfig::default().lr(1e-2)).unwrap();
     let opt_a = Adam::new(&vs_a, AdamConfig::default().lr(1e-2)).unwrap();
     let (x0, y0) = example(16);
-    let mut step = TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default().max_graphs(2), mse_step(a, opt_a)).unwrap();
+    let mut step =
+        TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default().max_graphs(2), mse_step(a, opt_a)).unwrap();
     for (x, y) in &batches {
         step.run(&[x, y]).unwrap();
         assert!(step.shapes().len() <= 2, "at most max_graphs shapes are kept: {:?}", step.shapes());
@@ -96,7 +97,10 @@ fn resuming_from_a_checkpoint_equals_training_straight_through() {
         assert_eq!(extra["step"].int64_value(&[]), 100);
         plain_loop_dyn(&model_b, opt_b.as_mut(), &batches[100..]);
         let diff = max_param_diff(&vs_s, &vs_b);
-        println!("{}: 100 + save/load + 100 vs 200 straight (eager, CPU): max param diff {diff:e}", if sgd { "SGD" } else { "AdamW" });
+        println!(
+            "{}: 100 + save/load + 100 vs 200 straight (eager, CPU): max param diff {diff:e}",
+            if sgd { "SGD" } else { "AdamW" }
+        );
         assert_eq!(diff, 0.0);
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -155,7 +159,10 @@ fn a_checkpoint_that_does_not_fit_changes_nothing() {
         Err(e @ Error::CheckpointFile { .. }) => println!("corrupt file: {e} ({:?})", std::error::Error::source(&e)),
         r => panic!("expected Error::CheckpointFile, got {:?}", r.map(|_| ())),
     }
-    assert!(matches!(checkpoint::load(dir.join("missing.safetensors"), &vs, &mut opt), Err(Error::CheckpointFile { .. })));
+    assert!(matches!(
+        checkpoint::load(dir.join("missing.safetensors"), &vs, &mut opt),
+        Err(Error::CheckpointFile { .. })
+    ));
     assert!(same(&before, &snapshot(&vs, &opt)));
     // in place: train, then load the first checkpoint back into the same objects
     let batches = cpu_batches(4, &[16; 5], D, O);
@@ -250,7 +257,11 @@ fn schedules_give_the_factors_they_promise() {
         for (name, host, dev) in [
             ("warmup-cosine", s.factor(t), s.factor_tensor(&tt).unwrap()),
             ("step decay", d.factor(t), d.factor_tensor(&tt).unwrap()),
-            ("linear warmup", LinearWarmup { warmup: 4 }.factor(t), LinearWarmup { warmup: 4 }.factor_tensor(&tt).unwrap()),
+            (
+                "linear warmup",
+                LinearWarmup { warmup: 4 }.factor(t),
+                LinearWarmup { warmup: 4 }.factor_tensor(&tt).unwrap(),
+            ),
         ] {
             let dev = f64::try_from(dev).unwrap();
             assert!((host - dev).abs() <= 1e-15 * host.abs().max(1.0), "{name} at {t}: host {host} vs tensor {dev}");
@@ -268,7 +279,8 @@ fn a_device_schedule_equals_the_host_schedule() {
     let opt_h = Adam::new(&vs_h, AdamConfig::default().lr(1e-2)).unwrap();
     let mut host = LrScheduler::new(schedule, opt_h.lr_handles());
     let (x0, y0) = example(16);
-    let mut step_h = TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default(), mse_step(model_h, opt_h)).unwrap();
+    let mut step_h =
+        TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default(), mse_step(model_h, opt_h)).unwrap();
     let opt_d = Adam::new(&vs_d, AdamConfig::default().lr(1e-2)).unwrap();
     let lr_d = opt_d.lr_handles().remove(0);
     let mut dev = DeviceLrScheduler::new(schedule, opt_d.lr_handles()).unwrap();

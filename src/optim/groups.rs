@@ -253,7 +253,10 @@ impl<C: HyperParams> Groups<C> {
                 out.push((group_key(g, name), scalar(v)?));
             }
             for i in group.range.clone() {
-                out.push((param_key(&self.names[i], "group"), Tensor::f_full([], g as i64, (Kind::Int64, Device::Cpu))?));
+                out.push((
+                    param_key(&self.names[i], "group"),
+                    Tensor::f_full([], g as i64, (Kind::Int64, Device::Cpu))?,
+                ));
             }
         }
         Ok(())

@@ -55,7 +55,6 @@ impl SgdConfig {
         self.maximize = yes;
         self
     }
-
 }
 
 impl HyperParams for SgdConfig {

@@ -1,0 +1,365 @@
+//! Real training loops on the GPU: ragged and variable batch shapes (one graph per shape, one
+//! pool), CPU-fed batches, checkpoint and resume into captured steps, per-group learning rates
+//! and device-computed schedules in captured steps, evaluation on the training weights. Each
+//! needs a CUDA device (`#[ignore]` by default) and fails loudly without one.
+
+mod common;
+
+use common::{cpu_batches, cuda, max_param_diff, mlp, mse_step, plain_loop, twin_mlps};
+use std::sync::{Arc, Mutex};
+use tch::{nn, nn::Module, Device, Kind, Tensor};
+use tch_cuda_graphs::optim::{split_params, Adam, AdamConfig, Optimizer, ParamGroup, Sgd, SgdConfig};
+use tch_cuda_graphs::schedule::{DeviceLrScheduler, LrScheduler, WarmupCosine};
+use tch_cuda_graphs::{checkpoint, empty_cache, feed, pool_memory, synchronize, StepOptions, TrainStep};
+
+const D: i64 = 32;
+const O: i64 = 4;
+
+fn example(d: Device, n: i64) -> (Tensor, Tensor) {
+    (Tensor::zeros([n, D], (Kind::Float, d)), Tensor::zeros([n, O], (Kind::Float, d)))
+}
+
+fn on(d: Device, batches: &[(Tensor, Tensor)]) -> Vec<(Tensor, Tensor)> {
+    batches.iter().map(|(x, y)| (x.to(d), y.to(d))).collect()
+}
+
+/// Mixed batch shapes: each shape gets its graph (after its warmup), every batch trains once,
+/// and the run equals a plain eager loop over the same batches bit for bit.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn mixed_shapes_graphed_equal_the_same_run_eager() {
+    let d = cuda();
+    // an epoch of 64s with a ragged 37 at the end, and a few odd sizes
+    let mut sizes = Vec::new();
+    for _ in 0..6 {
+        sizes.extend([64, 64, 64, 64, 37]);
+    }
+    sizes.extend([23, 64, 23, 23, 23, 64, 37]);
+    let batches = on(d, &cpu_batches(30, &sizes, D, O));
+    let (vs_g, g, vs_e, e) = twin_mlps(d, D, 64, O);
+    let opt_g = Adam::new(&vs_g, AdamConfig::adamw().lr(1e-3)).unwrap();
+    let mut opt_e = Adam::new(&vs_e, AdamConfig::adamw().lr(1e-3)).unwrap();
+    let (x0, y0) = example(d, 64);
+    let mut step = TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default(), mse_step(g, opt_g)).unwrap();
+    step.watch_vars(&vs_g).unwrap();
+    for (x, y) in &batches {
+        step.run(&[x, y]).unwrap();
+    }
+    plain_loop(&e, &mut opt_e, &batches, d);
+    synchronize(d).unwrap();
+    let diff = max_param_diff(&vs_g, &vs_e);
+    println!(
+        "{} batches of sizes 64/37/23: {} graphs captured ({} shapes), max |param graphed - param eager| = {diff:e}",
+        sizes.len(),
+        step.captures(),
+        step.shapes().len()
+    );
+    assert_eq!(step.graph_count(), 3, "one graph per shape");
+    assert_eq!(step.runs(), sizes.len() as u64);
+    assert_eq!(diff, 0.0);
+}
+
+/// The bound on kept graphs: with 2 graphs for 3 shapes, the least recently used goes and is
+/// captured again when it returns; training is still the eager run.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn evicted_shapes_are_captured_again_and_training_is_unchanged() {
+    let d = cuda();
+    let sizes: Vec<i64> = (0..40).map(|i| [48, 32, 16][i % 3]).collect();
+    let batches = on(d, &cpu_batches(31, &sizes, D, O));
+    let (vs_g, g, vs_e, e) = twin_mlps(d, D, 64, O);
+    let opt_g = Sgd::new(&vs_g, SgdConfig::default().lr(0.05).momentum(0.9)).unwrap();
+    let mut opt_e = Sgd::new(&vs_e, SgdConfig::default().lr(0.05).momentum(0.9)).unwrap();
+    let (x0, y0) = example(d, 48);
+    let options = StepOptions::default().max_graphs(2).warmup(1);
+    let mut step = TrainStep::new(&[("x", &x0), ("y", &y0)], options, mse_step(g, opt_g)).unwrap();
+    for (x, y) in &batches {
+        step.run(&[x, y]).unwrap();
+        assert!(step.graph_count() <= 2);
+    }
+    plain_loop(&e, &mut opt_e, &batches, d);
+    let diff = max_param_diff(&vs_g, &vs_e);
+    println!(
+        "3 shapes, max_graphs 2: {} captures over {} runs, max param diff vs eager {diff:e}",
+        step.captures(),
+        step.runs()
+    );
+    assert!(step.captures() > 3, "evicted shapes are captured again");
+    assert_eq!(diff, 0.0);
+}
+
+/// N shapes in one pool take about the memory of the largest alone, not the sum.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn n_shapes_in_one_pool_cost_about_the_largest() {
+    let d = cuda();
+    let width = 1024;
+    let sizes = [512i64, 384, 256, 128];
+    let pool_bytes = |shapes: &[i64]| -> (i64, usize) {
+        synchronize(d).unwrap();
+        empty_cache().unwrap();
+        tch::manual_seed(32);
+        let vs = nn::VarStore::new(d);
+        let model = mlp(vs.root(), width, width, width);
+        let opt = Adam::new(&vs, AdamConfig::default()).unwrap();
+        let x0 = Tensor::zeros([shapes[0], width], (Kind::Float, d));
+        let mut step =
+            TrainStep::new(&[("x", &x0), ("y", &x0)], StepOptions::default().warmup(1), mse_step(model, opt)).unwrap();
+        for &n in shapes {
+            let x = Tensor::randn([n, width], (Kind::Float, d));
+            for _ in 0..2 {
+                step.run(&[&x, &x]).unwrap(); // warmup, then capture + replay
+            }
+        }
+        synchronize(d).unwrap();
+        (pool_memory(d, step.pool().unwrap()).unwrap().reserved, step.graph_count())
+    };
+    let (largest, one) = pool_bytes(&sizes[..1]);
+    let (all, n) = pool_bytes(&sizes);
+    let sum: i64 = {
+        let mut s = 0;
+        for &k in &sizes {
+            s += pool_bytes(&[k]).0;
+        }
+        s
+    };
+    println!(
+        "pool memory: {n} shapes {sizes:?} in one pool {all} bytes; the largest alone ({one} graph) {largest} bytes; \
+         each shape alone, summed {sum} bytes; ratio all/largest {:.2}",
+        all as f64 / largest as f64
+    );
+    assert_eq!(n, sizes.len());
+    assert!(all < sum, "one pool must cost less than the sum");
+    assert!((all as f64) <= 1.25 * largest as f64, "N shapes should cost about the largest ({all} vs {largest})");
+}
+
+/// CPU-fed batches (pinned or pageable; through the copy stream or straight) train exactly as
+/// GPU-fed ones.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn cpu_fed_steps_equal_gpu_fed_steps() {
+    let d = cuda();
+    let sizes: Vec<i64> = (0..60).map(|i| if i % 10 == 9 { 21 } else { 64 }).collect();
+    let cpu = cpu_batches(33, &sizes, D, O);
+    let pinned: Vec<(Tensor, Tensor)> =
+        cpu.iter().map(|(x, y)| (feed::pinned(x).unwrap(), feed::pinned(y).unwrap())).collect();
+    assert!(pinned.iter().all(|(x, y)| feed::is_pinned(x) && feed::is_pinned(y)));
+    assert!(!feed::is_pinned(&cpu[0].0));
+    let gpu = on(d, &cpu);
+    let run = |batches: &[(Tensor, Tensor)], copy_stream: bool| -> nn::VarStore {
+        tch::manual_seed(34);
+        let vs = nn::VarStore::new(d);
+        let model = mlp(vs.root(), D, 64, O);
+        let opt = Adam::new(&vs, AdamConfig::default().lr(1e-3)).unwrap();
+        let (x0, y0) = example(d, 64);
+        let options = StepOptions::default().copy_stream(copy_stream);
+        let mut step = TrainStep::new(&[("x", &x0), ("y", &y0)], options, mse_step(model, opt)).unwrap();
+        let mut meter = feed::DeviceMeter::new();
+        for (x, y) in batches {
+            let out = step.run(&[x, y]).unwrap();
+            meter.add(&out[0]).unwrap();
+        }
+        assert!(meter.take().unwrap().unwrap().is_finite());
+        synchronize(d).unwrap();
+        vs
+    };
+    let reference = run(&gpu, true);
+    for (what, batches, copy_stream) in [
+        ("pinned, copy stream", &pinned, true),
+        ("pageable, copy stream", &cpu, true),
+        ("pinned, no copy stream", &pinned, false),
+        ("pageable, no copy stream", &cpu, false),
+    ] {
+        let vs = run(batches, copy_stream);
+        let diff = max_param_diff(&vs, &reference);
+        println!("CPU-fed ({what}) vs GPU-fed, 60 steps: max param diff {diff:e}");
+        assert_eq!(diff, 0.0, "{what}");
+    }
+}
+
+/// Resume, graphed: 100 steps, save, load into fresh objects, 100 more equals 200 straight;
+/// and loading into a step that is already captured continues from the checkpoint.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn resuming_graphed_equals_training_straight_through() {
+    let d = cuda();
+    let dir = std::env::temp_dir().join(format!("tcg-gpu-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ckpt.safetensors");
+    let batches = on(d, &cpu_batches(35, &[64; 200], D, O));
+    // The optimizer lives in the closure: share it so the test can save and load its state.
+    let shared = |seed: i64| -> (nn::VarStore, TrainStep, Arc<Mutex<Adam>>) {
+        tch::manual_seed(seed);
+        let vs = nn::VarStore::new(d);
+        let model = mlp(vs.root(), D, 64, O);
+        let opt = Arc::new(Mutex::new(Adam::new(&vs, AdamConfig::adamw().lr(1e-3).amsgrad(true)).unwrap()));
+        let o = Arc::clone(&opt);
+        let (x0, y0) = example(d, 64);
+        let step = TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default(), move |inp| {
+            let mut opt = o.lock().unwrap();
+            opt.zero_grad()?;
+            let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
+            loss.f_backward()?;
+            opt.step()?;
+            Ok(vec![loss.detach()])
+        })
+        .unwrap();
+        (vs, step, opt)
+    };
+    let run = |step: &mut TrainStep, b: &[(Tensor, Tensor)]| {
+        for (x, y) in b {
+            step.run(&[x, y]).unwrap();
+        }
+    };
+    let (vs_s, mut straight, _) = shared(1);
+    run(&mut straight, &batches);
+    let (vs_a, mut first, opt_a) = shared(1);
+    run(&mut first, &batches[..100]);
+    checkpoint::save(&path, &vs_a, &*opt_a.lock().unwrap(), &[]).unwrap();
+    // fresh objects, load before the first run
+    let (vs_b, mut second, opt_b) = shared(2);
+    checkpoint::load(&path, &vs_b, &mut *opt_b.lock().unwrap()).unwrap();
+    run(&mut second, &batches[100..]);
+    synchronize(d).unwrap();
+    let diff = max_param_diff(&vs_s, &vs_b);
+    println!("graphed: 100 + save/load + 100 vs 200 straight: max param diff {diff:e}");
+    assert_eq!(diff, 0.0);
+    // into a step already captured: it runs 10 other batches (captured by then), then loads
+    let (vs_c, mut third, opt_c) = shared(3);
+    run(&mut third, &on(d, &cpu_batches(36, &[64; 10], D, O)));
+    assert_eq!(third.graph_count(), 1);
+    checkpoint::load(&path, &vs_c, &mut *opt_c.lock().unwrap()).unwrap();
+    run(&mut third, &batches[100..]);
+    synchronize(d).unwrap();
+    let diff = max_param_diff(&vs_s, &vs_c);
+    println!("graphed: loaded into an already captured step, 100 more vs 200 straight: max param diff {diff:e}");
+    assert_eq!(diff, 0.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A group's learning rate set between replays changes only that group, in the captured step.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn group_learning_rates_change_between_replays() {
+    let d = cuda();
+    tch::manual_seed(37);
+    let vs = nn::VarStore::new(d);
+    let model = mlp(vs.root(), D, 64, O);
+    let (decay, no_decay) = split_params(&vs, |_, t| t.dim() <= 1);
+    let opt = Adam::with_groups(vec![
+        ParamGroup::new(decay, AdamConfig::adamw().lr(1e-3)),
+        ParamGroup::new(no_decay, AdamConfig::adamw().lr(1e-3).weight_decay(0.0)),
+    ])
+    .unwrap();
+    let lrs = opt.lr_handles();
+    let (x0, y0) = example(d, 64);
+    let mut step =
+        TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default().warmup(1), mse_step(model, opt)).unwrap();
+    let batches = on(d, &cpu_batches(38, &[64; 4], D, O));
+    step.run(&[&batches[0].0, &batches[0].1]).unwrap();
+    step.run(&[&batches[1].0, &batches[1].1]).unwrap();
+    assert_eq!(step.graph_count(), 1);
+    let named = |suffix: &str| -> Vec<Tensor> {
+        let mut v: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(n, _)| n.ends_with(suffix)).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v.into_iter().map(|(_, t)| t.copy()).collect()
+    };
+    lrs[1].set(0.0).unwrap(); // biases frozen
+    let (w0, b0) = (named("weight"), named("bias"));
+    step.run(&[&batches[2].0, &batches[2].1]).unwrap();
+    let (w1, b1) = (named("weight"), named("bias"));
+    assert!(b0.iter().zip(&b1).all(|(a, b)| a.equal(b)), "group 1 at lr 0 must not move");
+    assert!(w0.iter().zip(&w1).any(|(a, b)| !a.equal(b)), "group 0 moves");
+}
+
+/// A schedule computed on the device inside the captured step equals the same schedule applied
+/// from the host between replays.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_device_schedule_in_the_graph_equals_the_host_schedule() {
+    let d = cuda();
+    let steps = 120;
+    let batches = on(d, &cpu_batches(39, &vec![64; steps], D, O));
+    let schedule = WarmupCosine { warmup: 20, total: 120, min_factor: 0.01 };
+    let (vs_h, model_h, vs_d, model_d) = twin_mlps(d, D, 64, O);
+    let (x0, y0) = example(d, 64);
+    let opt_h = Adam::new(&vs_h, AdamConfig::default().lr(3e-3)).unwrap();
+    let lr_h = opt_h.lr_handles().remove(0);
+    let mut host = LrScheduler::new(schedule, opt_h.lr_handles());
+    let mut step_h =
+        TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default(), mse_step(model_h, opt_h)).unwrap();
+    let opt_d = Adam::new(&vs_d, AdamConfig::default().lr(3e-3)).unwrap();
+    let lr_d = opt_d.lr_handles().remove(0);
+    let mut dev = DeviceLrScheduler::new(schedule, opt_d.lr_handles()).unwrap();
+    let mut inner = mse_step(model_d, opt_d);
+    let mut step_d = TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default(), move |inp| {
+        dev.step()?;
+        inner(inp)
+    })
+    .unwrap();
+    let mut worst = 0f64;
+    for (x, y) in &batches {
+        host.step().unwrap();
+        step_h.run(&[x, y]).unwrap();
+        step_d.run(&[x, y]).unwrap();
+        let (a, b) = (f64::try_from(lr_h.tensor()).unwrap(), f64::try_from(lr_d.tensor()).unwrap());
+        worst = worst.max((a - b).abs() / a.abs().max(1e-30));
+    }
+    assert_eq!((step_h.graph_count(), step_d.graph_count()), (1, 1));
+    let diff = max_param_diff(&vs_h, &vs_d);
+    println!(
+        "device-computed vs host schedule, {steps} captured steps: max rel lr diff {worst:e}, max param diff {diff:e}"
+    );
+    assert!(worst <= 1e-6, "{worst}");
+    assert!(diff <= 1e-6, "{diff}");
+}
+
+/// An eval step captured into the train step's pool reads the train model's own parameters:
+/// after every train replay, it sees the latest weights.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn an_eval_step_sees_the_latest_training_weights() {
+    let d = cuda();
+    tch::manual_seed(40);
+    let vs = nn::VarStore::new(d);
+    let model = Arc::new(Mutex::new(mlp(vs.root(), D, 64, O)));
+    let opt = Adam::new(&vs, AdamConfig::default().lr(1e-2)).unwrap();
+    let (x0, y0) = example(d, 64);
+    let m = Arc::clone(&model);
+    let mut opt = opt;
+    let mut train = TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default(), move |inp| {
+        let model = m.lock().unwrap();
+        opt.zero_grad()?;
+        let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
+        loss.f_backward()?;
+        opt.step()?;
+        Ok(vec![loss.detach()])
+    })
+    .unwrap();
+    let m = Arc::clone(&model);
+    let xe = Tensor::randn([128, D], (Kind::Float, d));
+    let mut eval =
+        TrainStep::new(&[("x", &xe)], StepOptions::default().pool(train.pool().unwrap()).warmup(1), move |inp| {
+            let _no_grad = tch::no_grad_guard();
+            Ok(vec![m.lock().unwrap().forward(&inp[0])])
+        })
+        .unwrap();
+    let batches = on(d, &cpu_batches(41, &[64; 12], D, O));
+    let mut worst = 0f64;
+    for (i, (x, y)) in batches.iter().enumerate() {
+        train.run(&[x, y]).unwrap();
+        let out = eval.run(&[&xe]).unwrap()[0].copy();
+        let want = {
+            let _no_grad = tch::no_grad_guard();
+            model.lock().unwrap().forward(&xe)
+        };
+        let diff = f64::try_from((&out - &want).abs().max()).unwrap();
+        worst = worst.max(diff);
+        if i > 0 {
+            assert!(diff == 0.0, "run {i}: eval differs from the current weights by {diff}");
+        }
+    }
+    assert_eq!((train.graph_count(), eval.graph_count()), (1, 1));
+    assert_eq!(eval.pool(), train.pool(), "one pool");
+    println!("eval step (captured, train's pool, train's parameters) vs eager forward of the current weights, 12 rounds: max diff {worst:e}");
+}
