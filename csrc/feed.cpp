@@ -12,4 +12,15 @@ tcg_status tcg_copy_(tcg_tensor dst, tcg_tensor src, int non_blocking) {
   });
 }
 
+tcg_status tcg_is_pinned(tcg_tensor t, int* out) {
+  return tcg::guard([&] {
+    const at::Tensor& x = tcg::tensor_ref(t);
+    *out = x.is_cpu() && x.is_pinned() ? 1 : 0;  // is_pinned(device) is deprecated: no device
+  });
+}
+
+tcg_status tcg_pin_memory(tcg_tensor t, tcg_tensor* out) {
+  return tcg::guard([&] { *out = new at::Tensor(tcg::tensor_ref(t).pin_memory()); });
+}
+
 }  // extern "C"

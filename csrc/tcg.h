@@ -105,6 +105,9 @@ tcg_status tcg_watch_check(tcg_watch* w, size_t* index);
 // dst.copy_(src, non_blocking): from pinned host memory (or device to device) the copy is queued
 // on the current stream and the host does not wait.
 tcg_status tcg_copy_(tcg_tensor dst, tcg_tensor src, int non_blocking);
+// Whether a CPU tensor is in page-locked memory; a page-locked copy of a CPU tensor (new handle).
+tcg_status tcg_is_pinned(tcg_tensor t, int* out);
+tcg_status tcg_pin_memory(tcg_tensor t, tcg_tensor* out);
 
 // ---------------------------------------------------------------- cuda/device.cpp
 int tcg_built_with_cuda(void);

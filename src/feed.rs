@@ -21,9 +21,19 @@ pub fn copy_non_blocking(dst: &mut Tensor, src: &Tensor) -> Result<()> {
     check(unsafe { ffi::tcg_copy_(ffi::tensor_ptr(dst), ffi::tensor_ptr(src), 1) })
 }
 
-/// The device pinned memory is registered with: the current CUDA device.
-fn pin_device() -> Result<Device> {
-    crate::device::current_device()
+/// A pinned copy of `t` (CPU), through the shim (libtorch's `pin_memory()` without the
+/// deprecated device argument).
+fn pin(t: &Tensor) -> Result<Tensor> {
+    if !crate::device::cuda_is_available() {
+        return Err(Error::NoCuda("pinned memory needs CUDA".into()));
+    }
+    let mut out: ffi::tcg_tensor = std::ptr::null_mut();
+    // SAFETY: `t` is live for the call; on success `out` is a new heap at::Tensor that we own
+    // and hand to tch, which frees it on drop.
+    unsafe {
+        check(ffi::tcg_pin_memory(ffi::tensor_ptr(t), &mut out))?;
+        Ok(Tensor::from_ptr(out))
+    }
 }
 
 /// A page-locked (pinned) copy of the CPU tensor `t`. [`Error::NoCuda`] without CUDA.
@@ -39,20 +49,20 @@ pub fn pinned(t: &Tensor) -> Result<Tensor> {
     if t.device() != Device::Cpu {
         return Err(Error::Misuse(format!("pinned: the tensor is on {:?}, not the CPU", t.device())));
     }
-    Ok(t.f_pin_memory(pin_device()?)?)
+    pin(t)
 }
 
 /// An uninitialized page-locked CPU tensor. [`Error::NoCuda`] without CUDA.
 pub fn pinned_empty(shape: &[i64], kind: Kind) -> Result<Tensor> {
-    let device = pin_device()?;
-    Ok(Tensor::f_empty(shape, (kind, Device::Cpu))?.f_pin_memory(device)?)
+    pin(&Tensor::f_empty(shape, (kind, Device::Cpu))?)
 }
 
 /// Whether `t` lives in page-locked host memory (false for device tensors, and without CUDA).
 pub fn is_pinned(t: &Tensor) -> bool {
-    t.device() == Device::Cpu
-        && crate::device::cuda_is_available()
-        && pin_device().ok().and_then(|d| t.f_is_pinned(d).ok()).unwrap_or(false)
+    let mut out = 0;
+    // SAFETY: `t` is live for the call; `out` is a valid out pointer. The shim only reads.
+    let ok = check(unsafe { ffi::tcg_is_pinned(ffi::tensor_ptr(t), &mut out) }).is_ok();
+    ok && out != 0
 }
 
 /// Sums a scalar metric on the device, so a training loop reads it every N steps instead of
