@@ -104,7 +104,7 @@ fn main() {
         .flag("-DGLOG_USE_GLOG_EXPORT")
         // Nothing of the shim is exported from a binary (see csrc/cuda/cudart.cpp).
         .flag("-fvisibility=hidden")
-        .files(["csrc/error.cpp", "csrc/feed.cpp", "csrc/optim.cpp", "csrc/watch.cpp"]);
+        .files(["csrc/amp.cpp", "csrc/error.cpp", "csrc/feed.cpp", "csrc/optim.cpp", "csrc/watch.cpp"]);
     if with_cuda {
         match find_cuda_include(&torch_root) {
             Ok(dir) => {

@@ -1,30 +1,42 @@
 // Fused optimizer kernels and gradient helpers (ATen has CPU and CUDA kernels for all of them).
 #include "shim.h"
 
+#include <optional>
+
 using tcg::guard;
 using tcg::misuse;
 using tcg::tensor_list;
 using tcg::tensor_ref;
 
+namespace {
+std::optional<at::Tensor> optional_tensor(tcg_tensor t) {
+  if (t == nullptr) return std::nullopt;
+  return tensor_ref(t);
+}
+}  // namespace
+
 extern "C" {
 
 tcg_status tcg_fused_sgd(tcg_tensor* params, tcg_tensor* grads, tcg_tensor* bufs, size_t n,
                          size_t n_bufs, double weight_decay, double momentum, tcg_tensor lr,
-                         double dampening, int nesterov, int maximize, int is_first_step) {
+                         double dampening, int nesterov, int maximize, int is_first_step,
+                         tcg_tensor grad_scale, tcg_tensor found_inf) {
   return guard([&] {
     if (n_bufs != 0 && n_bufs != n) misuse("momentum buffers must be empty or one per parameter");
     auto p = tensor_list(params, n);
     auto g = tensor_list(grads, n);
     auto b = tensor_list(bufs, n_bufs);
     at::_fused_sgd_(p, g, b, weight_decay, momentum, tensor_ref(lr), dampening, nesterov != 0,
-                    maximize != 0, is_first_step != 0);
+                    maximize != 0, is_first_step != 0, optional_tensor(grad_scale),
+                    optional_tensor(found_inf));
   });
 }
 
 tcg_status tcg_fused_adam(int adamw, tcg_tensor* params, tcg_tensor* grads, tcg_tensor* exp_avgs,
                           tcg_tensor* exp_avg_sqs, tcg_tensor* max_exp_avg_sqs, size_t n_max,
                           tcg_tensor* steps, size_t n, tcg_tensor lr, double beta1, double beta2,
-                          double weight_decay, double eps, int amsgrad, int maximize) {
+                          double weight_decay, double eps, int amsgrad, int maximize,
+                          tcg_tensor grad_scale, tcg_tensor found_inf) {
   return guard([&] {
     if (amsgrad != 0 && n_max != n) misuse("amsgrad needs one max_exp_avg_sq per parameter");
     auto p = tensor_list(params, n);
@@ -35,13 +47,17 @@ tcg_status tcg_fused_adam(int adamw, tcg_tensor* params, tcg_tensor* grads, tcg_
     auto s = tensor_list(steps, n);
     // PyTorch's _fused_adam: the per-parameter step counts go up first, in one kernel.
     at::_foreach_add_(s, 1);
+    auto scale = optional_tensor(grad_scale);
+    auto found = optional_tensor(found_inf);
     if (adamw != 0) {
       at::_fused_adamw_(p, g, m, v, vmax, s, tensor_ref(lr), beta1, beta2, weight_decay, eps,
-                        amsgrad != 0, maximize != 0);
+                        amsgrad != 0, maximize != 0, scale, found);
     } else {
       at::_fused_adam_(p, g, m, v, vmax, s, tensor_ref(lr), beta1, beta2, weight_decay, eps,
-                       amsgrad != 0, maximize != 0);
+                       amsgrad != 0, maximize != 0, scale, found);
     }
+    // a skipped step (inf/NaN grads) does not count (PyTorch's _fused_adam does the same)
+    if (found.has_value()) at::_foreach_sub_(s, std::vector<at::Tensor>(s.size(), *found));
   });
 }
 

@@ -9,6 +9,7 @@
 //   csrc/optim.cpp        fused optimizers, gradient helpers (CPU and CUDA)
 //   csrc/watch.cpp        tensor watches (storage identity checks; CPU and CUDA)
 //   csrc/feed.cpp         copies for feeding batches (CPU and CUDA)
+//   csrc/amp.cpp          autocast guard, GradScaler ops (CPU and CUDA)
 //   csrc/cuda/device.cpp  devices and streams              (CUDA builds)
 //   csrc/cuda/graph.cpp   CUDA graphs                      (CUDA builds)
 //   csrc/cuda/memory.cpp  pools and allocator figures      (CUDA builds)
@@ -39,6 +40,7 @@ typedef struct tcg_stream_guard tcg_stream_guard;
 typedef struct tcg_mempool tcg_mempool;
 typedef struct tcg_watch tcg_watch;
 typedef struct tcg_event tcg_event;
+typedef struct tcg_autocast_guard tcg_autocast_guard;
 
 // A CUDA stream as c10::Stream::pack3() gives it: plain data, no ownership.
 typedef struct {
@@ -75,22 +77,40 @@ tcg_status tcg_testing_fail_next(const char* point);
 
 // ---------------------------------------------------------------- optim.cpp (CPU and CUDA)
 // `lr` is a tensor (device or CPU).
+// grad_scale, found_inf: NULL, or 0-d tensors the kernel divides the grads by / skips on (AMP).
 tcg_status tcg_fused_sgd(tcg_tensor* params, tcg_tensor* grads, tcg_tensor* bufs, size_t n,
                          size_t n_bufs, double weight_decay, double momentum, tcg_tensor lr,
-                         double dampening, int nesterov, int maximize, int is_first_step);
+                         double dampening, int nesterov, int maximize, int is_first_step,
+                         tcg_tensor grad_scale, tcg_tensor found_inf);
 // adamw != 0: decoupled weight decay. n_max: 0 unless amsgrad. steps: one 0-d tensor per
 // parameter, each incremented by one (one _foreach_add_) before the update, as PyTorch's
-// fused Adam does.
+// fused Adam does, and decremented by found_inf after it when found_inf is given (a skipped
+// step does not count).
 tcg_status tcg_fused_adam(int adamw, tcg_tensor* params, tcg_tensor* grads, tcg_tensor* exp_avgs,
                           tcg_tensor* exp_avg_sqs, tcg_tensor* max_exp_avg_sqs, size_t n_max,
                           tcg_tensor* steps, size_t n, tcg_tensor lr, double beta1, double beta2,
-                          double weight_decay, double eps, int amsgrad, int maximize);
+                          double weight_decay, double eps, int amsgrad, int maximize,
+                          tcg_tensor grad_scale, tcg_tensor found_inf);
 // Sets every tensor's .grad to undefined (PyTorch's zero_grad(set_to_none=True)).
 tcg_status tcg_grads_set_to_none(tcg_tensor* params, size_t n);
 // Global-norm clipping on the device: total = ||(||g_i||_p)_i||_p; g_i *= min(1, max/(total+1e-6)).
 // Returns the total norm as a new 0-d tensor; no host sync.
 tcg_status tcg_clip_grad_norm(tcg_tensor* grads, size_t n, double max_norm, double norm_type,
                               tcg_tensor* total_out);
+
+// ---------------------------------------------------------------- amp.cpp (CPU and CUDA)
+// Turns CUDA autocast on with `dtype` (c10::ScalarType: 5 Half, 15 BFloat16) and the weight-cast
+// cache on or off, as torch.autocast's __enter__ does; freeing the guard restores the previous
+// state (and clears the cast cache when leaving the outermost autocast region). Thread-local:
+// free it on the thread that made it.
+tcg_status tcg_autocast_guard_new(int dtype, int cache, tcg_autocast_guard** out);
+void tcg_autocast_guard_free(tcg_autocast_guard* g);
+tcg_status tcg_autocast_state(int* enabled, int* dtype, int* cache);
+// found_inf (0-d f32) is set to 1 if any grad has an inf/NaN; grads are multiplied by inv_scale.
+tcg_status tcg_amp_check_unscale(tcg_tensor* grads, size_t n, tcg_tensor found_inf, tcg_tensor inv_scale);
+// PyTorch's GradScaler.update, on the device.
+tcg_status tcg_amp_update_scale(tcg_tensor scale, tcg_tensor growth_tracker, tcg_tensor found_inf,
+                                double growth, double backoff, int64_t interval);
 
 // ---------------------------------------------------------------- watch.cpp (CPU and CUDA)
 // A watch holds references to tensors and what their storage was when added (data pointer,

@@ -22,6 +22,7 @@
 //! counter gives [`Error::OutOfMemory`] (both keep the closure's error as `source`), anything
 //! else comes back unchanged. A panic always resumes, after the clean-up.
 
+use crate::amp::Autocast;
 use crate::device::{current_device, synchronize};
 use crate::error::{Error, Result};
 use crate::graph::{CaptureMode, CudaGraph};
@@ -251,6 +252,14 @@ fn record<T>(
     device: Device,
     f: impl FnOnce() -> Result<T>,
 ) -> Result<T> {
+    let autocast = Autocast::state()?;
+    if autocast.enabled && autocast.cache {
+        return Err(Error::Misuse(
+            "capture under autocast with the weight-cast cache on: replays would read casts of stale weights; \
+             use Autocast::new(dtype, false) (or StepOptions::autocast)"
+                .into(),
+        ));
+    }
     if options.empty_cache {
         empty_cache()?;
     }

@@ -12,6 +12,7 @@
 //! - [`watch`]: [`TensorWatch`], the storage check that keeps replays off replaced tensors.
 //! - [`pool`]: [`PoolId`], [`graph_pool_handle`], [`MemPool`]; [`memory`]: allocator figures.
 //! - [`stream`]: [`Stream`], [`StreamGuard`], capture status; [`device`]: availability, sync.
+//! - [`amp`]: mixed precision: the [`amp::Autocast`] guard and [`amp::GradScaler`] on the device.
 //! - [`optim`]: capturable fused [`optim::Sgd`] and [`optim::Adam`] (Adam/AdamW) with parameter
 //!   groups and learning-rate handles; [`schedule`]: schedules applied from the host or computed
 //!   on the device; [`clip`]: on-device gradient clipping; [`checkpoint`]: save and resume.
@@ -33,6 +34,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod amp;
 pub mod bucket;
 pub mod capture;
 pub mod checkpoint;

@@ -2,6 +2,7 @@
 //! graphs, one per batch shape, all in one memory pool, and replayed per batch through static
 //! inputs; fed from the GPU or the CPU; with an eager fallback without a GPU.
 
+use crate::amp::Autocast;
 use crate::capture::{capture_with_warmup, run_on_capture_stream, CaptureOptions, DEFAULT_WARMUP};
 use crate::device::cuda_is_available;
 use crate::error::{Error, Result};
@@ -24,6 +25,7 @@ pub struct StepOptions {
     eager: bool,
     max_graphs: usize,
     copy_stream: bool,
+    autocast: Option<Kind>,
 }
 
 impl Default for StepOptions {
@@ -34,6 +36,7 @@ impl Default for StepOptions {
             eager: false,
             max_graphs: DEFAULT_MAX_GRAPHS,
             copy_stream: true,
+            autocast: None,
         }
     }
 }
@@ -85,6 +88,19 @@ impl StepOptions {
     pub fn copy_stream(mut self, yes: bool) -> Self {
         self.copy_stream = yes;
         self
+    }
+    /// Runs the step under CUDA autocast with `dtype` (`Kind::BFloat16` or `Kind::Half`): every
+    /// call of the closure (eager warmup, capture, eager fallback) is wrapped in an
+    /// [`crate::amp::Autocast`] with the weight-cast cache off, so replays recompute the casts
+    /// from the current weights and eager and graphed steps run the same kernels. (CUDA
+    /// autocast does not touch CPU tensors: the CPU fallback stays fp32.) Default: none (fp32).
+    pub fn autocast(mut self, dtype: Kind) -> Self {
+        self.autocast = Some(dtype);
+        self
+    }
+    /// The autocast dtype, if any.
+    pub fn get_autocast(&self) -> Option<Kind> {
+        self.autocast
     }
     /// The number of warmup steps per shape this gives.
     pub fn get_warmup(&self) -> usize {
@@ -385,18 +401,24 @@ impl TrainStep {
             Some(pool) => self.options.capture.pool(pool).device(self.device),
             None => self.options.capture,
         };
+        let autocast = self.options.autocast;
         let TrainStep { shapes, step_fn, graphed, device, runs, captures, current, .. } = self;
+        // one call of the closure, under autocast (cache off) if asked
+        let mut call = |inputs: &[Tensor]| -> Result<Vec<Tensor>> {
+            let _autocast = autocast.map(|dtype| Autocast::new(dtype, false)).transpose()?;
+            step_fn(inputs)
+        };
         let entry = &mut shapes[i];
         if !*graphed {
-            entry.outputs = step_fn(&entry.inputs)?;
+            entry.outputs = call(&entry.inputs)?;
         } else if entry.graph.is_none() && entry.warmed < warmup {
             let inputs = &entry.inputs;
-            entry.outputs = run_on_capture_stream(*device, || step_fn(inputs))?;
+            entry.outputs = run_on_capture_stream(*device, || call(inputs))?;
             entry.warmed += 1;
         } else {
             if entry.graph.is_none() {
                 let inputs = &entry.inputs;
-                let (graph, outputs) = capture_with_warmup(0, capture, || step_fn(inputs))?;
+                let (graph, outputs) = capture_with_warmup(0, capture, || call(inputs))?;
                 entry.graph = Some(graph);
                 entry.outputs = outputs;
                 *captures += 1;

@@ -4,12 +4,14 @@
 //! that [`crate::error`] turns into a [`crate::Error`].
 #![allow(non_camel_case_types, missing_docs)]
 
+mod amp;
 mod cuda;
 mod error;
 mod feed;
 mod optim;
 mod watch;
 
+pub use amp::*;
 pub use cuda::*;
 pub use error::*;
 pub use feed::*;

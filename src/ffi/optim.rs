@@ -16,6 +16,8 @@ extern "C" {
         nesterov: c_int,
         maximize: c_int,
         is_first_step: c_int,
+        grad_scale: tcg_tensor,
+        found_inf: tcg_tensor,
     ) -> tcg_status;
     pub fn tcg_fused_adam(
         adamw: c_int,
@@ -34,6 +36,8 @@ extern "C" {
         eps: c_double,
         amsgrad: c_int,
         maximize: c_int,
+        grad_scale: tcg_tensor,
+        found_inf: tcg_tensor,
     ) -> tcg_status;
     pub fn tcg_grads_set_to_none(params: *const tcg_tensor, n: usize) -> tcg_status;
     pub fn tcg_clip_grad_norm(

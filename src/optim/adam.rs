@@ -1,7 +1,10 @@
 //! Capturable Adam / AdamW on `at::_fused_adam_` / `at::_fused_adamw_` (tensor learning rate).
 
 use super::groups::{copy_state, param_key};
-use super::{check_hparam, grads_to_none, with_grads, Groups, HyperParams, LrHandle, Optimizer, ParamGroup};
+use super::{
+    by_dtype, check_hparam, grads_to_none, optional_ptr, with_grads, Groups, HyperParams, LrHandle, Optimizer,
+    ParamGroup,
+};
 use crate::error::{check, Result};
 use crate::ffi::{self, tensor_ptr as ptr, tensor_ptrs as ptrs};
 use std::collections::HashMap;
@@ -196,41 +199,46 @@ impl Adam {
 }
 
 impl Optimizer for Adam {
-    fn step(&mut self) -> Result<()> {
+    fn step_scaled(&mut self, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
+        let (scale, found) = (optional_ptr(grad_scale), optional_ptr(found_inf));
         for group in &self.groups.groups {
             let base = group.range.start;
             let (idx, grads) = with_grads(&self.groups.params[group.range.clone()])?;
-            if idx.is_empty() {
-                continue;
-            }
             let c = &group.config;
-            let at = |v: &[Tensor]| ptrs(idx.iter().map(|&i| &v[base + i]));
-            let (p, m, v, steps) = (at(&self.groups.params), at(&self.exp_avg), at(&self.exp_avg_sq), at(&self.steps));
-            let vmax = if c.amsgrad { at(&self.max_exp_avg_sq) } else { Vec::new() };
-            let g = ptrs(&grads);
-            // SAFETY: every pointer is a live tensor handle borrowed for the call; `p`, `g`, `m`,
-            // `v` and `steps` have p.len() entries, `vmax` has vmax.len() (0 or p.len()). The shim
-            // increments `steps` (one _foreach_add_) before the fused update.
-            check(unsafe {
-                ffi::tcg_fused_adam(
-                    i32::from(c.decoupled),
-                    p.as_ptr(),
-                    g.as_ptr(),
-                    m.as_ptr(),
-                    v.as_ptr(),
-                    vmax.as_ptr(),
-                    vmax.len(),
-                    steps.as_ptr(),
-                    p.len(),
-                    ptr(group.lr.tensor()),
-                    c.beta1,
-                    c.beta2,
-                    c.weight_decay,
-                    c.eps,
-                    i32::from(c.amsgrad),
-                    i32::from(c.maximize),
-                )
-            })?;
+            // one fused launch per group and dtype
+            for ks in by_dtype(idx.iter().map(|&i| &self.groups.params[base + i])) {
+                let at = |v: &[Tensor]| ptrs(ks.iter().map(|&k| &v[base + idx[k]]));
+                let (p, m, v, steps) =
+                    (at(&self.groups.params), at(&self.exp_avg), at(&self.exp_avg_sq), at(&self.steps));
+                let vmax = if c.amsgrad { at(&self.max_exp_avg_sq) } else { Vec::new() };
+                let g = ptrs(ks.iter().map(|&k| &grads[k]));
+                // SAFETY: every pointer is a live tensor handle borrowed for the call (or null for
+                // an absent scale); `p`, `g`, `m`, `v` and `steps` have p.len() entries, `vmax`
+                // has vmax.len() (0 or p.len()). The shim increments `steps` (one _foreach_add_)
+                // before the fused update and takes a skipped step back after it.
+                check(unsafe {
+                    ffi::tcg_fused_adam(
+                        i32::from(c.decoupled),
+                        p.as_ptr(),
+                        g.as_ptr(),
+                        m.as_ptr(),
+                        v.as_ptr(),
+                        vmax.as_ptr(),
+                        vmax.len(),
+                        steps.as_ptr(),
+                        p.len(),
+                        ptr(group.lr.tensor()),
+                        c.beta1,
+                        c.beta2,
+                        c.weight_decay,
+                        c.eps,
+                        i32::from(c.amsgrad),
+                        i32::from(c.maximize),
+                        scale,
+                        found,
+                    )
+                })?;
+            }
         }
         Ok(())
     }

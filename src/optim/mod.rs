@@ -33,7 +33,13 @@ use tch::Tensor;
 /// What a training step needs of an optimizer. Implemented by [`Sgd`] and [`Adam`].
 pub trait Optimizer {
     /// Applies one update to every parameter that has a gradient. Capturable: no host sync.
-    fn step(&mut self) -> Result<()>;
+    fn step(&mut self) -> Result<()> {
+        self.step_scaled(None, None)
+    }
+    /// [`step`](Self::step) for mixed precision ([`crate::amp::GradScaler`] calls it): the fused
+    /// kernels divide the gradients by `grad_scale` first, and skip the update (Adam's step
+    /// counts included) where `found_inf` is 1. Both are 0-d float32 tensors on the device.
+    fn step_scaled(&mut self, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()>;
     /// Sets every parameter's gradient to none (PyTorch's `zero_grad(set_to_none=True)`, which
     /// is what capture wants: backward then allocates the grads inside the graph's pool).
     fn zero_grad(&mut self) -> Result<()>;
@@ -62,6 +68,25 @@ pub trait Optimizer {
     /// place (so a step already captured continues from it). Everything is validated first
     /// (names, group layout, shapes, dtypes): on error nothing changed.
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()>;
+}
+
+/// `t`'s handle, or null.
+pub(crate) fn optional_ptr(t: Option<&Tensor>) -> ffi::tcg_tensor {
+    t.map(ffi::tensor_ptr).unwrap_or(std::ptr::null_mut())
+}
+
+/// The positions of `tensors` grouped by dtype, in first-seen order: the fused kernels take one
+/// dtype per launch.
+pub(crate) fn by_dtype<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> Vec<Vec<usize>> {
+    let mut kinds: Vec<(tch::Kind, Vec<usize>)> = Vec::new();
+    for (k, t) in tensors.into_iter().enumerate() {
+        let kind = t.kind();
+        match kinds.iter_mut().find(|(kd, _)| *kd == kind) {
+            Some((_, v)) => v.push(k),
+            None => kinds.push((kind, vec![k])),
+        }
+    }
+    kinds.into_iter().map(|(_, v)| v).collect()
 }
 
 /// Indices and gradients of the parameters of `range` that have a gradient.

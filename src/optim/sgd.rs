@@ -1,7 +1,10 @@
 //! Capturable SGD on `at::_fused_sgd_` (tensor learning rate).
 
 use super::groups::{copy_state, param_key};
-use super::{check_hparam, grads_to_none, with_grads, Groups, HyperParams, LrHandle, Optimizer, ParamGroup};
+use super::{
+    by_dtype, check_hparam, grads_to_none, optional_ptr, with_grads, Groups, HyperParams, LrHandle, Optimizer,
+    ParamGroup,
+};
 use crate::error::{check, Error, Result};
 use crate::ffi::{self, tensor_ptr as ptr, tensor_ptrs as ptrs};
 use std::collections::HashMap;
@@ -106,6 +109,8 @@ impl HyperParams for SgdConfig {
 pub struct Sgd {
     groups: Groups<SgdConfig>,
     bufs: Vec<Option<Tensor>>,
+    /// The grad scale and found-inf tensors of the step under way (mixed precision).
+    scaled: (Option<Tensor>, Option<Tensor>),
 }
 
 impl Sgd {
@@ -127,7 +132,7 @@ impl Sgd {
 
     fn build(groups: Groups<SgdConfig>) -> Self {
         let bufs = groups.params.iter().map(|_| None).collect();
-        Sgd { groups, bufs }
+        Sgd { groups, bufs, scaled: (None, None) }
     }
 
     /// The hyper-parameters of group `g`.
@@ -145,8 +150,21 @@ impl Sgd {
         self.bufs.get(i).and_then(Option::as_ref)
     }
 
+    /// One fused launch per dtype of `params`.
     fn fused(&self, group: usize, params: &[&Tensor], grads: &[&Tensor], bufs: &[&Tensor], first: bool) -> Result<()> {
-        let (p, g, b) = (ptrs(params.iter().copied()), ptrs(grads.iter().copied()), ptrs(bufs.iter().copied()));
+        for ks in by_dtype(params.iter().copied()) {
+            let pick = |v: &[&Tensor]| -> Vec<Tensor> {
+                ks.iter().filter_map(|&k| v.get(k)).map(|t| t.shallow_clone()).collect()
+            };
+            let (p, g, b) = (pick(params), pick(grads), pick(bufs));
+            self.fused_one(group, &p, &g, &b, first)?;
+        }
+        Ok(())
+    }
+
+    fn fused_one(&self, group: usize, params: &[Tensor], grads: &[Tensor], bufs: &[Tensor], first: bool) -> Result<()> {
+        let (p, g, b) = (ptrs(params), ptrs(grads), ptrs(bufs));
+        let (scale, found) = (optional_ptr(self.scaled.0.as_ref()), optional_ptr(self.scaled.1.as_ref()));
         let group = &self.groups.groups[group];
         let c = &group.config;
         // SAFETY: every pointer is a live tensor handle borrowed for the call; lengths match
@@ -165,6 +183,8 @@ impl Sgd {
                 i32::from(c.nesterov),
                 i32::from(c.maximize),
                 i32::from(first),
+                scale,
+                found,
             )
         })
     }
@@ -220,8 +240,11 @@ impl Sgd {
 }
 
 impl Optimizer for Sgd {
-    fn step(&mut self) -> Result<()> {
-        (0..self.groups.groups.len()).try_for_each(|g| self.step_group(g))
+    fn step_scaled(&mut self, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
+        self.scaled = (grad_scale.map(Tensor::shallow_clone), found_inf.map(Tensor::shallow_clone));
+        let r = (0..self.groups.groups.len()).try_for_each(|g| self.step_group(g));
+        self.scaled = (None, None);
+        r
     }
 
     fn zero_grad(&mut self) -> Result<()> {

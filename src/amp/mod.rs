@@ -1,0 +1,100 @@
+//! Mixed precision: [`Autocast`], a guard that turns CUDA autocast on (bf16 or fp16), and
+//! [`GradScaler`], PyTorch's loss scaler kept entirely on the device, so a whole fp16 step
+//! (scale, backward, unscale and inf check, skipped or applied update, scale update) is
+//! captured.
+//!
+//! # Autocast and graphs
+//! Autocast caches the casts of the fp32 weights ("weight-cast cache") for the life of the
+//! autocast region. Captured, a cached cast would be recorded once and every replay would read
+//! the stale cast while the weights change; PyTorch refuses graphed callables with the cache
+//! on for that reason. So [`crate::TrainStep`] (with [`crate::StepOptions::autocast`]) runs
+//! every step, eager warmup and capture alike, with the cache **off**: the cast kernels are part
+//! of every step and of every replay, and eager and graphed steps are the same kernels.
+//! [`crate::CudaGraph::capture`] refuses to start under an autocast region whose cache is on
+//! ([`crate::Error::Misuse`]).
+
+mod scaler;
+
+pub use scaler::{GradScaler, ScalerConfig};
+
+use crate::error::{check, Error, Result};
+use crate::ffi;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use tch::Kind;
+
+/// CUDA autocast on with a dtype until dropped; the previous autocast state (enabled, dtype,
+/// cache) comes back on drop, panics included (a guard, not a closure). Autocast state is
+/// per thread, so the guard is neither `Send` nor `Sync`.
+///
+/// ```no_run
+/// # fn main() -> tch_cuda_graphs::Result<()> {
+/// use tch::{Device, Kind, Tensor};
+/// use tch_cuda_graphs::amp::Autocast;
+/// let a = Tensor::randn([64, 64], (Kind::Float, Device::Cuda(0)));
+/// {
+///     let _bf16 = Autocast::new(Kind::BFloat16, false)?;
+///     assert_eq!(a.matmul(&a).kind(), Kind::BFloat16);
+/// }
+/// assert_eq!(a.matmul(&a).kind(), Kind::Float);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Autocast {
+    raw: NonNull<ffi::tcg_autocast_guard>,
+    _not_send: PhantomData<*const ()>,
+}
+
+/// The thread's CUDA autocast state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AutocastState {
+    /// Whether CUDA autocast is on.
+    pub enabled: bool,
+    /// Its dtype.
+    pub dtype: Kind,
+    /// Whether the weight-cast cache is on.
+    pub cache: bool,
+}
+
+fn kind_code(kind: Kind) -> Result<i32> {
+    match kind {
+        Kind::Half => Ok(5),
+        Kind::BFloat16 => Ok(15),
+        other => Err(Error::Misuse(format!("autocast dtype must be Half or BFloat16, got {other:?}"))),
+    }
+}
+
+impl Autocast {
+    /// Turns CUDA autocast on with `dtype` (`Kind::BFloat16` or `Kind::Half`); `cache` turns
+    /// the weight-cast cache on (keep it off for anything captured).
+    pub fn new(dtype: Kind, cache: bool) -> Result<Self> {
+        let code = kind_code(dtype)?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out pointer; on success it holds a guard we own.
+        check(unsafe { ffi::tcg_autocast_guard_new(code, i32::from(cache), &mut raw) })?;
+        let raw = NonNull::new(raw).ok_or_else(|| Error::Libtorch("autocast guard: null handle".into()))?;
+        Ok(Autocast { raw, _not_send: PhantomData })
+    }
+
+    /// The current thread's CUDA autocast state.
+    pub fn state() -> Result<AutocastState> {
+        let (mut enabled, mut dtype, mut cache) = (0, 0, 0);
+        // SAFETY: three valid out pointers; the shim only reads thread-local autocast state.
+        check(unsafe { ffi::tcg_autocast_state(&mut enabled, &mut dtype, &mut cache) })?;
+        let dtype = match dtype {
+            5 => Kind::Half,
+            15 => Kind::BFloat16,
+            6 => Kind::Float,
+            _ => Kind::Float,
+        };
+        Ok(AutocastState { enabled: enabled != 0, dtype, cache: cache != 0 })
+    }
+}
+
+impl Drop for Autocast {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from tcg_autocast_guard_new on this thread (the guard is !Send)
+        // and is freed exactly once, here; the shim's free never throws.
+        unsafe { ffi::tcg_autocast_guard_free(self.raw.as_ptr()) }
+    }
+}
