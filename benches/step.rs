@@ -70,6 +70,7 @@ struct Args {
     out: String,
     steps: usize,
     torch: bool,
+    compile: bool,
     profile_small: bool,
     feed: bool,
     as_test: bool,
@@ -81,6 +82,7 @@ fn parse_args() -> Result<Args, lexopt::Error> {
         out: "target/bench".into(),
         steps: 1000,
         torch: true,
+        compile: true,
         profile_small: false,
         feed: false,
         as_test: false,
@@ -91,6 +93,7 @@ fn parse_args() -> Result<Args, lexopt::Error> {
             Long("out") => a.out = parser.value()?.string()?,
             Long("steps") => a.steps = parser.value()?.parse()?,
             Long("no-torch") => a.torch = false,
+            Long("no-compile") => a.compile = false,
             Long("profile-small") => a.profile_small = true,
             Long("feed") => a.feed = true,
             Long("bench") => {} // cargo bench passes --bench
@@ -137,12 +140,22 @@ fn time_steps(device: Device, steps: usize, mut step: impl FnMut(usize)) -> f64 
 
 /// A captured training step of `kind` with `opt`: 3 eager warmup steps on `first`, then the
 /// capture and one replay.
-fn graphed_step(kind: ModelKind, opt: Opt, device: Device, first: &(Tensor, Tensor), keep_graph: bool) -> TrainStep {
+fn graphed_step(
+    kind: ModelKind,
+    opt: Opt,
+    device: Device,
+    first: &(Tensor, Tensor),
+    keep_graph: bool,
+    autocast: Option<tch::Kind>,
+) -> TrainStep {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(device);
     let model = Model::new(kind, &vs);
     let mut o = opt.ours(&vs);
-    let options = StepOptions::default().keep_graph(keep_graph);
+    let mut options = StepOptions::default().keep_graph(keep_graph);
+    if let Some(dtype) = autocast {
+        options = options.autocast(dtype);
+    }
     let mut step = TrainStep::new(&[("x", &first.0), ("y", &first.1)], options, move |inp| {
         o.zero_grad()?;
         let loss = model.loss(&inp[0], &inp[1]);
@@ -205,7 +218,7 @@ fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut
     // 3. captured step
     synchronize(device).unwrap();
     let t = Instant::now();
-    let mut step = graphed_step(kind, opt, device, &batches[0], false);
+    let mut step = graphed_step(kind, opt, device, &batches[0], false, None);
     synchronize(device).unwrap();
     let capture_ms = t.elapsed().as_secs_f64() * 1e3;
     let graph = step.graph_mut().expect("graphed on a GPU");
@@ -230,6 +243,15 @@ fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut
             push(mode, us);
         }
     }
+    // the captured step under bf16 autocast (cast cache off)
+    {
+        let mut bf16 = graphed_step(kind, opt, device, &batches[0], false, Some(tch::Kind::BFloat16));
+        let us = time_steps(device, steps, |i| {
+            let (x, y) = &batches[i % batches.len()];
+            bf16.run(&[x, y]).unwrap();
+        });
+        push("graph_bf16", us);
+    }
     // host cost of one replay() call (launch only)
     // (device idle before each call, so the launch queue never blocks the call)
     let graph = step.graph_mut().unwrap();
@@ -244,11 +266,12 @@ fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut
     Extra { model: kind.name(), opt: opt.name(), capture_ms, replay_host_us: median(host), pool_bytes }
 }
 
-fn run_torch(steps: usize, rows: &mut Vec<Row>) -> Result<(), String> {
-    let out = Command::new("python3")
-        .args(["benches/torch_reference.py", "--steps", &steps.to_string()])
-        .output()
-        .map_err(|e| format!("python3 not runnable: {e}"))?;
+fn run_torch(steps: usize, compile: bool, rows: &mut Vec<Row>) -> Result<(), String> {
+    let mut args = vec!["benches/torch_reference.py".to_owned(), "--steps".into(), steps.to_string()];
+    if !compile {
+        args.push("--no-compile".into());
+    }
+    let out = Command::new("python3").args(&args).output().map_err(|e| format!("python3 not runnable: {e}"))?;
     if !out.status.success() {
         return Err(format!("torch_reference.py failed: {}", String::from_utf8_lossy(&out.stderr)));
     }
@@ -270,7 +293,7 @@ fn run_torch(steps: usize, rows: &mut Vec<Row>) -> Result<(), String> {
 fn profile_small(feed: bool) {
     let device = Device::Cuda(0);
     let kind = ModelKind::SmallMlp;
-    let mut step = graphed_step(kind, Opt::Adam, device, &batch(kind, device), true);
+    let mut step = graphed_step(kind, Opt::Adam, device, &batch(kind, device), true, None);
     let g = step.graph_mut().unwrap();
     println!("small MLP + Adam graph: {} nodes, {:?}", g.node_count().unwrap(), g.node_kinds().unwrap());
     for _ in 0..3 {
@@ -343,7 +366,7 @@ fn main() {
     }
     if args.torch {
         println!("PyTorch reference (benches/torch_reference.py), same GPU, same run:");
-        if let Err(e) = run_torch(args.steps, &mut rows) {
+        if let Err(e) = run_torch(args.steps, args.compile, &mut rows) {
             println!("  PyTorch reference not run: {e}");
         }
     }
@@ -393,6 +416,29 @@ fn main() {
     println!("{fed}");
     table.push('\n');
     table.push_str(&fed);
+    // bf16 autocast: this crate's graph vs PyTorch's best graph, and torch.compile + graph as a
+    // reference for what a compiler adds beyond graphs (target: graph_bf16/torch ≤ 1.0)
+    let mut amp = String::from(
+        "| model | opt | graph fp32 | **graph bf16 (this crate)** | torch graph bf16 best | bf16: ours/torch | torch compile + graph fp32 | torch compile + graph bf16 |\n|---|---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for kind in ModelKind::ALL {
+        for opt in Opt::ALL {
+            let (m, o) = (kind.name(), opt.name());
+            let g = find(&rows, m, o, "graph").unwrap_or(f64::NAN);
+            let gb = find(&rows, m, o, "graph_bf16").unwrap_or(f64::NAN);
+            let tb = ["torch_graph_bf16_capturable", "torch_graph_bf16_fused"]
+                .iter()
+                .filter_map(|mode| find(&rows, m, o, mode))
+                .fold(f64::NAN, f64::min);
+            let c32 = find(&rows, m, o, "torch_compile_graph").unwrap_or(f64::NAN);
+            let c16 = find(&rows, m, o, "torch_compile_graph_bf16").unwrap_or(f64::NAN);
+            let _ =
+                writeln!(amp, "| {m} | {o} | {g:.1} | **{gb:.1}** | {tb:.1} | {:.2} | {c32:.1} | {c16:.1} |", gb / tb);
+        }
+    }
+    println!("{amp}");
+    table.push('\n');
+    table.push_str(&amp);
     let mut csv = String::from("model,opt,mode,us_per_step\n");
     for r in &rows {
         let _ = writeln!(csv, "{},{},{},{:.2}", r.model, r.opt, r.mode, r.us);

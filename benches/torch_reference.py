@@ -5,6 +5,10 @@ Modes per model and optimizer:
   torch_eager             eager step, PyTorch's default optimizer implementation (foreach)
   torch_graph_capturable  torch.cuda.graph, Adam/AdamW(capturable=True); SGD(foreach) for SGD
   torch_graph_fused       torch.cuda.graph, fused=True (Adam/AdamW also capturable=True)
+  torch_graph_bf16_*      the same two, forward and loss under torch.autocast("cuda", bfloat16,
+                          cache_enabled=False) (the cache must be off in a graph)
+  torch_compile_graph[_bf16]  reference: torch.compile(model.loss) (inductor, default mode), then
+                          the whole step in torch.cuda.graph, fused optimizer (--no-compile skips)
 The graphed modes copy each batch into static inputs and replay, as the Rust side does.
 Prints `ROW,model,opt,mode,us` lines.
 """
@@ -102,10 +106,17 @@ def time_steps(steps, fn):
     return per[len(per) // 2]
 
 
-def bench(model_name, opt_name, variant, steps, dev):
+def bench(model_name, opt_name, variant, steps, dev, bf16=False, compile_loss=False):
     torch.manual_seed(0)
     model = make(model_name).to(dev)
     opt = optimizer(opt_name, model.parameters(), variant)
+    loss_fn = torch.compile(model.loss) if compile_loss else model.loss
+    if bf16:
+        plain = loss_fn
+
+        def loss_fn(x, y):
+            with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+                return plain(x, y)
     batches = [batch(model_name, dev) for _ in range(8)]
     if variant == "eager":
         def step(i):
@@ -120,13 +131,13 @@ def bench(model_name, opt_name, variant, steps, dev):
     with torch.cuda.stream(s):
         for _ in range(3):
             opt.zero_grad(set_to_none=True)
-            model.loss(sx, sy).backward()
+            loss_fn(sx, sy).backward()
             opt.step()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)
     with torch.cuda.graph(g):
-        loss = model.loss(sx, sy)
+        loss = loss_fn(sx, sy)
         loss.backward()
         opt.step()
 
@@ -141,6 +152,7 @@ def bench(model_name, opt_name, variant, steps, dev):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--no-compile", action="store_true")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("torch_reference.py: no CUDA device")
@@ -150,8 +162,21 @@ def main():
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
     for m in ("mlp_small", "mlp_medium", "transformer"):
         for o in ("sgd", "adam", "adamw"):
-            for v, mode in (("eager", "torch_eager"), ("capturable", "torch_graph_capturable"), ("fused", "torch_graph_fused")):
-                us = bench(m, o, v, a.steps, dev)
+            modes = [
+                ("eager", "torch_eager", False, False),
+                ("capturable", "torch_graph_capturable", False, False),
+                ("fused", "torch_graph_fused", False, False),
+                ("capturable", "torch_graph_bf16_capturable", True, False),
+                ("fused", "torch_graph_bf16_fused", True, False),
+            ]
+            if not a.no_compile:
+                modes += [("fused", "torch_compile_graph", False, True), ("fused", "torch_compile_graph_bf16", True, True)]
+            for v, mode, bf16, comp in modes:
+                try:
+                    us = bench(m, o, v, a.steps, dev, bf16=bf16, compile_loss=comp)
+                except Exception as e:  # a reference that cannot run is reported, not fatal
+                    print(f"{mode} {m} {o} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+                    continue
                 print(f"ROW,{m},{o},{mode},{us:.2f}", flush=True)
 
 

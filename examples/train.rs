@@ -10,14 +10,16 @@
 //! On a GPU it then trains the same run eagerly and prints eager vs graphed time per step and
 //! the largest parameter difference between the two runs. On a CPU it runs the eager fallback.
 //!
-//! `cargo run --release --example train -- [--epochs N] [--resume] [--checkpoint PATH]`
-//! (or `make run`).
+//! `cargo run --release --example train -- [--epochs N] [--precision fp32|bf16|fp16] [--resume]
+//! [--checkpoint PATH]` (or `make run`). bf16 and fp16 run the step under CUDA autocast; fp16
+//! adds the on-device GradScaler (its state goes into the checkpoint).
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tch::{nn, nn::Module, Device, Kind, Tensor};
+use tch_cuda_graphs::amp::GradScaler;
 use tch_cuda_graphs::feed::{self, DeviceMeter};
 use tch_cuda_graphs::optim::{split_params, Adam, AdamConfig, Optimizer, ParamGroup};
 use tch_cuda_graphs::schedule::{LrScheduler, WarmupCosine};
@@ -71,17 +73,30 @@ struct Args {
     epochs: usize,
     resume: bool,
     checkpoint: String,
+    /// None: fp32; Some(BFloat16 | Half): autocast.
+    precision: Option<Kind>,
 }
 
 fn parse_args() -> Result<Args> {
-    let mut a = Args { epochs: 5, resume: false, checkpoint: "target/train-example.safetensors".into() };
+    let mut a =
+        Args { epochs: 5, resume: false, checkpoint: "target/train-example.safetensors".into(), precision: None };
     let mut it = std::env::args().skip(1);
     while let Some(s) = it.next() {
         match s.as_str() {
             "--epochs" => a.epochs = it.next().context("--epochs N")?.parse()?,
             "--resume" => a.resume = true,
             "--checkpoint" => a.checkpoint = it.next().context("--checkpoint PATH")?,
-            other => bail!("unknown argument {other}; usage: train [--epochs N] [--resume] [--checkpoint PATH]"),
+            "--precision" => {
+                a.precision = match it.next().context("--precision fp32|bf16|fp16")?.as_str() {
+                    "fp32" => None,
+                    "bf16" => Some(Kind::BFloat16),
+                    "fp16" => Some(Kind::Half),
+                    other => bail!("--precision {other}: expected fp32, bf16 or fp16"),
+                }
+            }
+            other => bail!(
+                "unknown argument {other}; usage: train [--epochs N] [--precision fp32|bf16|fp16] [--resume] [--checkpoint PATH]"
+            ),
         }
     }
     Ok(a)
@@ -115,10 +130,18 @@ fn fit(run: &Run) -> Result<(nn::VarStore, f64)> {
     let mut schedule =
         LrScheduler::new(WarmupCosine { warmup: 100, total, min_factor: 0.05 }, opt.lock().unwrap().lr_handles());
 
+    // fp16 needs loss scaling; the scaler lives on the device and in the captured step
+    let scaler = match run.args.precision {
+        Some(Kind::Half) => Some(Arc::new(Mutex::new(GradScaler::new(device)?))),
+        _ => None,
+    };
     let mut first_epoch = 0;
     if run.args.resume {
         let extra = checkpoint::load(&run.args.checkpoint, &vs, &mut *opt.lock().unwrap())
             .with_context(|| format!("resuming from {}", run.args.checkpoint))?;
+        if let Some(s) = &scaler {
+            s.lock().unwrap().load_state(&extra)?;
+        }
         first_epoch = extra["epoch"].int64_value(&[]) as usize;
         schedule.set_steps(extra["scheduled"].int64_value(&[]) as u64);
         if run.show {
@@ -126,16 +149,29 @@ fn fit(run: &Run) -> Result<(nn::VarStore, f64)> {
         }
     }
 
-    let options = StepOptions::default().eager(run.eager);
+    let mut options = StepOptions::default().eager(run.eager);
+    if let Some(dtype) = run.args.precision {
+        options = options.autocast(dtype);
+    }
     let (x0, y0) =
         (Tensor::zeros([BATCH, IN], (Kind::Float, device)), Tensor::zeros([BATCH, OUT], (Kind::Float, device)));
-    let (m, o) = (Arc::clone(&model), Arc::clone(&opt));
+    let (m, o, sc) = (Arc::clone(&model), Arc::clone(&opt), scaler.clone());
     let mut train = TrainStep::new(&[("x", &x0), ("y", &y0)], options, move |inp| {
         let (model, mut opt) = (m.lock().unwrap(), o.lock().unwrap());
         opt.zero_grad()?;
         let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
-        loss.f_backward()?;
-        opt.step()?;
+        match &sc {
+            Some(scaler) => {
+                let mut scaler = scaler.lock().unwrap();
+                scaler.scale(&loss)?.f_backward()?;
+                scaler.step(&mut *opt)?;
+                scaler.update()?;
+            }
+            None => {
+                loss.f_backward()?;
+                opt.step()?;
+            }
+        }
         Ok(vec![loss.detach()])
     })?;
     train.watch_vars(&vs)?;
@@ -204,12 +240,10 @@ fn fit(run: &Run) -> Result<(nn::VarStore, f64)> {
             bar.suspend(|| println!("{line}"));
         }
         let (epoch_no, scheduled) = (Tensor::from((epoch + 1) as i64), Tensor::from(schedule.steps() as i64));
-        checkpoint::save(
-            &run.args.checkpoint,
-            &vs,
-            &*opt.lock().unwrap(),
-            &[("epoch", &epoch_no), ("scheduled", &scheduled)],
-        )?;
+        let scaler_state = scaler.as_ref().map(|s| s.lock().unwrap().state()).unwrap_or_default();
+        let mut extra: Vec<(&str, &Tensor)> = vec![("epoch", &epoch_no), ("scheduled", &scheduled)];
+        extra.extend(scaler_state.iter().map(|(n, t)| (n.as_str(), t)));
+        checkpoint::save(&run.args.checkpoint, &vs, &*opt.lock().unwrap(), &extra)?;
     }
     bar.finish_and_clear();
     Ok((vs, seconds / steps.max(1) as f64))
@@ -237,9 +271,14 @@ fn main() -> Result<()> {
     let graphed = device != Device::Cpu;
     println!(
         "{}: a {IN}-{HIDDEN}-{HIDDEN}-{OUT} MLP imitating a random teacher; {TRAIN} samples on the CPU, batch {BATCH} \
-         (ragged last batch), {} epochs, AdamW (no decay on biases), warmup + cosine",
+         (ragged last batch), {} epochs, {}, AdamW (no decay on biases), warmup + cosine",
         if graphed { "CUDA device: graphed training steps" } else { "No CUDA device: the eager fallback" },
-        args.epochs
+        args.epochs,
+        match args.precision {
+            None => "fp32",
+            Some(Kind::BFloat16) => "bf16 autocast",
+            Some(_) => "fp16 autocast + GradScaler",
+        }
     );
     let run = Run { device, eager: false, show: true, args: &args, train: &train_data, held_out: &held_out };
     let (vs, per_step) = fit(&run)?;
