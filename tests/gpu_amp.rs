@@ -132,7 +132,9 @@ fn fp16_with_the_device_scaler_captured_skips_inf_batches() {
     let value = |t: &Tensor| f64::try_from(t).unwrap();
     let mut log = Vec::new();
     for (i, (x, y)) in batches.iter().enumerate() {
-        let before: Vec<Tensor> = vs_g.trainable_variables().iter().map(|t| t.copy()).collect();
+        // detach before copying: a copy with autograd history would keep the parameters'
+        // AccumulateGrad nodes (made on this stream) alive into the capture, which then fails
+        let before: Vec<Tensor> = vs_g.trainable_variables().iter().map(|t| t.detach().copy()).collect();
         let (s0, c0) = (value(&scale), value(&count));
         graphed.run(&[x, y]).unwrap();
         eager.run(&[x, y]).unwrap();

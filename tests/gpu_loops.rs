@@ -269,7 +269,7 @@ fn group_learning_rates_change_between_replays() {
     let named = |suffix: &str| -> Vec<Tensor> {
         let mut v: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(n, _)| n.ends_with(suffix)).collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
-        v.into_iter().map(|(_, t)| t.copy()).collect()
+        v.into_iter().map(|(_, t)| t.detach().copy()).collect()
     };
     lrs[1].set(0.0).unwrap(); // biases frozen
     let (w0, b0) = (named("weight"), named("bias"));

@@ -3,6 +3,7 @@
 #include "../shim.h"
 
 #include <ATen/Context.h>
+#include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -16,6 +17,11 @@ using c10::cuda::CUDAStream;
 // Initializes CUDA lazily (the caching allocator included) the way PyTorch's torch.cuda
 // functions do, and fails with TCG_NO_CUDA when the driver reports no device.
 inline void require_cuda() {
+  // A reference into libtorch_cuda from every CUDA entry point: a binary that uses any of them
+  // keeps libtorch_cuda loaded (its hooks are what initializes CUDA), where the linker's
+  // --as-needed would otherwise drop it when nothing else names a symbol of it.
+  static auto* volatile libtorch_cuda_anchor = &at::cuda::getCurrentDeviceProperties;
+  (void)libtorch_cuda_anchor;
   if (c10::cuda::device_count() <= 0) {
     throw exception(TCG_NO_CUDA,
                     "no CUDA device is available (libtorch has CUDA, but the driver reports "
