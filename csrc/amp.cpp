@@ -10,6 +10,7 @@ struct tcg_autocast_guard {
   bool prev_enabled;
   at::ScalarType prev_dtype;
   bool prev_cache;
+  bool entered;  // an autocast region was entered (nesting incremented), not a suspension
 };
 
 extern "C" {
@@ -27,6 +28,19 @@ tcg_status tcg_autocast_guard_new(int dtype, int cache, tcg_autocast_guard** out
     at::autocast::set_autocast_dtype(at::kCUDA, st);
     at::autocast::set_autocast_cache_enabled(cache != 0);
     at::autocast::increment_nesting();
+    g->entered = true;
+    *out = g.release();
+  });
+}
+
+tcg_status tcg_autocast_suspend_new(tcg_autocast_guard** out) {
+  return tcg::guard([&] {
+    auto g = std::make_unique<tcg_autocast_guard>();
+    g->prev_enabled = at::autocast::is_autocast_enabled(at::kCUDA);
+    g->prev_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+    g->prev_cache = at::autocast::is_autocast_cache_enabled();
+    g->entered = false;
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
     *out = g.release();
   });
 }
@@ -35,7 +49,7 @@ void tcg_autocast_guard_free(tcg_autocast_guard* g) {
   if (g == nullptr) return;
   try {
     // torch.autocast.__exit__: the outermost exit clears the cast cache
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    if (g->entered && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
     at::autocast::set_autocast_enabled(at::kCUDA, g->prev_enabled);
     at::autocast::set_autocast_dtype(at::kCUDA, g->prev_dtype);
     at::autocast::set_autocast_cache_enabled(g->prev_cache);

@@ -104,6 +104,8 @@ tcg_status tcg_clip_grad_norm(tcg_tensor* grads, size_t n, double max_norm, doub
 // state (and clears the cast cache when leaving the outermost autocast region). Thread-local:
 // free it on the thread that made it.
 tcg_status tcg_autocast_guard_new(int dtype, int cache, tcg_autocast_guard** out);
+// Turns CUDA autocast off until freed (for backward: PyTorch runs it outside the autocast region).
+tcg_status tcg_autocast_suspend_new(tcg_autocast_guard** out);
 void tcg_autocast_guard_free(tcg_autocast_guard* g);
 tcg_status tcg_autocast_state(int* enabled, int* dtype, int* cache);
 // found_inf (0-d f32) is set to 1 if any grad has an inf/NaN; grads are multiplied by inv_scale.

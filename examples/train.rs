@@ -19,7 +19,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tch::{nn, nn::Module, Device, Kind, Tensor};
-use tch_cuda_graphs::amp::GradScaler;
+use tch_cuda_graphs::amp::{self, GradScaler};
 use tch_cuda_graphs::feed::{self, DeviceMeter};
 use tch_cuda_graphs::optim::{split_params, Adam, AdamConfig, Optimizer, ParamGroup};
 use tch_cuda_graphs::schedule::{LrScheduler, WarmupCosine};
@@ -163,12 +163,12 @@ fn fit(run: &Run) -> Result<(nn::VarStore, f64)> {
         match &sc {
             Some(scaler) => {
                 let mut scaler = scaler.lock().unwrap();
-                scaler.scale(&loss)?.f_backward()?;
+                scaler.backward(&loss)?; // scaled, autocast suspended
                 scaler.step(&mut *opt)?;
                 scaler.update()?;
             }
             None => {
-                loss.f_backward()?;
+                amp::backward(&loss)?; // autocast (if any) suspended, as PyTorch runs backward
                 opt.step()?;
             }
         }

@@ -92,8 +92,11 @@ impl StepOptions {
     /// Runs the step under CUDA autocast with `dtype` (`Kind::BFloat16` or `Kind::Half`): every
     /// call of the closure (eager warmup, capture, eager fallback) is wrapped in an
     /// [`crate::amp::Autocast`] with the weight-cast cache off, so replays recompute the casts
-    /// from the current weights and eager and graphed steps run the same kernels. (CUDA
-    /// autocast does not touch CPU tensors: the CPU fallback stays fp32.) Default: none (fp32).
+    /// from the current weights and eager and graphed steps run the same kernels. Call
+    /// backward through [`crate::amp::backward`] (or [`crate::amp::GradScaler::backward`]):
+    /// PyTorch runs backward outside the autocast region, and a backward left inside it only
+    /// adds casts. (CUDA autocast does not touch CPU tensors: the CPU fallback stays fp32.)
+    /// Default: none (fp32).
     pub fn autocast(mut self, dtype: Kind) -> Self {
         self.autocast = Some(dtype);
         self

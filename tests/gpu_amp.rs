@@ -38,7 +38,7 @@ fn bf16_replays_equal_eager_bf16_steps() {
                 return Err(Error::Misuse(format!("the forward ran in {:?}, not bf16", out.kind())));
             }
             let loss = out.f_mse_loss(&inp[1], tch::Reduction::Mean)?;
-            loss.f_backward()?;
+            tch_cuda_graphs::amp::backward(&loss)?; // outside autocast, as PyTorch
             opt.step()?;
             Ok(vec![loss.detach()])
         })
@@ -119,7 +119,7 @@ fn fp16_with_the_device_scaler_captured_skips_inf_batches() {
         let step = TrainStep::new(&[("x", &x0), ("y", &y0)], options, move |inp| {
             opt.zero_grad()?;
             let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
-            scaler.scale(&loss)?.f_backward()?;
+            scaler.backward(&loss)?;
             scaler.step(&mut opt)?;
             scaler.update()?;
             Ok(vec![loss.detach()])

@@ -76,6 +76,17 @@ impl Autocast {
         Ok(Autocast { raw, _not_send: PhantomData })
     }
 
+    /// CUDA autocast off until dropped (the previous state comes back then). For backward:
+    /// PyTorch runs backward outside the autocast region, and libtorch's autograd engine carries
+    /// the caller's autocast state into backward, where it only adds casts. See [`backward`].
+    pub fn suspend() -> Result<Self> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out pointer; on success it holds a guard we own.
+        check(unsafe { ffi::tcg_autocast_suspend_new(&mut raw) })?;
+        let raw = NonNull::new(raw).ok_or_else(|| Error::Libtorch("autocast guard: null handle".into()))?;
+        Ok(Autocast { raw, _not_send: PhantomData })
+    }
+
     /// The current thread's CUDA autocast state.
     pub fn state() -> Result<AutocastState> {
         let (mut enabled, mut dtype, mut cache) = (0, 0, 0);
@@ -89,6 +100,20 @@ impl Autocast {
         };
         Ok(AutocastState { enabled: enabled != 0, dtype, cache: cache != 0 })
     }
+}
+
+/// `loss.backward()` with CUDA autocast suspended, as PyTorch runs it (outside the `autocast`
+/// region). Use it inside a step run under [`crate::StepOptions::autocast`].
+///
+/// ```no_run
+/// # fn main() -> tch_cuda_graphs::Result<()> {
+/// # let loss = tch::Tensor::from(1.0f32);
+/// tch_cuda_graphs::amp::backward(&loss)?;
+/// # Ok(()) }
+/// ```
+pub fn backward(loss: &tch::Tensor) -> Result<()> {
+    let _off = Autocast::suspend()?;
+    Ok(loss.f_backward()?)
 }
 
 impl Drop for Autocast {

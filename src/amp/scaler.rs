@@ -96,6 +96,11 @@ impl GradScaler {
         Ok(loss.f_mul(&self.scale)?)
     }
 
+    /// Backward of the scaled loss, with autocast suspended ([`super::backward`]).
+    pub fn backward(&self, loss: &Tensor) -> Result<()> {
+        super::backward(&self.scale(loss)?)
+    }
+
     fn check_unscale(&mut self, opt: &dyn Optimizer, inv_scale: &Tensor) -> Result<()> {
         let _ = self.found_inf.f_zero_()?;
         let grads: Vec<Tensor> = opt

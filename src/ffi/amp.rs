@@ -9,6 +9,7 @@ pub struct tcg_autocast_guard {
 
 extern "C" {
     pub fn tcg_autocast_guard_new(dtype: c_int, cache: c_int, out: *mut *mut tcg_autocast_guard) -> tcg_status;
+    pub fn tcg_autocast_suspend_new(out: *mut *mut tcg_autocast_guard) -> tcg_status;
     pub fn tcg_autocast_guard_free(g: *mut tcg_autocast_guard);
     pub fn tcg_autocast_state(enabled: *mut c_int, dtype: *mut c_int, cache: *mut c_int) -> tcg_status;
     pub fn tcg_amp_check_unscale(
