@@ -138,54 +138,46 @@ fn time_steps(device: Device, steps: usize, mut step: impl FnMut(usize)) -> f64 
     median(per_step)
 }
 
-/// A captured training step of `kind` with `opt`: 3 eager warmup steps on `first`, then the
-/// capture and one replay.
-fn graphed_step(kind: ModelKind, opt: Opt, device: Device, first: &(Tensor, Tensor), keep_graph: bool) -> TrainStep {
-    tch::manual_seed(0);
-    let vs = nn::VarStore::new(device);
-    let model = Model::new(kind, &vs);
-    let mut o = opt.ours(&vs);
-    let options = StepOptions::default().keep_graph(keep_graph);
-    let mut step = TrainStep::new(&[("x", &first.0), ("y", &first.1)], options, move |inp| {
-        o.zero_grad()?;
-        let loss = model.loss(&inp[0], &inp[1]);
-        loss.f_backward()?;
-        o.step()?;
-        Ok(vec![loss.detach()])
-    })
-    .unwrap();
-    // the eager warmup steps, then the capture (and its first replay)
-    for _ in 0..=options.get_warmup() {
-        step.run(&[&first.0, &first.1]).unwrap();
-    }
-    step
+/// How a benchmarked step runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Precision {
+    Fp32,
+    /// bf16 autocast, backward outside the autocast region (`amp::backward`), as PyTorch
+    Bf16,
+    /// bf16 autocast with backward left inside the autocast region
+    Bf16BackwardInAutocast,
 }
 
-/// The captured step of `kind` under bf16 autocast; backward inside the autocast region or not.
-fn graphed_step_amp(
+/// A captured training step of `kind` with `opt`: 3 eager warmup steps on `first`, then the
+/// capture and one replay.
+fn graphed_step(
     kind: ModelKind,
     opt: Opt,
     device: Device,
     first: &(Tensor, Tensor),
-    bwd_in_autocast: bool,
+    keep_graph: bool,
+    precision: Precision,
 ) -> TrainStep {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(device);
     let model = Model::new(kind, &vs);
     let mut o = opt.ours(&vs);
-    let options = StepOptions::default().autocast(tch::Kind::BFloat16);
+    let mut options = StepOptions::default().keep_graph(keep_graph);
+    if precision != Precision::Fp32 {
+        options = options.autocast(tch::Kind::BFloat16);
+    }
     let mut step = TrainStep::new(&[("x", &first.0), ("y", &first.1)], options, move |inp| {
         o.zero_grad()?;
         let loss = model.loss(&inp[0], &inp[1]);
-        if bwd_in_autocast {
-            loss.f_backward()?;
-        } else {
-            tch_cuda_graphs::amp::backward(&loss)?;
+        match precision {
+            Precision::Bf16 => tch_cuda_graphs::amp::backward(&loss)?,
+            _ => loss.f_backward()?,
         }
         o.step()?;
         Ok(vec![loss.detach()])
     })
     .unwrap();
+    // the eager warmup steps, then the capture (and its first replay)
     for _ in 0..=options.get_warmup() {
         step.run(&[&first.0, &first.1]).unwrap();
     }
@@ -239,7 +231,7 @@ fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut
     // 3. captured step
     synchronize(device).unwrap();
     let t = Instant::now();
-    let mut step = graphed_step(kind, opt, device, &batches[0], false);
+    let mut step = graphed_step(kind, opt, device, &batches[0], false, Precision::Fp32);
     synchronize(device).unwrap();
     let capture_ms = t.elapsed().as_secs_f64() * 1e3;
     let graph = step.graph_mut().expect("graphed on a GPU");
@@ -266,8 +258,10 @@ fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut
     }
     // the captured step under bf16 autocast (cast cache off), backward outside autocast as in
     // PyTorch; and, for comparison, backward left inside the autocast region
-    for (mode, autocast_bwd) in [("graph_bf16", false), ("graph_bf16_bwd_in_autocast", true)] {
-        let mut bf16 = graphed_step_amp(kind, opt, device, &batches[0], autocast_bwd);
+    for (mode, precision) in
+        [("graph_bf16", Precision::Bf16), ("graph_bf16_bwd_in_autocast", Precision::Bf16BackwardInAutocast)]
+    {
+        let mut bf16 = graphed_step(kind, opt, device, &batches[0], false, precision);
         let us = time_steps(device, steps, |i| {
             let (x, y) = &batches[i % batches.len()];
             bf16.run(&[x, y]).unwrap();
@@ -315,7 +309,7 @@ fn run_torch(steps: usize, compile: bool, rows: &mut Vec<Row>) -> Result<(), Str
 fn profile_small(feed: bool) {
     let device = Device::Cuda(0);
     let kind = ModelKind::SmallMlp;
-    let mut step = graphed_step(kind, Opt::Adam, device, &batch(kind, device), true);
+    let mut step = graphed_step(kind, Opt::Adam, device, &batch(kind, device), true, Precision::Fp32);
     let g = step.graph_mut().unwrap();
     println!("small MLP + Adam graph: {} nodes, {:?}", g.node_count().unwrap(), g.node_kinds().unwrap());
     for _ in 0..3 {

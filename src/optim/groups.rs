@@ -235,11 +235,6 @@ impl<C: HyperParams> Groups<C> {
         self.params[0].device()
     }
 
-    pub(crate) fn set_lr(&mut self, group: usize, lr: f64) -> Result<()> {
-        let g = self.groups.get(group).ok_or_else(|| Error::Misuse(format!("no parameter group {group}")))?;
-        g.lr.set(lr)
-    }
-
     pub(crate) fn lr_handles(&self) -> Vec<LrHandle> {
         self.groups.iter().map(|g| g.lr.clone()).collect()
     }

@@ -25,7 +25,7 @@ pub use sgd::{Sgd, SgdConfig};
 
 pub(crate) use groups::{check_hparam, Groups, HyperParams};
 
-use crate::error::{check, Result};
+use crate::error::{check, Error, Result};
 use crate::ffi;
 use std::collections::HashMap;
 use tch::Tensor;
@@ -42,7 +42,9 @@ pub trait Optimizer {
     fn step_scaled(&mut self, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()>;
     /// Sets every parameter's gradient to none (PyTorch's `zero_grad(set_to_none=True)`, which
     /// is what capture wants: backward then allocates the grads inside the graph's pool).
-    fn zero_grad(&mut self) -> Result<()>;
+    fn zero_grad(&mut self) -> Result<()> {
+        grads_to_none(self.params())
+    }
     /// Sets the learning rate of every group. It is a device tensor per group that a captured
     /// step reads on each replay, so this changes the rate of a captured step without
     /// re-capture.
@@ -54,11 +56,17 @@ pub trait Optimizer {
         self.lr_handles().first().map(LrHandle::get).unwrap_or(0.0)
     }
     /// Sets the learning rate of one group.
-    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()>;
+    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()> {
+        let handles = self.lr_handles();
+        let h = handles.get(group).ok_or_else(|| Error::Misuse(format!("no parameter group {group}")))?;
+        h.set(lr)
+    }
     /// The parameters this optimizer updates, all groups in order (shallow clones).
     fn params(&self) -> &[Tensor];
     /// How many parameter groups there are.
-    fn group_count(&self) -> usize;
+    fn group_count(&self) -> usize {
+        self.lr_handles().len()
+    }
     /// One learning-rate handle per group (clones share the device tensor).
     fn lr_handles(&self) -> Vec<LrHandle>;
     /// The optimizer's state by name: per parameter (`"{name}.exp_avg"`, ...) and per group

@@ -1,10 +1,7 @@
 //! Capturable SGD on `at::_fused_sgd_` (tensor learning rate).
 
 use super::groups::{copy_state, param_key};
-use super::{
-    by_dtype, check_hparam, grads_to_none, optional_ptr, with_grads, Groups, HyperParams, LrHandle, Optimizer,
-    ParamGroup,
-};
+use super::{by_dtype, check_hparam, optional_ptr, with_grads, Groups, HyperParams, LrHandle, Optimizer, ParamGroup};
 use crate::error::{check, Error, Result};
 use crate::ffi::{self, tensor_ptr as ptr, tensor_ptrs as ptrs};
 use std::collections::HashMap;
@@ -247,20 +244,8 @@ impl Optimizer for Sgd {
         r
     }
 
-    fn zero_grad(&mut self) -> Result<()> {
-        grads_to_none(&self.groups.params)
-    }
-
-    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()> {
-        self.groups.set_lr(group, lr)
-    }
-
     fn params(&self) -> &[Tensor] {
         &self.groups.params
-    }
-
-    fn group_count(&self) -> usize {
-        self.groups.groups.len()
     }
 
     fn lr_handles(&self) -> Vec<LrHandle> {
