@@ -46,6 +46,17 @@ fn find_cuda_include(torch_root: &Path) -> Result<PathBuf, String> {
     Err(looked.join(", "))
 }
 
+/// The directory holding `nccl.h`: `$NCCL_INCLUDE_DIR`, or pip's `nvidia/nccl/include` beside
+/// torch (the wheel libtorch's own NCCL comes from).
+fn find_nccl_include(torch_root: &Path) -> Option<PathBuf> {
+    let mut candidates: Vec<PathBuf> = env_var("NCCL_INCLUDE_DIR").map(PathBuf::from).into_iter().collect();
+    if let Some(site) = torch_root.parent() {
+        candidates.push(site.join("nvidia").join("nccl").join("include"));
+    }
+    candidates.push(PathBuf::from("/usr/include"));
+    candidates.into_iter().find(|d| d.join("nccl.h").exists())
+}
+
 /// libtorch's include directories and C++ ABI, found the way torch-sys finds them.
 fn torch_headers_and_abi(torch_root: &Path) -> (Vec<PathBuf>, String) {
     if env_var("LIBTORCH_USE_PYTORCH").is_some() {
@@ -122,6 +133,16 @@ fn main() {
             ),
         }
         build.files(["csrc/cuda/device.cpp", "csrc/cuda/graph.cpp", "csrc/cuda/memory.cpp", "csrc/cuda/cudart.cpp"]);
+        // process groups over libtorch's c10d and NCCL, when NCCL's header is there
+        match find_nccl_include(&torch_root) {
+            Some(dir) => {
+                build.include(dir).define("USE_C10D_NCCL", None).file("csrc/cuda/dist.cpp");
+            }
+            None => {
+                println!("cargo:warning=tch-cuda-graphs: nccl.h not found (set NCCL_INCLUDE_DIR): no process groups");
+                build.file("csrc/no_dist.cpp");
+            }
+        }
     } else {
         let why = if forced_off { "TCH_CUDA_GRAPHS_NO_CUDA is set" } else { "libtorch has no CUDA" };
         println!(
@@ -129,7 +150,7 @@ fn main() {
              entry point will return Error::NoCuda",
             torch_root.display()
         );
-        build.file("csrc/no_cuda.cpp");
+        build.files(["csrc/no_cuda.cpp", "csrc/no_dist.cpp"]);
     }
     build.compile("tch_cuda_graphs_shim");
 

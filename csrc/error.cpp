@@ -51,6 +51,8 @@ tcg_status fail_current_exception() noexcept {
     throw;
   } catch (const exception& e) {
     return fail(e.status, e.msg.c_str());
+  } catch (const c10::DistError& e) {
+    return fail(TCG_DIST, e.what_without_backtrace());
   } catch (const c10::OutOfMemoryError& e) {
     return fail(TCG_OUT_OF_MEMORY, e.what_without_backtrace());
   } catch (const c10::AcceleratorError& e) {

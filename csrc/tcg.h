@@ -14,7 +14,9 @@
 //   csrc/cuda/graph.cpp   CUDA graphs                      (CUDA builds)
 //   csrc/cuda/memory.cpp  pools and allocator figures      (CUDA builds)
 //   csrc/cuda/cudart.cpp  CUDA runtime forwarding          (CUDA builds)
+//   csrc/cuda/dist.cpp    process groups over c10d/NCCL  (CUDA builds with NCCL headers)
 //   csrc/no_cuda.cpp      the CUDA families as NO_CUDA stubs (builds without CUDA)
+//   csrc/no_dist.cpp      the process-group family as NO_CUDA stubs (no c10d/NCCL)
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -31,6 +33,7 @@ typedef enum {
   TCG_MISUSE = 4,               // an API used out of order (replay before capture, ...)
   TCG_OUT_OF_MEMORY = 5,        // c10::OutOfMemoryError (or cudaErrorMemoryAllocation)
   TCG_STALE = 6,                // a watched tensor no longer has the storage it had
+  TCG_DIST = 7,                 // c10d reported an error (c10::DistError: store, network, NCCL)
 } tcg_status;
 
 // tch's C_tensor: a pointer to a heap-allocated at::Tensor.
@@ -41,6 +44,7 @@ typedef struct tcg_mempool tcg_mempool;
 typedef struct tcg_watch tcg_watch;
 typedef struct tcg_event tcg_event;
 typedef struct tcg_autocast_guard tcg_autocast_guard;
+typedef struct tcg_pg tcg_pg;
 
 // A CUDA stream as c10::Stream::pack3() gives it: plain data, no ownership.
 typedef struct {
@@ -191,6 +195,22 @@ tcg_status tcg_reset_peak_stats(int device);
 // Bytes of the caching allocator's segments owned by `pool` on `device`.
 tcg_status tcg_pool_memory(int device, tcg_pool_id pool, int64_t* reserved, int64_t* allocated);
 tcg_status tcg_empty_cache(void);
+
+// ---------------------------------------------------------------- cuda/dist.cpp
+// A NCCL process group (c10d::ProcessGroupNCCL) on this rank's device. From torchrun's
+// environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; a client of torchrun's
+// agent store when TORCHELASTIC_USE_AGENT_STORE is set, else rank 0 hosts the TCPStore), or
+// explicit. The device is made current. Collectives make the current stream wait (no host
+// wait), so they can be captured; the first collective must run eagerly (communicator set-up).
+int tcg_dist_available(void);
+tcg_status tcg_pg_new_from_env(int64_t timeout_ms, tcg_pg** out);
+tcg_status tcg_pg_new_tcp(const char* host, int port, int rank, int size, int device, int64_t timeout_ms,
+                          tcg_pg** out);
+void tcg_pg_free(tcg_pg* p);
+tcg_status tcg_pg_info(tcg_pg* p, int* rank, int* size, int* device);
+tcg_status tcg_pg_allreduce(tcg_pg* p, tcg_tensor t, int op);  // op: 0 sum, 1 average
+tcg_status tcg_pg_broadcast(tcg_pg* p, tcg_tensor t, int root);
+tcg_status tcg_pg_barrier(tcg_pg* p);
 
 #ifdef __cplusplus
 }

@@ -80,6 +80,9 @@ pub enum Error {
         #[source]
         source: tch::TchError,
     },
+    /// c10d reported an error: the store (a rank that never joined), the network, NCCL.
+    #[error("distributed: {0}")]
+    Distributed(String),
     /// An error from a tch call (libtorch through tch's C API).
     #[error("libtorch error (through tch)")]
     Torch(#[from] tch::TchError),
@@ -154,6 +157,7 @@ pub(crate) fn check(status: ffi::tcg_status) -> Result<()> {
             Err(Error::CaptureInvalidated { source: Box::new(Error::Libtorch(take_last_error())) })
         }
         ffi::TCG_MISUSE => Err(Error::Misuse(take_last_error())),
+        ffi::TCG_DIST => Err(Error::Distributed(take_last_error())),
         ffi::TCG_OUT_OF_MEMORY => Err(Error::OutOfMemory { source: Box::new(Error::Libtorch(take_last_error())) }),
         // TCG_STALE is read by the watch, which knows the tensor's name; elsewhere it is plain.
         _ => Err(Error::Libtorch(take_last_error())),

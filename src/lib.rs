@@ -16,6 +16,7 @@
 //! - [`optim`]: capturable fused [`optim::Sgd`] and [`optim::Adam`] (Adam/AdamW) with parameter
 //!   groups and learning-rate handles; [`schedule`]: schedules applied from the host or computed
 //!   on the device; [`clip`]: on-device gradient clipping; [`checkpoint`]: save and resume.
+//! - [`dist`]: NCCL process groups over libtorch's c10d, from torchrun's environment.
 //! - [`train_step`]: [`TrainStep`], a training step captured per batch shape into one pool, fed
 //!   from the GPU or the CPU, with an eager fallback on machines without a GPU; [`bucket`]:
 //!   [`Buckets`] for variable-length sequences; [`feed`]: pinned buffers and device-side metrics.
@@ -40,6 +41,7 @@ pub mod capture;
 pub mod checkpoint;
 pub mod clip;
 pub mod device;
+pub mod dist;
 pub mod error;
 pub mod feed;
 pub mod ffi;

@@ -553,3 +553,21 @@ fn the_capture_lock_refuses_to_nest_and_releases_on_drop() {
     drop(again);
     assert!(matches!(CaptureLock::acquire(Device::Cpu), Err(Error::Misuse(_))));
 }
+
+/// Outside torchrun (no RANK/WORLD_SIZE), a process group from the environment is a clear error;
+/// explicit coordinates are checked; without c10d/NCCL every entry point says NoCuda.
+#[test]
+fn a_process_group_needs_torchrun_or_coordinates() {
+    use tch_cuda_graphs::dist::ProcessGroup;
+    assert!(std::env::var("RANK").is_err(), "run the CPU tests outside torchrun");
+    let r = ProcessGroup::from_env(std::time::Duration::from_secs(1));
+    match (&r, ProcessGroup::available()) {
+        (Err(Error::Misuse(msg)), true) => assert!(msg.contains("RANK"), "{msg}"),
+        (Err(Error::NoCuda(_)), false) => {}
+        other => panic!("expected Misuse (no RANK) or NoCuda, got {:?}", other.0.as_ref().map(|_| ())),
+    }
+    let bad = ProcessGroup::new_tcp("127.0.0.1", 29999, 3, 2, Device::Cuda(0), std::time::Duration::from_secs(1));
+    assert!(matches!(bad, Err(Error::Misuse(_)) | Err(Error::NoCuda(_))), "rank 3 of 2");
+    let cpu = ProcessGroup::new_tcp("127.0.0.1", 29999, 0, 1, Device::Cpu, std::time::Duration::from_secs(1));
+    assert!(matches!(cpu, Err(Error::Misuse(_))));
+}

@@ -6,6 +6,7 @@
 
 mod amp;
 mod cuda;
+mod dist;
 mod error;
 mod feed;
 mod optim;
@@ -13,6 +14,7 @@ mod watch;
 
 pub use amp::*;
 pub use cuda::*;
+pub use dist::*;
 pub use error::*;
 pub use feed::*;
 pub use optim::*;
@@ -28,6 +30,7 @@ pub const TCG_CAPTURE_INVALIDATED: tcg_status = 3;
 pub const TCG_MISUSE: tcg_status = 4;
 pub const TCG_OUT_OF_MEMORY: tcg_status = 5;
 pub const TCG_STALE: tcg_status = 6;
+pub const TCG_DIST: tcg_status = 7;
 
 /// tch's `C_tensor`: a pointer to a heap-allocated `at::Tensor`.
 pub type tcg_tensor = *mut torch_sys::C_tensor;

@@ -1,0 +1,21 @@
+// The process-group family of tcg.h where c10d/NCCL is not built (no CUDA, or no NCCL headers):
+// every entry point reports TCG_NO_CUDA.
+#include "shim.h"
+
+namespace {
+tcg_status no_dist() noexcept {
+  return tcg::fail(TCG_NO_CUDA,
+                   "tch-cuda-graphs was built without c10d/NCCL (no CUDA, or no NCCL headers found)");
+}
+}  // namespace
+
+extern "C" {
+int tcg_dist_available(void) { return 0; }
+tcg_status tcg_pg_new_from_env(int64_t, tcg_pg**) { return no_dist(); }
+tcg_status tcg_pg_new_tcp(const char*, int, int, int, int, int64_t, tcg_pg**) { return no_dist(); }
+void tcg_pg_free(tcg_pg*) {}
+tcg_status tcg_pg_info(tcg_pg*, int*, int*, int*) { return no_dist(); }
+tcg_status tcg_pg_allreduce(tcg_pg*, tcg_tensor, int) { return no_dist(); }
+tcg_status tcg_pg_broadcast(tcg_pg*, tcg_tensor, int) { return no_dist(); }
+tcg_status tcg_pg_barrier(tcg_pg*) { return no_dist(); }
+}  // extern "C"

@@ -1,0 +1,168 @@
+//! Several GPUs: a NCCL process group over libtorch's own c10d (`c10d::ProcessGroupNCCL`,
+//! `c10d::TCPStore`), launched by `torchrun`. Collectives make the current stream wait for their
+//! result without a host wait, so they can be captured in a training step's graph (after a first
+//! eager collective has set up the NCCL communicator).
+//!
+//! ```no_run
+//! # fn main() -> tch_cuda_graphs::Result<()> {
+//! // torchrun --nproc_per_node=2 --no-python target/release/examples/...
+//! use tch_cuda_graphs::dist::{ProcessGroup, ReduceOp};
+//! let pg = ProcessGroup::from_env(std::time::Duration::from_secs(60))?;
+//! let t = tch::Tensor::ones([4], (tch::Kind::Float, pg.device()));
+//! pg.all_reduce(&t, ReduceOp::Sum)?; // every element is now the world size
+//! # Ok(()) }
+//! ```
+//!
+//! Status: process groups and the three collectives (issue 10's first step). Data-parallel
+//! training (parameter broadcast, bucketed gradient all-reduce in the captured step, overlap),
+//! lifetimes tying graphs to their group, and failure handling come next.
+
+use crate::error::{check, Error, Result};
+use crate::ffi;
+use std::ffi::CString;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+use tch::{Device, Tensor};
+
+/// How [`ProcessGroup::all_reduce`] combines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// The sum over ranks.
+    Sum,
+    /// The mean over ranks (NCCL's average: no separate divide).
+    Avg,
+}
+
+#[derive(Debug)]
+struct Inner {
+    raw: NonNull<ffi::tcg_pg>,
+    rank: usize,
+    size: usize,
+    device: Device,
+}
+
+// SAFETY: c10d::ProcessGroupNCCL is built to be called from any thread (PyTorch calls it from
+// Python threads and its own watchdog thread; its state is behind its own mutexes). The handle is
+// freed once, when the last `Arc` goes.
+unsafe impl Send for Inner {}
+// SAFETY: as above; `&self` methods only issue collectives, which c10d serializes internally.
+// Ordering collectives the same way on every rank stays the caller's job, as in PyTorch.
+unsafe impl Sync for Inner {}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from a tcg_pg_new_* call and is freed exactly once, here; the shim
+        // shuts the group down and never throws.
+        unsafe { ffi::tcg_pg_free(self.raw.as_ptr()) }
+    }
+}
+
+/// A NCCL process group: this rank, the world size, this rank's CUDA device. Clones share the
+/// group; it is shut down when the last clone goes.
+#[derive(Clone, Debug)]
+pub struct ProcessGroup {
+    inner: Arc<Inner>,
+}
+
+fn millis(timeout: Duration) -> i64 {
+    i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl ProcessGroup {
+    /// Whether this build has c10d/NCCL.
+    pub fn available() -> bool {
+        // SAFETY: no arguments, no preconditions.
+        unsafe { ffi::tcg_dist_available() != 0 }
+    }
+
+    /// The group torchrun describes in the environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+    /// `MASTER_ADDR`, `MASTER_PORT`; torchrun's agent store when `TORCHELASTIC_USE_AGENT_STORE`
+    /// is set). Makes `cuda:LOCAL_RANK` current. `timeout` bounds the store and collectives.
+    pub fn from_env(timeout: Duration) -> Result<Self> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out pointer; on success it holds a group we own.
+        check(unsafe { ffi::tcg_pg_new_from_env(millis(timeout), &mut raw) })?;
+        Self::wrap(raw)
+    }
+
+    /// A group from explicit coordinates: rank 0 hosts a TCP store at `host:port`.
+    pub fn new_tcp(host: &str, port: u16, rank: usize, size: usize, device: Device, timeout: Duration) -> Result<Self> {
+        if size == 0 || rank >= size {
+            return Err(Error::Misuse(format!("invalid rank {rank} of {size}")));
+        }
+        let host = CString::new(host).map_err(|_| Error::Misuse("host contains NUL".into()))?;
+        let dev = match device {
+            Device::Cuda(i) => i as i32,
+            other => return Err(Error::Misuse(format!("a NCCL group needs a CUDA device, got {other:?}"))),
+        };
+        let as_int = |v: usize| i32::try_from(v).map_err(|_| Error::Misuse(format!("{v} is too large")));
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `host` is NUL-terminated and outlives the call; `raw` is a valid out pointer.
+        check(unsafe {
+            ffi::tcg_pg_new_tcp(
+                host.as_ptr(),
+                i32::from(port),
+                as_int(rank)?,
+                as_int(size)?,
+                dev,
+                millis(timeout),
+                &mut raw,
+            )
+        })?;
+        Self::wrap(raw)
+    }
+
+    fn wrap(raw: *mut ffi::tcg_pg) -> Result<Self> {
+        let raw = NonNull::new(raw).ok_or_else(|| Error::Libtorch("process group: null handle".into()))?;
+        let (mut rank, mut size, mut device) = (0, 0, 0);
+        // SAFETY: `raw` is live; three valid out pointers.
+        let info = check(unsafe { ffi::tcg_pg_info(raw.as_ptr(), &mut rank, &mut size, &mut device) });
+        let inner = Inner {
+            raw,
+            rank: rank.max(0) as usize,
+            size: size.max(0) as usize,
+            device: Device::Cuda(device.max(0) as usize),
+        };
+        info?; // `inner` frees the group if the query failed
+        Ok(ProcessGroup { inner: Arc::new(inner) })
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// The number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// This rank's CUDA device.
+    pub fn device(&self) -> Device {
+        self.inner.device
+    }
+
+    /// Reduces `t` (on this rank's device) over all ranks, in place.
+    pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<()> {
+        let op = match op {
+            ReduceOp::Sum => 0,
+            ReduceOp::Avg => 1,
+        };
+        // SAFETY: the group is live (held by self); `t` is a live handle for the call.
+        check(unsafe { ffi::tcg_pg_allreduce(self.inner.raw.as_ptr(), ffi::tensor_ptr(t), op) })
+    }
+
+    /// Copies rank `root`'s `t` into every rank's `t`, in place.
+    pub fn broadcast(&self, t: &Tensor, root: usize) -> Result<()> {
+        let root = i32::try_from(root).map_err(|_| Error::Misuse(format!("root {root} is too large")))?;
+        // SAFETY: the group is live (held by self); `t` is a live handle for the call.
+        check(unsafe { ffi::tcg_pg_broadcast(self.inner.raw.as_ptr(), ffi::tensor_ptr(t), root) })
+    }
+
+    /// Waits (on the device) until every rank reached the barrier.
+    pub fn barrier(&self) -> Result<()> {
+        // SAFETY: the group is live (held by self).
+        check(unsafe { ffi::tcg_pg_barrier(self.inner.raw.as_ptr()) })
+    }
+}

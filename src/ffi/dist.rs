@@ -1,0 +1,27 @@
+//! `csrc/cuda/dist.cpp` (or `csrc/no_dist.cpp`): process groups over c10d/NCCL.
+use super::{tcg_status, tcg_tensor};
+use std::os::raw::{c_char, c_int};
+
+#[repr(C)]
+pub struct tcg_pg {
+    _private: [u8; 0],
+}
+
+extern "C" {
+    pub fn tcg_dist_available() -> c_int;
+    pub fn tcg_pg_new_from_env(timeout_ms: i64, out: *mut *mut tcg_pg) -> tcg_status;
+    pub fn tcg_pg_new_tcp(
+        host: *const c_char,
+        port: c_int,
+        rank: c_int,
+        size: c_int,
+        device: c_int,
+        timeout_ms: i64,
+        out: *mut *mut tcg_pg,
+    ) -> tcg_status;
+    pub fn tcg_pg_free(p: *mut tcg_pg);
+    pub fn tcg_pg_info(p: *mut tcg_pg, rank: *mut c_int, size: *mut c_int, device: *mut c_int) -> tcg_status;
+    pub fn tcg_pg_allreduce(p: *mut tcg_pg, t: tcg_tensor, op: c_int) -> tcg_status;
+    pub fn tcg_pg_broadcast(p: *mut tcg_pg, t: tcg_tensor, root: c_int) -> tcg_status;
+    pub fn tcg_pg_barrier(p: *mut tcg_pg) -> tcg_status;
+}
