@@ -13,9 +13,15 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Status: process groups and the three collectives (issue 10's first step). Data-parallel
-//! training (parameter broadcast, bucketed gradient all-reduce in the captured step, overlap),
-//! lifetimes tying graphs to their group, and failure handling come next.
+//! Data parallel: [`broadcast_parameters`] (same model on every rank, checked, rank 0's values)
+//! and [`GradAllReduce`] (gradients averaged in flat buckets inside the captured step).
+//!
+//! Not yet: overlapping the buckets' all-reduce with backward, lifetimes tying graphs to their
+//! group in the types, and failure handling (a dead rank) beyond c10d's own timeout.
+
+mod data_parallel;
+
+pub use data_parallel::{broadcast_parameters, GradAllReduce, DEFAULT_BUCKET_BYTES};
 
 use crate::error::{check, Error, Result};
 use crate::ffi;
