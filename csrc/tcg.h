@@ -97,6 +97,10 @@ tcg_status tcg_fused_adam(int adamw, tcg_tensor* params, tcg_tensor* grads, tcg_
                           tcg_tensor grad_scale, tcg_tensor found_inf);
 // Sets every tensor's .grad to undefined (PyTorch's zero_grad(set_to_none=True)).
 tcg_status tcg_grads_set_to_none(tcg_tensor* params, size_t n);
+// Flat buffers (gradient buckets): `flat` = the tensors concatenated (one kernel); and back,
+// each tensor from its slice of `flat` (one multi-tensor kernel). Sizes must add up.
+tcg_status tcg_flat_pack(tcg_tensor* ts, size_t n, tcg_tensor flat);
+tcg_status tcg_flat_unpack(tcg_tensor flat, tcg_tensor* ts, size_t n);
 // Global-norm clipping on the device: total = ||(||g_i||_p)_i||_p; g_i *= min(1, max/(total+1e-6)).
 // Returns the total norm as a new 0-d tensor; no host sync.
 tcg_status tcg_clip_grad_norm(tcg_tensor* grads, size_t n, double max_norm, double norm_type,

@@ -2,7 +2,8 @@
 //! averaged across ranks in flat buckets inside the (captured) step.
 
 use super::{ProcessGroup, ReduceOp};
-use crate::error::{Error, Result};
+use crate::error::{check, Error, Result};
+use crate::ffi;
 use tch::{nn::VarStore, Kind, Tensor};
 
 /// A fixed-size summary of a model's variables (count, sizes, ranks, dtypes, names), the same
@@ -49,13 +50,13 @@ pub fn broadcast_parameters(pg: &ProcessGroup, vs: &VarStore) -> Result<()> {
 
 struct Bucket {
     flat: Tensor,
-    /// (parameter, offset, numel)
+    /// (parameter, offset, numel), in the flat buffer's order
     members: Vec<(Tensor, i64, i64)>,
 }
 
 /// Averages gradients across ranks in flat buckets (DDP-style, `bucket_bytes` each): per
-/// bucket, the gradients are copied into one flat buffer, all-reduced with one NCCL call, and
-/// copied back. The buffers are made here, once, so the whole thing can be captured: call
+/// bucket, the gradients are packed into one flat buffer (one kernel), all-reduced with one
+/// NCCL call, and unpacked (one multi-tensor kernel). The buffers are made here, once, so the whole thing can be captured: call
 /// [`all_reduce`](Self::all_reduce) in the step closure between backward and the optimizer.
 pub struct GradAllReduce {
     pg: ProcessGroup,
@@ -122,20 +123,22 @@ impl GradAllReduce {
         let _no_grad = tch::no_grad_guard();
         for b in &self.buckets {
             let mut grads = Vec::with_capacity(b.members.len());
-            for (p, off, n) in &b.members {
+            for (p, _, _) in &b.members {
                 let g = p.f_grad()?;
                 if !g.defined() {
                     return Err(Error::Misuse(
                         "GradAllReduce: a parameter has no gradient (run backward first)".into(),
                     ));
                 }
-                b.flat.f_narrow(0, *off, *n)?.f_copy_(&g.f_view([-1])?)?;
-                grads.push((g, *off, *n));
+                grads.push(g);
             }
+            let g = ffi::tensor_ptrs(&grads);
+            // SAFETY: `g` and the bucket's flat buffer are live handles for the calls; the flat
+            // buffer holds exactly the gradients' elements (made from the same parameters).
+            check(unsafe { ffi::tcg_flat_pack(g.as_ptr(), g.len(), ffi::tensor_ptr(&b.flat)) })?;
             self.pg.all_reduce(&b.flat, ReduceOp::Avg)?;
-            for (g, off, n) in grads {
-                g.f_view([-1])?.f_copy_(&b.flat.f_narrow(0, off, n)?)?;
-            }
+            // SAFETY: as above.
+            check(unsafe { ffi::tcg_flat_unpack(ffi::tensor_ptr(&b.flat), g.as_ptr(), g.len()) })?;
         }
         Ok(())
     }
