@@ -5,7 +5,8 @@
 //!
 //! `torchrun --nproc_per_node=N --no-python target/release/deps/ddp-*` (the GPU runner:
 //! `bash .gpu/run bench ddp` under torchrun). Rank 0 prints `ROW,ours,<model>,<world>,<µs>`.
-//! With one rank there is no all-reduce: the 1-GPU figure is the plain captured step.
+//! With one rank there is no all-reduce: the 1-GPU figure is the plain captured step. One
+//! bucket by default (like the reference); `TCG_DDP_BUCKETS=1` uses 25 MiB buckets.
 
 mod models;
 
@@ -42,11 +43,11 @@ fn main() {
         let model = Model::new(kind, &vs);
         broadcast_parameters(&pg, &vs).expect("same model");
         let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-3)).expect("adam");
-        let mut reduce = if world > 1 {
-            Some(GradAllReduce::new(&pg, opt.params(), DEFAULT_BUCKET_BYTES).expect("buckets"))
-        } else {
-            None
-        };
+        // One bucket: like PyTorch's reference (one flat all-reduce after backward). Buckets of
+        // DEFAULT_BUCKET_BYTES pay off once their all-reduce overlaps backward (not done yet).
+        let bucket = if std::env::var("TCG_DDP_BUCKETS").is_ok() { DEFAULT_BUCKET_BYTES } else { usize::MAX };
+        let mut reduce =
+            if world > 1 { Some(GradAllReduce::new(&pg, opt.params(), bucket).expect("buckets")) } else { None };
         tch::manual_seed(1 + rank as i64);
         let batches: Vec<(Tensor, Tensor)> = (0..8).map(|_| batch(kind, device)).collect();
         let mut step =
