@@ -3,12 +3,11 @@ fused), the whole step captured in torch.cuda.graph with a flat all-reduce of th
 after backward (torch.cat, all_reduce AVG, copy back). fp32, TF32 off. Run under torchrun;
 rank 0 prints ROW,torch,<model>,<world>,<µs> (the slowest rank's median µs per step)."""
 import os
-import time
 
 import torch
 import torch.distributed as dist
 
-from torch_reference import BLOCK, WARMUP, batch, make
+from torch_reference import batch, make, time_steps
 
 STEPS = 1000
 
@@ -59,19 +58,7 @@ def main():
             sy.copy_(y)
             g.replay()
 
-        for i in range(WARMUP):
-            run(i)
-        per, i = [], 0
-        for _ in range(STEPS // BLOCK):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(BLOCK):
-                run(i)
-                i += 1
-            torch.cuda.synchronize()
-            per.append((time.perf_counter() - t) * 1e6 / BLOCK)
-        per.sort()
-        us = torch.tensor([per[len(per) // 2]], device=dev)
+        us = torch.tensor([time_steps(STEPS, run)], device=dev)
         dist.all_reduce(us, op=dist.ReduceOp.MAX)
         if rank == 0:
             print(f"ROW,torch,{name},{world},{us.item():.2f}", flush=True)

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{cpu_batches, cuda, max_param_diff, twin_mlps};
+use common::{cpu_batches, cuda, max_param_diff, on, twin_mlps};
 use tch::{nn, nn::Module, Device, Kind, Tensor};
 use tch_cuda_graphs::amp::{Autocast, GradScaler, ScalerConfig};
 use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
@@ -13,10 +13,6 @@ use tch_cuda_graphs::{synchronize, CaptureOptions, CudaGraph, Error, StepOptions
 
 const D: i64 = 64;
 const O: i64 = 8;
-
-fn on(d: Device, batches: &[(Tensor, Tensor)]) -> Vec<(Tensor, Tensor)> {
-    batches.iter().map(|(x, y)| (x.to(d), y.to(d))).collect()
-}
 
 /// N captured bf16 steps equal N eager bf16 steps (the same autocast, cache off), and the
 /// forward really runs in bf16.

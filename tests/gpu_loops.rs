@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{cpu_batches, cuda, max_param_diff, mlp, mse_step, plain_loop, twin_mlps};
+use common::{cpu_batches, cuda, max_param_diff, mlp, mse_step, on, plain_loop, twin_mlps};
 use std::sync::{Arc, Mutex};
 use tch::{nn, nn::Module, Device, Kind, Tensor};
 use tch_cuda_graphs::optim::{split_params, Adam, AdamConfig, Optimizer, ParamGroup, Sgd, SgdConfig};
@@ -17,10 +17,6 @@ const O: i64 = 4;
 
 fn example(d: Device, n: i64) -> (Tensor, Tensor) {
     (Tensor::zeros([n, D], (Kind::Float, d)), Tensor::zeros([n, O], (Kind::Float, d)))
-}
-
-fn on(d: Device, batches: &[(Tensor, Tensor)]) -> Vec<(Tensor, Tensor)> {
-    batches.iter().map(|(x, y)| (x.to(d), y.to(d))).collect()
 }
 
 /// Mixed batch shapes: each shape gets its graph (after its warmup), every batch trains once,

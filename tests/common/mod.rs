@@ -110,3 +110,8 @@ pub fn plain_loop(
         opt.step().unwrap();
     }
 }
+
+/// `batches` moved to `device`.
+pub fn on(device: Device, batches: &[(Tensor, Tensor)]) -> Vec<(Tensor, Tensor)> {
+    batches.iter().map(|(x, y)| (x.to(device), y.to(device))).collect()
+}
