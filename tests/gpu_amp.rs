@@ -6,7 +6,7 @@
 mod common;
 
 use common::{cpu_batches, cuda, max_param_diff, on, twin_mlps};
-use tch::{nn, nn::Module, Device, Kind, Tensor};
+use tch::{nn, nn::Module, Kind, Tensor};
 use tch_cuda_graphs::amp::{Autocast, GradScaler, ScalerConfig};
 use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
 use tch_cuda_graphs::{synchronize, CaptureOptions, CudaGraph, Error, StepOptions, TrainStep};
