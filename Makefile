@@ -19,7 +19,7 @@ test: setup
 # The CPU tests with the shim built without CUDA (TCH_CUDA_GRAPHS_NO_CUDA=1): every GPU entry
 # point must say Error::NoCuda while the eager fallback and the optimizers keep working.
 test-no-cuda: setup
-	TCH_CUDA_GRAPHS_NO_CUDA=1 cargo test --release --test cpu --test cpu_loops --test cpu_amp
+	TCH_CUDA_GRAPHS_NO_CUDA=1 cargo test --release --test cpu --test cpu_loops --test cpu_amp --test cpu_dist
 
 # On a machine with a CUDA GPU: all tests, GPU ones included, one thread (they share the device).
 test-gpu: setup

@@ -136,7 +136,10 @@ fn main() {
         // process groups over libtorch's c10d and NCCL, when NCCL's header is there
         match find_nccl_include(&torch_root) {
             Some(dir) => {
-                build.include(dir).define("USE_C10D_NCCL", None).file("csrc/cuda/dist.cpp");
+                build
+                    .include(dir)
+                    .define("USE_C10D_NCCL", None)
+                    .files(["csrc/cuda/dist.cpp", "csrc/cuda/grad_buckets.cpp"]);
             }
             None => {
                 println!("cargo:warning=tch-cuda-graphs: nccl.h not found (set NCCL_INCLUDE_DIR): no process groups");

@@ -4,16 +4,20 @@
 //! step with a flat all-reduce after backward).
 //!
 //! `torchrun --nproc_per_node=N --no-python target/release/deps/ddp-*` (the GPU runner:
-//! `bash .gpu/run bench ddp` under torchrun). Rank 0 prints `ROW,ours,<model>,<world>,<µs>`.
-//! With one rank there is no all-reduce: the 1-GPU figure is the plain captured step. One
-//! bucket by default (like the reference); `TCG_DDP_BUCKETS=1` uses 25 MiB buckets.
+//! `bash .gpu/run bench ddp` under torchrun). Rank 0 prints `ROW,<variant>,<model>,<world>,<µs>`
+//! (the slowest rank's median). With one rank there is no all-reduce: the 1-GPU figure is the
+//! plain captured step. Variants on several ranks: `ours` (one bucket, all-reduced after
+//! backward, like the reference) and `ours_overlap_<KiB>` (buckets of that size, each
+//! all-reduced as soon as backward has produced its gradients; sizes from `TCG_DDP_OVERLAP_KIB`,
+//! comma-separated, default 4096,12300,25600). `TCG_DDP_MODELS` (comma-separated names)
+//! limits the models.
 
 mod models;
 
 use models::{batch, Model, ModelKind};
 use std::time::{Duration, Instant};
 use tch::{nn, Device, Tensor};
-use tch_cuda_graphs::dist::{broadcast_parameters, GradAllReduce, ProcessGroup, DEFAULT_BUCKET_BYTES};
+use tch_cuda_graphs::dist::{broadcast_parameters, GradAllReduce, ProcessGroup, ReduceOp};
 use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
 use tch_cuda_graphs::{synchronize, StepOptions, TrainStep};
 
@@ -26,6 +30,80 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// How the gradients are averaged: one bucket after backward, or overlapped buckets.
+#[derive(Clone, Copy)]
+enum Variant {
+    After,
+    Overlap(usize),
+}
+
+impl Variant {
+    fn name(self) -> String {
+        match self {
+            Variant::After => "ours".into(),
+            Variant::Overlap(bytes) => format!("ours_overlap_{}", bytes >> 10),
+        }
+    }
+}
+
+/// The slowest rank's median µs per captured step of `kind` with `variant`.
+fn measure(pg: &ProcessGroup, kind: ModelKind, variant: Variant) -> f64 {
+    let (rank, world, device) = (pg.rank(), pg.world_size(), pg.device());
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(device);
+    let model = Model::new(kind, &vs);
+    broadcast_parameters(pg, &vs).expect("same model");
+    let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-3)).expect("adam");
+    let (bucket, overlap) = match variant {
+        Variant::After => (usize::MAX, false),
+        Variant::Overlap(bytes) => (bytes, true),
+    };
+    let mut reduce =
+        if world > 1 { Some(GradAllReduce::new(pg, opt.params(), bucket).expect("buckets")) } else { None };
+    tch::manual_seed(1 + rank as i64);
+    let batches: Vec<(Tensor, Tensor)> = (0..8).map(|_| batch(kind, device)).collect();
+    let mut step = TrainStep::new(&[("x", &batches[0].0), ("y", &batches[0].1)], StepOptions::default(), move |inp| {
+        opt.zero_grad()?;
+        let loss = model.loss(&inp[0], &inp[1]);
+        match &mut reduce {
+            Some(r) if overlap => r.backward(&loss)?,
+            Some(r) => {
+                loss.f_backward()?;
+                r.all_reduce()?;
+            }
+            None => loss.f_backward()?,
+        }
+        opt.step()?;
+        Ok(vec![loss.detach()])
+    })
+    .expect("step");
+    let mut run = |i: usize| {
+        let (x, y) = &batches[i % 8];
+        step.run(&[x, y]).expect("run");
+    };
+    for i in 0..WARMUP {
+        run(i);
+    }
+    let mut per = Vec::new();
+    let mut i = 0;
+    for _ in 0..STEPS / BLOCK {
+        synchronize(device).expect("sync");
+        let t = Instant::now();
+        for _ in 0..BLOCK {
+            run(i);
+            i += 1;
+        }
+        synchronize(device).expect("sync");
+        per.push(t.elapsed().as_secs_f64() * 1e6 / BLOCK as f64);
+    }
+    let us = median(per);
+    let mut all = vec![0f64; world];
+    all[rank] = us;
+    let all_t = Tensor::from_slice(&all).to_device(device);
+    pg.all_reduce(&all_t, ReduceOp::Sum).expect("all-reduce");
+    Vec::<f64>::try_from(all_t.to_device(Device::Cpu)).expect("values").into_iter().fold(0f64, f64::max)
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--include-ignored" || a.starts_with("--test-threads")) {
         println!("bench ddp: run it under torchrun (see the file's docs)");
@@ -36,62 +114,19 @@ fn main() {
         return;
     }
     let pg = ProcessGroup::from_env(Duration::from_secs(120)).expect("process group");
-    let (rank, world, device) = (pg.rank(), pg.world_size(), pg.device());
-    for kind in ModelKind::ALL {
-        tch::manual_seed(0);
-        let vs = nn::VarStore::new(device);
-        let model = Model::new(kind, &vs);
-        broadcast_parameters(&pg, &vs).expect("same model");
-        let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-3)).expect("adam");
-        // One bucket: like PyTorch's reference (one flat all-reduce after backward). Buckets of
-        // DEFAULT_BUCKET_BYTES pay off once their all-reduce overlaps backward (not done yet).
-        let bucket = if std::env::var("TCG_DDP_BUCKETS").is_ok() { DEFAULT_BUCKET_BYTES } else { usize::MAX };
-        let mut reduce =
-            if world > 1 { Some(GradAllReduce::new(&pg, opt.params(), bucket).expect("buckets")) } else { None };
-        tch::manual_seed(1 + rank as i64);
-        let batches: Vec<(Tensor, Tensor)> = (0..8).map(|_| batch(kind, device)).collect();
-        let mut step =
-            TrainStep::new(&[("x", &batches[0].0), ("y", &batches[0].1)], StepOptions::default(), move |inp| {
-                opt.zero_grad()?;
-                let loss = model.loss(&inp[0], &inp[1]);
-                loss.f_backward()?;
-                if let Some(r) = &mut reduce {
-                    r.all_reduce()?;
-                }
-                opt.step()?;
-                Ok(vec![loss.detach()])
-            })
-            .expect("step");
-        let mut run = |i: usize| {
-            let (x, y) = &batches[i % 8];
-            step.run(&[x, y]).expect("run");
-        };
-        for i in 0..WARMUP {
-            run(i);
-        }
-        let mut per = Vec::new();
-        let mut i = 0;
-        for _ in 0..STEPS / BLOCK {
-            synchronize(device).expect("sync");
-            let t = Instant::now();
-            for _ in 0..BLOCK {
-                run(i);
-                i += 1;
+    let kib = std::env::var("TCG_DDP_OVERLAP_KIB").unwrap_or_else(|_| "4096,12300,25600".into());
+    let mut variants = vec![Variant::After];
+    if pg.world_size() > 1 {
+        variants
+            .extend(kib.split(',').filter_map(|k| k.trim().parse::<usize>().ok()).map(|k| Variant::Overlap(k << 10)));
+    }
+    let only = std::env::var("TCG_DDP_MODELS").unwrap_or_default();
+    for kind in ModelKind::ALL.into_iter().filter(|k| only.is_empty() || only.split(',').any(|m| m == k.name())) {
+        for &v in &variants {
+            let us = measure(&pg, kind, v);
+            if pg.rank() == 0 {
+                println!("ROW,{},{},{},{us:.2}", v.name(), kind.name(), pg.world_size());
             }
-            synchronize(device).expect("sync");
-            per.push(t.elapsed().as_secs_f64() * 1e6 / BLOCK as f64);
         }
-        let us = median(per);
-        // the slowest rank is the step time
-        let mut all = vec![0f64; world];
-        all[rank] = us;
-        let all_t = Tensor::from_slice(&all).to_device(device);
-        pg.all_reduce(&all_t, tch_cuda_graphs::dist::ReduceOp::Sum).expect("all-reduce");
-        let slowest =
-            Vec::<f64>::try_from(all_t.to_device(Device::Cpu)).expect("values").into_iter().fold(0f64, f64::max);
-        if rank == 0 {
-            println!("ROW,ours,{},{world},{slowest:.2}", kind.name());
-        }
-        drop(step); // graphs holding NCCL work go before the group
     }
 }

@@ -67,31 +67,6 @@ tcg_status tcg_grads_set_to_none(tcg_tensor* params, size_t n) {
   });
 }
 
-tcg_status tcg_flat_pack(tcg_tensor* ts, size_t n, tcg_tensor flat) {
-  return guard([&] {
-    auto v = tensor_list(ts, n);
-    std::vector<at::Tensor> views;
-    views.reserve(n);
-    for (auto& t : v) views.push_back(t.reshape({-1}));
-    at::Tensor& out = tensor_ref(flat);
-    at::cat_out(out, views, 0);  // one kernel
-  });
-}
-
-tcg_status tcg_flat_unpack(tcg_tensor flat, tcg_tensor* ts, size_t n) {
-  return guard([&] {
-    auto v = tensor_list(ts, n);
-    std::vector<int64_t> sizes;
-    sizes.reserve(n);
-    for (auto& t : v) sizes.push_back(t.numel());
-    auto parts = tensor_ref(flat).split_with_sizes(sizes, 0);
-    std::vector<at::Tensor> src;
-    src.reserve(n);
-    for (size_t i = 0; i < n; ++i) src.push_back(parts[i].view(v[i].sizes()));
-    at::_foreach_copy_(v, src);  // one multi-tensor kernel
-  });
-}
-
 tcg_status tcg_clip_grad_norm(tcg_tensor* grads, size_t n, double max_norm, double norm_type,
                               tcg_tensor* total_out) {
   return guard([&] {

@@ -15,6 +15,7 @@
 //   csrc/cuda/memory.cpp  pools and allocator figures      (CUDA builds)
 //   csrc/cuda/cudart.cpp  CUDA runtime forwarding          (CUDA builds)
 //   csrc/cuda/dist.cpp    process groups over c10d/NCCL  (CUDA builds with NCCL headers)
+//   csrc/cuda/grad_buckets.cpp  gradient buckets fed by autograd hooks (same builds)
 //   csrc/no_cuda.cpp      the CUDA families as NO_CUDA stubs (builds without CUDA)
 //   csrc/no_dist.cpp      the process-group family as NO_CUDA stubs (no c10d/NCCL)
 #pragma once
@@ -34,6 +35,7 @@ typedef enum {
   TCG_OUT_OF_MEMORY = 5,        // c10::OutOfMemoryError (or cudaErrorMemoryAllocation)
   TCG_STALE = 6,                // a watched tensor no longer has the storage it had
   TCG_DIST = 7,                 // c10d reported an error (c10::DistError: store, network, NCCL)
+  TCG_DIST_TIMEOUT = 8,         // tcg_pg_wait_device gave up: no progress within the timeout
 } tcg_status;
 
 // tch's C_tensor: a pointer to a heap-allocated at::Tensor.
@@ -45,6 +47,7 @@ typedef struct tcg_watch tcg_watch;
 typedef struct tcg_event tcg_event;
 typedef struct tcg_autocast_guard tcg_autocast_guard;
 typedef struct tcg_pg tcg_pg;
+typedef struct tcg_buckets tcg_buckets;
 
 // A CUDA stream as c10::Stream::pack3() gives it: plain data, no ownership.
 typedef struct {
@@ -97,10 +100,6 @@ tcg_status tcg_fused_adam(int adamw, tcg_tensor* params, tcg_tensor* grads, tcg_
                           tcg_tensor grad_scale, tcg_tensor found_inf);
 // Sets every tensor's .grad to undefined (PyTorch's zero_grad(set_to_none=True)).
 tcg_status tcg_grads_set_to_none(tcg_tensor* params, size_t n);
-// Flat buffers (gradient buckets): `flat` = the tensors concatenated (one kernel); and back,
-// each tensor from its slice of `flat` (one multi-tensor kernel). Sizes must add up.
-tcg_status tcg_flat_pack(tcg_tensor* ts, size_t n, tcg_tensor flat);
-tcg_status tcg_flat_unpack(tcg_tensor flat, tcg_tensor* ts, size_t n);
 // Global-norm clipping on the device: total = ||(||g_i||_p)_i||_p; g_i *= min(1, max/(total+1e-6)).
 // Returns the total norm as a new 0-d tensor; no host sync.
 tcg_status tcg_clip_grad_norm(tcg_tensor* grads, size_t n, double max_norm, double norm_type,
@@ -215,6 +214,23 @@ tcg_status tcg_pg_info(tcg_pg* p, int* rank, int* size, int* device);
 tcg_status tcg_pg_allreduce(tcg_pg* p, tcg_tensor t, int op);  // op: 0 sum, 1 average
 tcg_status tcg_pg_broadcast(tcg_pg* p, tcg_tensor t, int root);
 tcg_status tcg_pg_barrier(tcg_pg* p);
+// The host waits at most timeout_ms for the device's current stream (graph replays included:
+// c10d's watchdog cannot see their NCCL kernels). On timeout: aborts the group's communicators
+// (pending NCCL kernels exit; later collectives are refused) and returns TCG_DIST_TIMEOUT.
+tcg_status tcg_pg_wait_device(tcg_pg* p, int64_t timeout_ms);
+tcg_status tcg_pg_abort(tcg_pg* p);
+
+// ---------------------------------------------------------------- cuda/grad_buckets.cpp
+// Gradient buckets (DDP-style) over `params` (leaves of one dtype on the group's device), with a
+// post-accumulate-grad hook on each. Armed, a bucket is packed and its all-reduce (average)
+// started on c10d's NCCL stream as soon as all its gradients are ready, in bucket order; finish
+// launches the rest, makes the current stream wait for all (no host wait), unpacks and disarms.
+// The group must outlive the buckets. tcg_buckets_free removes the hooks.
+tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensor* params, size_t n, int64_t bucket_bytes, tcg_buckets** out);
+void tcg_buckets_free(tcg_buckets* b);
+tcg_status tcg_buckets_count(tcg_buckets* b, size_t* out);
+tcg_status tcg_buckets_arm(tcg_buckets* b);
+tcg_status tcg_buckets_finish(tcg_buckets* b);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 //! The training example, data parallel: every rank trains the same MLP on its own shard of the
 //! data set (held on the CPU, fed through pinned memory), with a captured step whose gradients
-//! are averaged across ranks inside the graph (flat buckets, one NCCL all-reduce each).
+//! are averaged across ranks inside the graph (flat buckets, one NCCL all-reduce each, started
+//! by gradient hooks while backward goes on).
 //! Parameters start equal (rank 0's, checked across ranks), stay bitwise equal, and rank 0
 //! writes a checkpoint every epoch.
 //!
@@ -84,8 +85,9 @@ fn main() -> Result<()> {
         let mut opt = o.lock().unwrap_or_else(|p| p.into_inner());
         opt.zero_grad()?;
         let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
+        reduce.arm()?; // each bucket's all-reduce starts as soon as its gradients are ready
         tch_cuda_graphs::amp::backward(&loss)?;
-        reduce.all_reduce()?; // gradients averaged across ranks, inside the graph
+        reduce.all_reduce()?; // waits for the buckets (on the device): averaged across ranks
         opt.step()?;
         Ok(vec![loss.detach()])
     })?;
@@ -109,7 +111,8 @@ fn main() -> Result<()> {
             schedule.step()?;
             meter.add(&step.run(&[bx, by])?[0])?;
         }
-        synchronize(device)?;
+        // a bounded wait: if a rank died, its NCCL peers would spin forever in the graph
+        pg.wait_device(Duration::from_secs(60))?;
         if epoch > 0 || epochs == 1 {
             seconds += start.elapsed().as_secs_f64();
             timed += batches.len();
@@ -136,6 +139,6 @@ fn main() -> Result<()> {
         step.graph_count()
     );
     ensure!(cross == 0.0, "ranks diverged");
-    drop(step); // graphs holding NCCL work go before the process group
+    // Dropping in any order is fine: the graphs hold the group, which shuts down after them.
     Ok(())
 }

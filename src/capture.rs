@@ -29,8 +29,9 @@ use crate::graph::{CaptureMode, CudaGraph};
 use crate::memory::{empty_cache, memory_stats};
 use crate::pool::PoolId;
 use crate::stream::{Stream, StreamGuard};
+use std::any::Any;
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::{Condvar, Mutex, OnceLock};
 use tch::Device;
@@ -191,6 +192,65 @@ impl Drop for CaptureLock {
     }
 }
 
+type KeepAlive = Vec<Box<dyn Any + Send>>;
+
+/// Per device, while one of this crate's captures is being recorded there: what the captured
+/// work asked to keep alive ([`retain_in_capture`]).
+fn keep_alive() -> &'static Mutex<HashMap<usize, KeepAlive>> {
+    static SLOTS: OnceLock<Mutex<HashMap<usize, KeepAlive>>> = OnceLock::new();
+    SLOTS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// While this crate records a capture on `device` ([`CudaGraph::capture`],
+/// [`capture_with_warmup`], [`crate::TrainStep`]), hands `object` to the graph being recorded:
+/// the graph drops it after itself, as with [`CudaGraph::retain`]. Returns whether such a
+/// capture was under way (otherwise `object` is dropped at once). Called from any thread (work
+/// queued by autograd's device threads belongs to the capture too).
+///
+/// This is how a graph keeps alive what its kernels use beyond tensors: a
+/// [`dist::ProcessGroup`](crate::dist::ProcessGroup) registers itself on every collective
+/// issued under capture, so its NCCL communicator outlives every graph holding its kernels.
+/// A hand-rolled capture through [`CudaGraph::capture_begin`] gets nothing: retain yourself.
+pub fn retain_in_capture<T: Send + 'static>(device: Device, object: T) -> bool {
+    let Device::Cuda(i) = device else { return false };
+    // A poisoned mutex only means a thread panicked while holding the map: it is consistent.
+    let mut slots = keep_alive().lock().unwrap_or_else(|p| p.into_inner());
+    match slots.get_mut(&i) {
+        Some(v) => {
+            v.push(Box::new(object));
+            true
+        }
+        None => false,
+    }
+}
+
+/// The keep-alive slot of one capture: open while it records, emptied into the graph on
+/// success, and closed (its objects dropped, outside the lock) on every path.
+struct KeepAliveSlot(usize);
+
+impl KeepAliveSlot {
+    fn open(device: Device) -> Self {
+        let i = match device {
+            Device::Cuda(i) => i,
+            _ => usize::MAX,
+        };
+        keep_alive().lock().unwrap_or_else(|p| p.into_inner()).insert(i, Vec::new());
+        KeepAliveSlot(i)
+    }
+
+    fn take(&self) -> KeepAlive {
+        let mut slots = keep_alive().lock().unwrap_or_else(|p| p.into_inner());
+        slots.get_mut(&self.0).map(std::mem::take).unwrap_or_default()
+    }
+}
+
+impl Drop for KeepAliveSlot {
+    fn drop(&mut self) {
+        let left = keep_alive().lock().unwrap_or_else(|p| p.into_inner()).remove(&self.0);
+        drop(left); // outside the lock: dropping may shut a process group down
+    }
+}
+
 /// Synchronizes `device` and returns its capture stream ordered after its current stream.
 fn side_stream(device: Device) -> Result<Stream> {
     synchronize(device)?;
@@ -265,6 +325,7 @@ fn record<T>(
     }
     let ooms = oom_count(device)?;
     let _stream = StreamGuard::new(side)?; // dropped last: the capture ends on `side`
+    let keep = KeepAliveSlot::open(device);
     graph.capture_begin(options.pool, options.mode)?;
     let mut guard = AbortOnDrop { graph, armed: true };
     match catch_unwind(AssertUnwindSafe(f)) {
@@ -272,6 +333,9 @@ fn record<T>(
             guard.armed = false;
             // capture_end tears down by itself on failure
             guard.graph.capture_end().map_err(|e| classify(e, false, device, ooms))?;
+            for object in keep.take() {
+                guard.graph.retain(object);
+            }
             Ok(out)
         }
         Ok(Err(e)) => {

@@ -83,6 +83,11 @@ pub enum Error {
     /// c10d reported an error: the store (a rank that never joined), the network, NCCL.
     #[error("distributed: {0}")]
     Distributed(String),
+    /// [`dist::ProcessGroup::wait_device`](crate::dist::ProcessGroup::wait_device) gave up: the
+    /// device made no progress within the timeout (a rank died, or stopped calling
+    /// collectives). The group was aborted: its collectives are refused from now on.
+    #[error("distributed timeout: {0}")]
+    DistributedTimeout(String),
     /// An error from a tch call (libtorch through tch's C API).
     #[error("libtorch error (through tch)")]
     Torch(#[from] tch::TchError),
@@ -158,6 +163,7 @@ pub(crate) fn check(status: ffi::tcg_status) -> Result<()> {
         }
         ffi::TCG_MISUSE => Err(Error::Misuse(take_last_error())),
         ffi::TCG_DIST => Err(Error::Distributed(take_last_error())),
+        ffi::TCG_DIST_TIMEOUT => Err(Error::DistributedTimeout(take_last_error())),
         ffi::TCG_OUT_OF_MEMORY => Err(Error::OutOfMemory { source: Box::new(Error::Libtorch(take_last_error())) }),
         // TCG_STALE is read by the watch, which knows the tensor's name; elsewhere it is plain.
         _ => Err(Error::Libtorch(take_last_error())),

@@ -56,7 +56,9 @@ pub mod train_step;
 pub mod watch;
 
 pub use bucket::{Buckets, Padded};
-pub use capture::{capture_with_warmup, run_on_capture_stream, CaptureLock, CaptureOptions, DEFAULT_WARMUP};
+pub use capture::{
+    capture_with_warmup, retain_in_capture, run_on_capture_stream, CaptureLock, CaptureOptions, DEFAULT_WARMUP,
+};
 pub use clip::clip_grad_norm;
 pub use device::{built_with_cuda, cuda_device_count, cuda_is_available, synchronize};
 pub use error::{Error, Result};

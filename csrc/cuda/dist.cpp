@@ -1,24 +1,27 @@
 // Process groups over libtorch's own c10d and NCCL (CUDA builds with NCCL headers; otherwise
 // csrc/no_dist.cpp). Built with -DUSE_C10D_NCCL, as libtorch itself was.
-#include "cuda_shim.h"
+#include "dist.h"
 
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <thread>
 
 using namespace tcg;
 
-struct tcg_pg {
-  c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg;
-  int rank;
-  int size;
-  c10::DeviceIndex device;
-};
+void tcg::check_collective(tcg_pg* p, const at::Tensor& t) {
+  if (p->aborted.load()) {
+    throw exception(TCG_DIST, "the process group was aborted after a timeout (a rank stopped responding): make a new one");
+  }
+  if (!t.is_cuda() || t.get_device() != p->device) {
+    misuse("collective tensor must be on cuda:" + std::to_string(p->device) + " (this rank's device)");
+  }
+}
 
 namespace {
 
@@ -41,13 +44,34 @@ tcg_pg* make_pg(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int d
   auto opts = c10d::ProcessGroupNCCL::Options::create();
   opts->timeout = std::chrono::milliseconds(timeout_ms);
   auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
-  return new tcg_pg{std::move(store), std::move(pg), rank, size, dev};
+  auto* out = new tcg_pg{};
+  out->store = std::move(store);
+  out->pg = std::move(pg);
+  out->rank = rank;
+  out->size = size;
+  out->device = dev;
+  return out;
 }
 
-void check_device(tcg_pg* p, const at::Tensor& t) {
-  if (!t.is_cuda() || t.get_device() != p->device) {
-    misuse("collective tensor must be on cuda:" + std::to_string(p->device) + " (this rank's device)");
-  }
+// Runs a collective on the current stream (asyncOp = false: no side stream, no events, and a
+// null Work), or, for an asynchronous Work, makes the current stream wait for it.
+void run_on_current_stream(const c10::intrusive_ptr<c10d::Work>& w) {
+  if (w) w->wait();
+}
+
+// Marks the group aborted and aborts its communicators on a detached thread: NCCL's abort first
+// raises the flag that spinning kernels poll, then reclaims resources, which can block for good
+// when a peer on this node died (it may wait for the peer). The caller never waits for it.
+void abort_in_background(tcg_pg* p) {
+  if (p->aborted.exchange(true)) return;
+  auto pg = p->pg;
+  std::thread([pg] {
+    try {
+      pg->abort();
+    } catch (...) {
+      // best effort: the group is refused from now on either way
+    }
+  }).detach();
 }
 
 }  // namespace
@@ -98,6 +122,9 @@ tcg_status tcg_pg_new_tcp(const char* host, int port, int rank, int size, int de
 
 void tcg_pg_free(tcg_pg* p) {
   if (p == nullptr) return;
+  // An aborted group is left as it is (leaked): its destructor and shutdown may wait for NCCL
+  // work of a dead peer, and the process is expected to exit or start over.
+  if (p->aborted.load()) return;
   try {
     p->pg->shutdown();
   } catch (...) {
@@ -120,29 +147,64 @@ tcg_status tcg_pg_info(tcg_pg* p, int* rank, int* size, int* device) {
 tcg_status tcg_pg_allreduce(tcg_pg* p, tcg_tensor t, int op) {
   return guard([&] {
     std::vector<at::Tensor> v{tensor_ref(t)};
-    check_device(p, v[0]);
+    check_collective(p, v[0]);
     c10d::AllreduceOptions o;
     o.reduceOp = op == 1 ? c10d::ReduceOp(c10d::ReduceOp::AVG) : c10d::ReduceOp(c10d::ReduceOp::SUM);
-    p->pg->allreduce(v, o)->wait();
+    o.asyncOp = false;
+    run_on_current_stream(p->pg->allreduce(v, o));
   });
 }
 
 tcg_status tcg_pg_broadcast(tcg_pg* p, tcg_tensor t, int root) {
   return guard([&] {
+    if (root < 0 || root >= p->size) misuse("broadcast root " + std::to_string(root) + " of " + std::to_string(p->size));
     std::vector<at::Tensor> v{tensor_ref(t)};
-    check_device(p, v[0]);
+    check_collective(p, v[0]);
     c10d::BroadcastOptions o;
     o.rootRank = root;
-    p->pg->broadcast(v, o)->wait();
+    o.asyncOp = false;
+    run_on_current_stream(p->pg->broadcast(v, o));
   });
 }
 
 tcg_status tcg_pg_barrier(tcg_pg* p) {
   return guard([&] {
+    if (p->aborted.load()) throw exception(TCG_DIST, "the process group was aborted after a timeout");
     c10d::BarrierOptions o;
     o.device_ids = {p->device};
     p->pg->barrier(o)->wait();
   });
+}
+
+// The host waits, at most `timeout_ms`, for the work queued so far on the device's current
+// stream. A graph replay's NCCL kernels are invisible to c10d's watchdog and spin forever when a
+// peer has died; this is the bounded wait for them. On timeout the group is aborted (in the
+// background: see abort_in_background) and TCG_DIST_TIMEOUT returned.
+tcg_status tcg_pg_wait_device(tcg_pg* p, int64_t timeout_ms) {
+  return guard([&] {
+    c10::cuda::CUDAGuard g(p->device);
+    at::cuda::CUDAEvent done;  // timing off
+    done.record(at::cuda::getCurrentCUDAStream(p->device));
+    const auto start = std::chrono::steady_clock::now();
+    const auto limit = std::chrono::milliseconds(timeout_ms);
+    auto nap = std::chrono::microseconds(20);
+    while (!done.query()) {
+      if (std::chrono::steady_clock::now() - start >= limit) {
+        abort_in_background(p);
+        throw exception(TCG_DIST_TIMEOUT, "rank " + std::to_string(p->rank) + ": the device made no progress within " +
+                                              std::to_string(timeout_ms) +
+                                              " ms (a rank died or stopped calling collectives); the process group "
+                                              "was aborted");
+      }
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(100));
+    }
+  });
+}
+
+// Aborts the group (in the background); later collectives are refused.
+tcg_status tcg_pg_abort(tcg_pg* p) {
+  return guard([&] { abort_in_background(p); });
 }
 
 }  // extern "C"

@@ -4,6 +4,7 @@
 use super::{ProcessGroup, ReduceOp};
 use crate::error::{check, Error, Result};
 use crate::ffi;
+use std::ptr::NonNull;
 use tch::{nn::VarStore, Kind, Tensor};
 
 /// A fixed-size summary of a model's variables (count, sizes, ranks, dtypes, names), the same
@@ -48,27 +49,67 @@ pub fn broadcast_parameters(pg: &ProcessGroup, vs: &VarStore) -> Result<()> {
     Ok(())
 }
 
-struct Bucket {
-    flat: Tensor,
-    /// (parameter, offset, numel), in the flat buffer's order
-    members: Vec<(Tensor, i64, i64)>,
-}
-
-/// Averages gradients across ranks in flat buckets (DDP-style, `bucket_bytes` each): per
-/// bucket, the gradients are packed into one flat buffer (one kernel), all-reduced with one
-/// NCCL call, and unpacked (one multi-tensor kernel). The buffers are made here, once, so the whole thing can be captured: call
-/// [`all_reduce`](Self::all_reduce) in the step closure between backward and the optimizer.
+/// Averages gradients across ranks in flat buckets (DDP-style, about `bucket_bytes` each,
+/// filled in reverse parameter order: the order backward produces gradients). Per bucket: one
+/// pack kernel, one NCCL all-reduce (average), one multi-tensor unpack kernel; a bucket of one
+/// parameter is reduced in place. The buffers are made here, once, so all of it can be captured.
+///
+/// Two ways to use it inside the step closure:
+/// - after backward: [`all_reduce`](Self::all_reduce) reduces every bucket, on the current
+///   stream.
+/// - overlapped: [`arm`](Self::arm) before backward. Each parameter carries an autograd hook
+///   (post-accumulate-grad); armed, a bucket whose gradients are all ready is packed and its
+///   all-reduce started on c10d's NCCL stream while backward goes on (buckets start in the same
+///   order on every rank). [`all_reduce`](Self::all_reduce) then starts what is left, makes the
+///   current stream wait for every bucket, unpacks and disarms. Under capture the fork and the
+///   join are recorded into the graph. [`backward`](Self::backward) does all three.
+///
+/// One backward per armed step: a parameter whose gradient arrives twice while armed is an
+/// error (accumulate over several backward passes without arming, then call `all_reduce`).
+/// Disarmed, the hooks do nothing. Holds its group; the hooks are removed on drop.
+///
+/// ```no_run
+/// # fn main() -> tch_cuda_graphs::Result<()> {
+/// # use std::time::Duration;
+/// use tch::nn::{self, Module};
+/// use tch_cuda_graphs::dist::{broadcast_parameters, GradAllReduce, ProcessGroup};
+/// use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
+/// let pg = ProcessGroup::from_env(Duration::from_secs(60))?;
+/// let vs = nn::VarStore::new(pg.device());
+/// let model = nn::linear(vs.root(), 64, 8, Default::default());
+/// broadcast_parameters(&pg, &vs)?;
+/// let mut opt = Adam::new(&vs, AdamConfig::default())?;
+/// let mut reduce = GradAllReduce::new(&pg, opt.params(), 4 << 20)?;
+/// let x = tch::Tensor::randn([32, 64], (tch::Kind::Float, pg.device()));
+/// opt.zero_grad()?;
+/// let loss = model.forward(&x).square().mean(None);
+/// reduce.backward(&loss)?; // backward, each bucket's all-reduce overlapping the rest of it
+/// opt.step()?;
+/// # Ok(()) }
+/// ```
 pub struct GradAllReduce {
+    raw: NonNull<ffi::tcg_buckets>,
+    buckets: usize,
+    /// Dropped after the buckets (fields drop after `Drop::drop`): the shim's buckets use it.
     pg: ProcessGroup,
-    buckets: Vec<Bucket>,
 }
 
 impl std::fmt::Debug for GradAllReduce {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GradAllReduce")
-            .field("rank", &self.pg.rank())
-            .field("buckets", &self.buckets.iter().map(|b| b.members.len()).collect::<Vec<_>>())
-            .finish()
+        f.debug_struct("GradAllReduce").field("rank", &self.pg.rank()).field("buckets", &self.buckets).finish()
+    }
+}
+
+// SAFETY: the shim's bucket state is behind its own mutex (the hooks run on autograd's device
+// threads, the methods on the caller's); the hooks hold only a weak reference to it. Every
+// method that reaches it takes `&mut self`, and the group it uses is itself Send + Sync.
+unsafe impl Send for GradAllReduce {}
+
+impl Drop for GradAllReduce {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from tcg_buckets_new and is freed exactly once, here; the group it
+        // uses is still alive (the `pg` field drops after this). The shim never throws.
+        unsafe { ffi::tcg_buckets_free(self.raw.as_ptr()) }
     }
 }
 
@@ -76,8 +117,10 @@ impl std::fmt::Debug for GradAllReduce {
 pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
 
 impl GradAllReduce {
-    /// Buckets for `params` (all of one dtype and on the group's device), in reverse order (the
-    /// order backward produces gradients), each up to `bucket_bytes`.
+    /// Buckets for `params` (leaves that require grad, all of one dtype, on the group's device),
+    /// each up to `bucket_bytes` (a parameter larger than that gets a bucket of its own), with
+    /// a gradient hook on each parameter. [`Error::Misuse`] if a parameter already belongs to
+    /// another `GradAllReduce`.
     pub fn new(pg: &ProcessGroup, params: &[Tensor], bucket_bytes: usize) -> Result<Self> {
         let first = params.first().ok_or_else(|| Error::Misuse("no parameters to all-reduce".into()))?;
         let kind = first.kind();
@@ -89,57 +132,48 @@ impl GradAllReduce {
                 p.device()
             )));
         }
-        let elt = kind.elt_size_in_bytes().max(1);
-        let mut buckets = Vec::new();
-        let mut current: Vec<(Tensor, i64, i64)> = Vec::new();
-        let mut size = 0i64;
-        for p in params.iter().rev() {
-            let n = p.numel() as i64;
-            if !current.is_empty() && ((size + n) as usize) * elt > bucket_bytes {
-                buckets.push(Self::bucket(std::mem::take(&mut current), size, kind, pg)?);
-                size = 0;
-            }
-            current.push((p.shallow_clone(), size, n));
-            size += n;
-        }
-        if !current.is_empty() {
-            buckets.push(Self::bucket(current, size, kind, pg)?);
-        }
-        Ok(GradAllReduce { pg: pg.clone(), buckets })
-    }
-
-    fn bucket(members: Vec<(Tensor, i64, i64)>, size: i64, kind: Kind, pg: &ProcessGroup) -> Result<Bucket> {
-        Ok(Bucket { flat: Tensor::f_zeros([size], (kind, pg.device()))?, members })
+        let ptrs = ffi::tensor_ptrs(params);
+        let bytes = i64::try_from(bucket_bytes).unwrap_or(i64::MAX);
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: the group is live (held by `pg`, cloned into the result before it can be
+        // used); `ptrs` are live handles for the call (the shim copies the tensors); `raw` is a
+        // valid out pointer.
+        check(unsafe { ffi::tcg_buckets_new(pg.raw(), ptrs.as_ptr(), ptrs.len(), bytes, &mut raw) })?;
+        let raw = NonNull::new(raw).ok_or_else(|| Error::Libtorch("gradient buckets: null handle".into()))?;
+        let mut out = GradAllReduce { raw, buckets: 0, pg: pg.clone() };
+        let mut n = 0usize;
+        // SAFETY: `raw` is live; `n` is a valid out pointer.
+        check(unsafe { ffi::tcg_buckets_count(out.raw.as_ptr(), &mut n) })?;
+        out.buckets = n;
+        Ok(out)
     }
 
     /// How many buckets (NCCL calls per step).
     pub fn bucket_count(&self) -> usize {
-        self.buckets.len()
+        self.buckets
     }
 
-    /// Averages every parameter's gradient across ranks, in place (no host sync). Every
-    /// parameter must have a gradient.
+    /// Arms the hooks for the next backward pass (forgetting any round a failed step left
+    /// half done): each bucket's all-reduce starts as soon as its gradients are ready.
+    pub fn arm(&mut self) -> Result<()> {
+        // SAFETY: `raw` is live (owned by self).
+        check(unsafe { ffi::tcg_buckets_arm(self.raw.as_ptr()) })
+    }
+
+    /// Averages every parameter's gradient across ranks, in place, with no host sync: starts
+    /// the buckets not started yet (all of them when not armed), makes the current stream wait
+    /// for every bucket, unpacks, and disarms. Every parameter must have a gradient.
     pub fn all_reduce(&mut self) -> Result<()> {
-        let _no_grad = tch::no_grad_guard();
-        for b in &self.buckets {
-            let mut grads = Vec::with_capacity(b.members.len());
-            for (p, _, _) in &b.members {
-                let g = p.f_grad()?;
-                if !g.defined() {
-                    return Err(Error::Misuse(
-                        "GradAllReduce: a parameter has no gradient (run backward first)".into(),
-                    ));
-                }
-                grads.push(g);
-            }
-            let g = ffi::tensor_ptrs(&grads);
-            // SAFETY: `g` and the bucket's flat buffer are live handles for the calls; the flat
-            // buffer holds exactly the gradients' elements (made from the same parameters).
-            check(unsafe { ffi::tcg_flat_pack(g.as_ptr(), g.len(), ffi::tensor_ptr(&b.flat)) })?;
-            self.pg.all_reduce(&b.flat, ReduceOp::Avg)?;
-            // SAFETY: as above.
-            check(unsafe { ffi::tcg_flat_unpack(ffi::tensor_ptr(&b.flat), g.as_ptr(), g.len()) })?;
-        }
-        Ok(())
+        self.pg.retain_in_capture();
+        // SAFETY: `raw` is live (owned by self); its group is alive (held by self).
+        check(unsafe { ffi::tcg_buckets_finish(self.raw.as_ptr()) })
+    }
+
+    /// [`arm`](Self::arm), `loss.backward()`, [`all_reduce`](Self::all_reduce): gradients
+    /// averaged across ranks, each bucket's all-reduce overlapping the rest of backward.
+    pub fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        self.arm()?;
+        loss.f_backward()?;
+        self.all_reduce()
     }
 }

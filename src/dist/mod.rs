@@ -14,10 +14,29 @@
 //! ```
 //!
 //! Data parallel: [`broadcast_parameters`] (same model on every rank, checked, rank 0's values)
-//! and [`GradAllReduce`] (gradients averaged in flat buckets inside the captured step).
+//! and [`GradAllReduce`] (gradients averaged in flat buckets inside the captured step, each
+//! bucket's all-reduce overlapping the rest of backward when armed).
 //!
-//! Not yet: overlapping the buckets' all-reduce with backward, lifetimes tying graphs to their
-//! group in the types, and failure handling (a dead rank) beyond c10d's own timeout.
+//! # Lifetimes
+//! A graph that holds NCCL kernels must be gone before its group is shut down (c10d's
+//! `shutdown` waits for them: with a live graph it hangs). Every collective issued while this
+//! crate records a capture hands a clone of its group to the graph being recorded
+//! ([`crate::retain_in_capture`]); [`GradAllReduce`] holds its group too. So a group is shut
+//! down only when the last of its handles, buckets and graphs is gone, in whatever order the
+//! caller drops them.
+//!
+//! # Failures
+//! A rank that never joins: the store's timeout ends [`ProcessGroup::from_env`] (or the first
+//! collective) with [`Error::Distributed`]. A rank that dies: an eager collective's kernels
+//! are watched by c10d's watchdog (the group's timeout; what follows is
+//! `TORCH_NCCL_ASYNC_ERROR_HANDLING`'s choice, by default tearing the process down), but a graph
+//! replay's NCCL kernels are invisible to it and would spin forever. Wait for the device with
+//! [`ProcessGroup::wait_device`] instead of a plain synchronize or a host read: it returns
+//! [`Error::DistributedTimeout`] within the timeout and aborts the group's communicators on a
+//! background thread (NCCL's abort raises the flag its kernels poll at once, but reclaiming
+//! its resources can wait for good on a dead peer of the same node). The group then refuses
+//! every collective, and dropping it leaves it as it is (leaked) rather than wait: the process
+//! is expected to exit, as torchrun's workers do when one of them fails.
 
 mod data_parallel;
 
@@ -149,26 +168,66 @@ impl ProcessGroup {
         self.inner.device
     }
 
-    /// Reduces `t` (on this rank's device) over all ranks, in place.
+    /// Hands a clone of this group to the graph being recorded on its device, if any (see the
+    /// module docs on lifetimes).
+    pub(crate) fn retain_in_capture(&self) {
+        crate::capture::retain_in_capture(self.device(), self.clone());
+    }
+
+    /// Reduces `t` (on this rank's device) over all ranks, in place, on the current stream.
     pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<()> {
         let op = match op {
             ReduceOp::Sum => 0,
             ReduceOp::Avg => 1,
         };
+        self.retain_in_capture();
         // SAFETY: the group is live (held by self); `t` is a live handle for the call.
         check(unsafe { ffi::tcg_pg_allreduce(self.inner.raw.as_ptr(), ffi::tensor_ptr(t), op) })
     }
 
-    /// Copies rank `root`'s `t` into every rank's `t`, in place.
+    /// Copies rank `root`'s `t` into every rank's `t`, in place, on the current stream.
     pub fn broadcast(&self, t: &Tensor, root: usize) -> Result<()> {
         let root = i32::try_from(root).map_err(|_| Error::Misuse(format!("root {root} is too large")))?;
+        self.retain_in_capture();
         // SAFETY: the group is live (held by self); `t` is a live handle for the call.
         check(unsafe { ffi::tcg_pg_broadcast(self.inner.raw.as_ptr(), ffi::tensor_ptr(t), root) })
     }
 
     /// Waits (on the device) until every rank reached the barrier.
     pub fn barrier(&self) -> Result<()> {
+        self.retain_in_capture();
         // SAFETY: the group is live (held by self).
         check(unsafe { ffi::tcg_pg_barrier(self.inner.raw.as_ptr()) })
+    }
+
+    /// The host waits, at most `timeout`, for the work queued so far on this rank's current
+    /// stream: graph replays included, whose NCCL kernels c10d's watchdog cannot see. Use it
+    /// where a loop would synchronize or read a value back. On timeout (a rank died or stopped
+    /// calling collectives) [`Error::DistributedTimeout`] comes back and the group is aborted
+    /// (see [`abort`](Self::abort)).
+    ///
+    /// ```no_run
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// # use std::time::Duration;
+    /// # let pg = tch_cuda_graphs::dist::ProcessGroup::from_env(Duration::from_secs(60))?;
+    /// // ... step.run(...) a few times ...
+    /// pg.wait_device(Duration::from_secs(30))?; // then reading the loss cannot hang
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_device(&self, timeout: Duration) -> Result<()> {
+        // SAFETY: the group is live (held by self).
+        check(unsafe { ffi::tcg_pg_wait_device(self.inner.raw.as_ptr(), millis(timeout)) })
+    }
+
+    /// Aborts the group: its communicators are aborted on a background thread (pending NCCL
+    /// kernels exit), it refuses collectives from then on, and dropping it leaks it instead of
+    /// waiting (see the module docs on failures).
+    pub fn abort(&self) -> Result<()> {
+        // SAFETY: the group is live (held by self).
+        check(unsafe { ffi::tcg_pg_abort(self.inner.raw.as_ptr()) })
+    }
+
+    pub(crate) fn raw(&self) -> *mut ffi::tcg_pg {
+        self.inner.raw.as_ptr()
     }
 }

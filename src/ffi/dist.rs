@@ -1,9 +1,15 @@
-//! `csrc/cuda/dist.cpp` (or `csrc/no_dist.cpp`): process groups over c10d/NCCL.
+//! `csrc/cuda/dist.cpp` and `csrc/cuda/grad_buckets.cpp` (or `csrc/no_dist.cpp`): process groups
+//! over c10d/NCCL, gradient buckets.
 use super::{tcg_status, tcg_tensor};
 use std::os::raw::{c_char, c_int};
 
 #[repr(C)]
 pub struct tcg_pg {
+    _private: [u8; 0],
+}
+
+#[repr(C)]
+pub struct tcg_buckets {
     _private: [u8; 0],
 }
 
@@ -24,4 +30,17 @@ extern "C" {
     pub fn tcg_pg_allreduce(p: *mut tcg_pg, t: tcg_tensor, op: c_int) -> tcg_status;
     pub fn tcg_pg_broadcast(p: *mut tcg_pg, t: tcg_tensor, root: c_int) -> tcg_status;
     pub fn tcg_pg_barrier(p: *mut tcg_pg) -> tcg_status;
+    pub fn tcg_pg_wait_device(p: *mut tcg_pg, timeout_ms: i64) -> tcg_status;
+    pub fn tcg_pg_abort(p: *mut tcg_pg) -> tcg_status;
+    pub fn tcg_buckets_new(
+        pg: *mut tcg_pg,
+        params: *const tcg_tensor,
+        n: usize,
+        bucket_bytes: i64,
+        out: *mut *mut tcg_buckets,
+    ) -> tcg_status;
+    pub fn tcg_buckets_free(b: *mut tcg_buckets);
+    pub fn tcg_buckets_count(b: *mut tcg_buckets, out: *mut usize) -> tcg_status;
+    pub fn tcg_buckets_arm(b: *mut tcg_buckets) -> tcg_status;
+    pub fn tcg_buckets_finish(b: *mut tcg_buckets) -> tcg_status;
 }

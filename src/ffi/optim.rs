@@ -40,8 +40,6 @@ extern "C" {
         found_inf: tcg_tensor,
     ) -> tcg_status;
     pub fn tcg_grads_set_to_none(params: *const tcg_tensor, n: usize) -> tcg_status;
-    pub fn tcg_flat_pack(ts: *const tcg_tensor, n: usize, flat: tcg_tensor) -> tcg_status;
-    pub fn tcg_flat_unpack(flat: tcg_tensor, ts: *const tcg_tensor, n: usize) -> tcg_status;
     pub fn tcg_clip_grad_norm(
         grads: *const tcg_tensor,
         n: usize,

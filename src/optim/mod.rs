@@ -78,6 +78,43 @@ pub trait Optimizer {
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()>;
 }
 
+/// An optimizer chosen at run time (`Box<dyn Optimizer + Send>`) is an optimizer too.
+impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
+    fn step(&mut self) -> Result<()> {
+        (**self).step()
+    }
+    fn step_scaled(&mut self, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
+        (**self).step_scaled(grad_scale, found_inf)
+    }
+    fn zero_grad(&mut self) -> Result<()> {
+        (**self).zero_grad()
+    }
+    fn set_lr(&mut self, lr: f64) -> Result<()> {
+        (**self).set_lr(lr)
+    }
+    fn lr(&self) -> f64 {
+        (**self).lr()
+    }
+    fn set_group_lr(&mut self, group: usize, lr: f64) -> Result<()> {
+        (**self).set_group_lr(group, lr)
+    }
+    fn params(&self) -> &[Tensor] {
+        (**self).params()
+    }
+    fn group_count(&self) -> usize {
+        (**self).group_count()
+    }
+    fn lr_handles(&self) -> Vec<LrHandle> {
+        (**self).lr_handles()
+    }
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        (**self).state()
+    }
+    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
+        (**self).load_state(state)
+    }
+}
+
 /// `t`'s handle, or null.
 pub(crate) fn optional_ptr(t: Option<&Tensor>) -> ffi::tcg_tensor {
     t.map(ffi::tensor_ptr).unwrap_or(std::ptr::null_mut())
