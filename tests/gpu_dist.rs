@@ -122,6 +122,13 @@ fn all_succeeded(ended: &[Ended]) {
     }
 }
 
+/// [`ranks`], then [`all_succeeded`] in the test process.
+fn all_ranks_succeed(test: &str, limit: Duration, body: fn(ProcessGroup) -> Result<()>) {
+    if let Some(ended) = ranks(test, limit, body) {
+        all_succeeded(&ended);
+    }
+}
+
 /// Every variable of `vs`, by name, flattened into one vector.
 fn flat(vs: &nn::VarStore) -> Tensor {
     let mut v: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
@@ -249,11 +256,48 @@ fn hundred_steps_body(pg: ProcessGroup) -> Result<()> {
 #[test]
 #[ignore = "needs two CUDA devices"]
 fn hundred_graphed_steps_agree_across_ranks_and_with_one_gpu() {
-    if let Some(ended) =
-        ranks("hundred_graphed_steps_agree_across_ranks_and_with_one_gpu", Duration::from_secs(180), hundred_steps_body)
-    {
-        all_succeeded(&ended);
+    all_ranks_succeed(
+        "hundred_graphed_steps_agree_across_ranks_and_with_one_gpu",
+        Duration::from_secs(180),
+        hundred_steps_body,
+    );
+}
+
+fn collectives_body(pg: ProcessGroup) -> Result<()> {
+    let (rank, world, d) = (pg.rank(), pg.world_size(), pg.device());
+    let t = Tensor::full([1024], (rank + 1) as f64, (Kind::Float, d));
+    pg.all_reduce(&t, ReduceOp::Sum)?;
+    let want = (1..=world).sum::<usize>() as f64;
+    ensure!(f64::try_from(t.mean(Kind::Double))? == want, "all-reduce sum");
+    let b = Tensor::full([16], rank as f64 * 10.0 + 7.0, (Kind::Float, d));
+    pg.broadcast(&b, 0)?;
+    ensure!(f64::try_from(b.mean(Kind::Double))? == 7.0, "broadcast from rank 0");
+    pg.barrier()?;
+    // captured: the all-reduce is part of the graph (the communicator exists: eager calls above)
+    let mut x = Tensor::zeros([4096], (Kind::Float, d));
+    let mut g = CudaGraph::new()?;
+    let y = g.capture(CaptureOptions::default().device(d), || {
+        let y = x.f_mul_scalar(2.0)?;
+        pg.all_reduce(&y, ReduceOp::Avg)?;
+        Ok(y)
+    })?;
+    for step in 0..20 {
+        let _ = x.fill_((rank * 100 + step) as f64);
+        g.replay()?;
+        pg.wait_device(Duration::from_secs(60))?;
+        // the mean over ranks of 2 * (rank * 100 + step)
+        let want = (0..world).map(|r| 2.0 * (r * 100 + step) as f64).sum::<f64>() / world as f64;
+        let got = f64::try_from(y.mean(Kind::Double))?;
+        ensure!(got == want, "replay {step}: {got} vs {want}");
     }
+    println!("rank {rank}: eager all-reduce, broadcast, barrier, and 20 replays of a captured all-reduce: ok");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs two CUDA devices"]
+fn collectives_run_eagerly_and_in_a_graph() {
+    all_ranks_succeed("collectives_run_eagerly_and_in_a_graph", Duration::from_secs(120), collectives_body);
 }
 
 fn mismatch_body(pg: ProcessGroup) -> Result<()> {
@@ -275,23 +319,25 @@ fn mismatch_body(pg: ProcessGroup) -> Result<()> {
 #[test]
 #[ignore = "needs two CUDA devices"]
 fn mismatched_models_are_refused_at_start_on_every_rank() {
-    if let Some(ended) =
-        ranks("mismatched_models_are_refused_at_start_on_every_rank", Duration::from_secs(120), mismatch_body)
-    {
-        all_succeeded(&ended);
-    }
+    all_ranks_succeed("mismatched_models_are_refused_at_start_on_every_rank", Duration::from_secs(120), mismatch_body);
+}
+
+/// A graphed step with overlapped buckets (AdamW), and a batch for it.
+fn overlapped_step(pg: &ProcessGroup) -> Result<(TrainStep, Tensor, Tensor)> {
+    let d = pg.device();
+    tch::manual_seed(1);
+    let vs = nn::VarStore::new(d);
+    let model = mlp(vs.root(), D, H, O);
+    broadcast_parameters(pg, &vs)?;
+    let opt = Adam::new(&vs, AdamConfig::default())?;
+    let reduce = GradAllReduce::new(pg, opt.params(), 16 << 10)?;
+    let step = ddp_step(model, opt, reduce, true, d)?;
+    Ok((step, Tensor::randn([B, D], (Kind::Float, d)), Tensor::randn([B, O], (Kind::Float, d))))
 }
 
 fn shutdown_body(pg: ProcessGroup) -> Result<()> {
     let (rank, d) = (pg.rank(), pg.device());
-    tch::manual_seed(1);
-    let vs = nn::VarStore::new(d);
-    let model = mlp(vs.root(), D, H, O);
-    broadcast_parameters(&pg, &vs)?;
-    let opt = Adam::new(&vs, AdamConfig::default())?;
-    let reduce = GradAllReduce::new(&pg, opt.params(), 16 << 10)?;
-    let mut step = ddp_step(model, opt, reduce, true, d)?;
-    let (x, y) = (Tensor::randn([B, D], (Kind::Float, d)), Tensor::randn([B, O], (Kind::Float, d)));
+    let (mut step, x, y) = overlapped_step(&pg)?;
     for _ in 0..10 {
         step.run(&[&x, &y])?;
     }
@@ -316,24 +362,15 @@ fn shutdown_body(pg: ProcessGroup) -> Result<()> {
 #[test]
 #[ignore = "needs two CUDA devices"]
 fn shutdown_is_clean_with_live_graphs() {
-    if let Some(ended) = ranks("shutdown_is_clean_with_live_graphs", Duration::from_secs(120), shutdown_body) {
-        all_succeeded(&ended);
-    }
+    all_ranks_succeed("shutdown_is_clean_with_live_graphs", Duration::from_secs(120), shutdown_body);
 }
 
 /// The survivor's limit for a step that makes no progress.
 const KILL_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn killed_body(pg: ProcessGroup) -> Result<()> {
-    let (rank, d) = (pg.rank(), pg.device());
-    tch::manual_seed(1);
-    let vs = nn::VarStore::new(d);
-    let model = mlp(vs.root(), D, H, O);
-    broadcast_parameters(&pg, &vs)?;
-    let opt = Adam::new(&vs, AdamConfig::default())?;
-    let reduce = GradAllReduce::new(&pg, opt.params(), 16 << 10)?;
-    let mut step = ddp_step(model, opt, reduce, true, d)?;
-    let (x, y) = (Tensor::randn([B, D], (Kind::Float, d)), Tensor::randn([B, O], (Kind::Float, d)));
+    let rank = pg.rank();
+    let (mut step, x, y) = overlapped_step(&pg)?;
     for _ in 0..20 {
         step.run(&[&x, &y])?;
         pg.wait_device(KILL_TIMEOUT)?;

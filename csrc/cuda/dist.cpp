@@ -7,6 +7,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <dlfcn.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -59,11 +61,32 @@ void run_on_current_stream(const c10::intrusive_ptr<c10d::Work>& w) {
   if (w) w->wait();
 }
 
-// Marks the group aborted and aborts its communicators on a detached thread: NCCL's abort first
-// raises the flag that spinning kernels poll, then reclaims resources, which can block for good
-// when a peer on this node died (it may wait for the peer). The caller never waits for it.
-void abort_in_background(tcg_pg* p) {
+// NCCL's ncclCommRevoke (NCCL >= 2.28), looked up in the libnccl that libtorch_cuda loaded; null
+// when that NCCL has none. Declared here: the shim does not link NCCL itself.
+using revoke_fn = int (*)(void* comm, int flags);
+revoke_fn find_revoke() {
+  static const revoke_fn f = reinterpret_cast<revoke_fn>(dlsym(RTLD_DEFAULT, "ncclCommRevoke"));
+  return f;
+}
+
+// Marks the group aborted and stops its in-flight NCCL work without waiting for any peer.
+// ncclCommRevoke stops in-flight operations (the spinning kernels exit) and returns at once.
+// Without it, c10d's abort runs on a detached thread: NCCL's abort raises the flag its kernels
+// poll first, but then reclaims resources, which waits for good when a peer on this node died.
+void abort_group(tcg_pg* p) {
   if (p->aborted.exchange(true)) return;
+  if (revoke_fn revoke = find_revoke()) {
+    try {
+      c10::cuda::CUDAGuard g(p->device);
+      void* comm = reinterpret_cast<void*>(p->pg->getCommPtr());
+      if (comm != nullptr) {
+        revoke(comm, 0);
+        return;
+      }
+    } catch (...) {
+      // fall through to the abort below
+    }
+  }
   auto pg = p->pg;
   std::thread([pg] {
     try {
@@ -178,8 +201,8 @@ tcg_status tcg_pg_barrier(tcg_pg* p) {
 
 // The host waits, at most `timeout_ms`, for the work queued so far on the device's current
 // stream. A graph replay's NCCL kernels are invisible to c10d's watchdog and spin forever when a
-// peer has died; this is the bounded wait for them. On timeout the group is aborted (in the
-// background: see abort_in_background) and TCG_DIST_TIMEOUT returned.
+// peer has died; this is the bounded wait for them. On timeout the group is aborted (see
+// abort_group: nothing waits for the dead peer) and TCG_DIST_TIMEOUT returned.
 tcg_status tcg_pg_wait_device(tcg_pg* p, int64_t timeout_ms) {
   return guard([&] {
     c10::cuda::CUDAGuard g(p->device);
@@ -190,7 +213,7 @@ tcg_status tcg_pg_wait_device(tcg_pg* p, int64_t timeout_ms) {
     auto nap = std::chrono::microseconds(20);
     while (!done.query()) {
       if (std::chrono::steady_clock::now() - start >= limit) {
-        abort_in_background(p);
+        abort_group(p);
         throw exception(TCG_DIST_TIMEOUT, "rank " + std::to_string(p->rank) + ": the device made no progress within " +
                                               std::to_string(timeout_ms) +
                                               " ms (a rank died or stopped calling collectives); the process group "
@@ -202,9 +225,9 @@ tcg_status tcg_pg_wait_device(tcg_pg* p, int64_t timeout_ms) {
   });
 }
 
-// Aborts the group (in the background); later collectives are refused.
+// Aborts the group (see abort_group); later collectives are refused.
 tcg_status tcg_pg_abort(tcg_pg* p) {
-  return guard([&] { abort_in_background(p); });
+  return guard([&] { abort_group(p); });
 }
 
 }  // extern "C"

@@ -32,11 +32,13 @@
 //! `TORCH_NCCL_ASYNC_ERROR_HANDLING`'s choice, by default tearing the process down), but a graph
 //! replay's NCCL kernels are invisible to it and would spin forever. Wait for the device with
 //! [`ProcessGroup::wait_device`] instead of a plain synchronize or a host read: it returns
-//! [`Error::DistributedTimeout`] within the timeout and aborts the group's communicators on a
-//! background thread (NCCL's abort raises the flag its kernels poll at once, but reclaiming
-//! its resources can wait for good on a dead peer of the same node). The group then refuses
-//! every collective, and dropping it leaves it as it is (leaked) rather than wait: the process
-//! is expected to exit, as torchrun's workers do when one of them fails.
+//! [`Error::DistributedTimeout`] within the timeout and aborts the group without waiting for
+//! any peer: NCCL's `ncclCommRevoke` (NCCL ≥ 2.28, as in the libtorch 2.11 wheel) stops the
+//! in-flight operations, so the spinning kernels exit; with an older NCCL, c10d's abort runs on
+//! a background thread (its resource reclaim can wait for good on a dead peer of the same
+//! node). The group then refuses every collective, and dropping it leaves it as it is (leaked)
+//! rather than wait: the process is expected to exit, as torchrun's workers do when one of them
+//! fails.
 
 mod data_parallel;
 
@@ -219,9 +221,9 @@ impl ProcessGroup {
         check(unsafe { ffi::tcg_pg_wait_device(self.inner.raw.as_ptr(), millis(timeout)) })
     }
 
-    /// Aborts the group: its communicators are aborted on a background thread (pending NCCL
-    /// kernels exit), it refuses collectives from then on, and dropping it leaks it instead of
-    /// waiting (see the module docs on failures).
+    /// Aborts the group without waiting for any peer: its in-flight NCCL work is stopped
+    /// (pending kernels exit), it refuses collectives from then on, and dropping it leaks it
+    /// instead of waiting (see the module docs on failures).
     pub fn abort(&self) -> Result<()> {
         // SAFETY: the group is live (held by self).
         check(unsafe { ffi::tcg_pg_abort(self.inner.raw.as_ptr()) })
