@@ -222,9 +222,10 @@ tcg_status tcg_pg_abort(tcg_pg* p);
 
 // ---------------------------------------------------------------- cuda/grad_buckets.cpp
 // Gradient buckets (DDP-style) over `params` (leaves of one dtype on the group's device), with a
-// post-accumulate-grad hook on each. Armed, a bucket is packed and its all-reduce (average)
-// started on c10d's NCCL stream as soon as all its gradients are ready, in bucket order; finish
-// launches the rest, makes the current stream wait for all (no host wait), unpacks and disarms.
+// post-accumulate-grad hook on each. Armed, a bucket is packed, all-reduced (average) and
+// unpacked on a side stream as soon as all its gradients are ready, in bucket order; finish does
+// the rest there and makes the current stream wait for the side stream (no host wait), then
+// disarms. Not armed, finish does every bucket on the current stream.
 // The group must outlive the buckets. tcg_buckets_free removes the hooks.
 tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensor* params, size_t n, int64_t bucket_bytes, tcg_buckets** out);
 void tcg_buckets_free(tcg_buckets* b);

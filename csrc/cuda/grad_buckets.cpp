@@ -3,16 +3,21 @@
 // Parameters are grouped, in reverse order (the order backward produces their gradients), into
 // buckets of about `bucket_bytes`. Each parameter gets a post-accumulate-grad hook (the C++ form
 // of Tensor.register_post_accumulate_grad_hook). While the buckets are armed, the hook marks its
-// gradient ready; a bucket whose gradients are all ready is packed into its flat buffer (one
-// kernel, on the stream backward runs on) and all-reduced (average) asynchronously: c10d's NCCL
-// stream waits for the pack, so the all-reduce overlaps the rest of backward. Buckets launch in
-// index order on every rank (NCCL needs the same order everywhere). finish() launches what is
-// left on the current stream, makes the current stream wait for the buckets launched by hooks
-// (the join) and unpacks. Under stream
-// capture the fork (NCCL stream waits on an event of the capture stream) and the join are
-// recorded into the graph like everything else.
+// gradient ready; once a bucket's gradients are all ready, a side stream of the bucket set waits
+// for the stream backward runs on (the fork) and does the whole bucket there: pack (one kernel),
+// all-reduce (average; c10d with asyncOp = false runs it on the current stream, here the side
+// stream), unpack (one multi-tensor kernel). So the all-reduce, the pack and the unpack overlap
+// the rest of backward. Buckets launch in index order on every rank (NCCL needs the same order
+// everywhere), all on the one side stream (so this communicator's operations never run on two
+// streams at once). finish() launches what is left, and makes the current stream wait for the
+// side stream (the join). Not armed, finish() does every bucket on the current stream: no fork,
+// no join. Under stream capture the fork and the join are recorded into the graph like
+// everything else.
 #include "dist.h"
 
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -28,8 +33,6 @@ struct Bucket {
   int64_t numel = 0;
   at::Tensor flat;              // undefined for a one-parameter bucket (its gradient is reduced in place)
   size_t pending = 0;           // gradients not yet ready in this round
-  bool launched = false;
-  c10::intrusive_ptr<c10d::Work> work;
 };
 
 struct State {
@@ -39,15 +42,16 @@ struct State {
   std::vector<size_t> bucket_of;
   std::vector<bool> seen;
   std::vector<Bucket> buckets;
-  size_t next = 0;  // the first bucket not launched yet
+  size_t next = 0;      // the first bucket not launched yet
   bool armed = false;
+  bool forked = false;  // this round put work on the side stream: finish() joins
+  c10::cuda::CUDAStream side;
+  at::cuda::CUDAEvent fork_ev, join_ev;  // timing off
+
+  explicit State(c10::cuda::CUDAStream s) : side(s) {}
 
   void reset() {
-    for (auto& b : buckets) {
-      b.pending = b.members.size();
-      b.launched = false;
-      b.work.reset();
-    }
+    for (auto& b : buckets) b.pending = b.members.size();
     std::fill(seen.begin(), seen.end(), false);
     next = 0;
   }
@@ -66,10 +70,8 @@ struct State {
     return g;
   }
 
-  // Packs bucket k and starts its all-reduce: from a hook, asynchronously on c10d's NCCL stream
-  // (the fork; finish() joins); otherwise on the current stream (nothing left to overlap with:
-  // no fork, no join, as a plain all_reduce).
-  void launch(size_t k, bool async) {
+  // Pack, all-reduce (average), unpack bucket k on the current stream.
+  void reduce(size_t k) {
     Bucket& b = buckets[k];
     c10::AutoGradMode no_grad(false);
     auto g = grads(b);
@@ -88,9 +90,27 @@ struct State {
     std::vector<at::Tensor> v{buf};
     c10d::AllreduceOptions o;
     o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::AVG);
-    o.asyncOp = async;
-    b.work = pg->pg->allreduce(v, o);  // null when not async
-    b.launched = true;
+    o.asyncOp = false;  // on the current stream; no Work
+    auto w = pg->pg->allreduce(v, o);
+    if (w) w->wait();
+    if (!b.flat.defined()) return;
+    std::vector<int64_t> sizes;
+    sizes.reserve(g.size());
+    for (auto& t : g) sizes.push_back(t.numel());
+    auto parts = b.flat.split_with_sizes(sizes, 0);
+    std::vector<at::Tensor> src;
+    src.reserve(g.size());
+    for (size_t j = 0; j < g.size(); ++j) src.push_back(parts[j].view(g[j].sizes()));
+    at::_foreach_copy_(g, src);  // one multi-tensor kernel
+  }
+
+  // Bucket k on the side stream, after what the current stream has queued (its gradients).
+  void reduce_on_side(size_t k) {
+    fork_ev.record(at::cuda::getCurrentCUDAStream(pg->device));
+    fork_ev.block(side);
+    forked = true;
+    c10::cuda::CUDAStreamGuard on_side(side);
+    reduce(k);
   }
 
   // Called by the hook of parameter i once its gradient is accumulated.
@@ -105,7 +125,7 @@ struct State {
     }
     seen[i] = true;
     --buckets[bucket_of[i]].pending;
-    while (next < buckets.size() && buckets[next].pending == 0) launch(next++, true);
+    while (next < buckets.size() && buckets[next].pending == 0) reduce_on_side(next++);
   }
 
   void finish() {
@@ -113,23 +133,23 @@ struct State {
     armed = false;
     struct Reset {
       State* s;
-      ~Reset() { s->reset(); }
+      ~Reset() {
+        s->reset();
+        s->forked = false;
+      }
     } reset_on_exit{this};
-    while (next < buckets.size()) launch(next++, false);
-    c10::AutoGradMode no_grad(false);
-    for (auto& b : buckets) {
-      if (b.work) b.work->wait();  // the join: the current stream waits, the host does not
-      b.work.reset();
-      if (!b.flat.defined()) continue;
-      auto g = grads(b);
-      std::vector<int64_t> sizes;
-      sizes.reserve(g.size());
-      for (auto& t : g) sizes.push_back(t.numel());
-      auto parts = b.flat.split_with_sizes(sizes, 0);
-      std::vector<at::Tensor> src;
-      src.reserve(g.size());
-      for (size_t j = 0; j < g.size(); ++j) src.push_back(parts[j].view(g[j].sizes()));
-      at::_foreach_copy_(g, src);  // one multi-tensor kernel
+    // The rest: on the side stream if this round used it (one stream per communicator), else
+    // here. Then the join.
+    while (next < buckets.size()) {
+      if (forked) {
+        reduce_on_side(next++);
+      } else {
+        reduce(next++);
+      }
+    }
+    if (forked) {
+      join_ev.record(side);
+      join_ev.block(at::cuda::getCurrentCUDAStream(pg->device));
     }
   }
 };
@@ -155,7 +175,8 @@ tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensor* params, size_t n, int64_t buc
   return guard([&] {
     if (pg == nullptr) misuse("null process group");
     if (n == 0) misuse("GradAllReduce: no parameters");
-    auto s = std::make_shared<State>();
+    c10::cuda::CUDAGuard on_device(pg->device);
+    auto s = std::make_shared<State>(at::cuda::getStreamFromPool(false, pg->device));
     s->pg = pg;
     s->params = tensor_list(params, n);
     const auto kind = s->params[0].scalar_type();
@@ -217,6 +238,15 @@ tcg_status tcg_buckets_count(tcg_buckets* b, size_t* out) {
 tcg_status tcg_buckets_arm(tcg_buckets* b) {
   return guard([&] {
     std::lock_guard<std::mutex> lock(b->state->mu);
+    if (b->state->forked) {
+      // a round that a failed step left half done: order the side stream's work before what
+      // follows (an eager failure leaves it queued; a failed capture has been torn down)
+      b->state->forked = false;
+      if (c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) {
+        b->state->join_ev.record(b->state->side);
+        b->state->join_ev.block(at::cuda::getCurrentCUDAStream(b->state->pg->device));
+      }
+    }
     b->state->reset();
     b->state->armed = true;
   });

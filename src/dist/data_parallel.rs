@@ -58,11 +58,12 @@ pub fn broadcast_parameters(pg: &ProcessGroup, vs: &VarStore) -> Result<()> {
 /// - after backward: [`all_reduce`](Self::all_reduce) reduces every bucket, on the current
 ///   stream.
 /// - overlapped: [`arm`](Self::arm) before backward. Each parameter carries an autograd hook
-///   (post-accumulate-grad); armed, a bucket whose gradients are all ready is packed and its
-///   all-reduce started on c10d's NCCL stream while backward goes on (buckets start in the same
-///   order on every rank). [`all_reduce`](Self::all_reduce) then starts what is left, makes the
-///   current stream wait for every bucket, unpacks and disarms. Under capture the fork and the
-///   join are recorded into the graph. [`backward`](Self::backward) does all three.
+///   (post-accumulate-grad); armed, a bucket whose gradients are all ready is packed,
+///   all-reduced and unpacked on a side stream while backward goes on (buckets start in the
+///   same order on every rank, all on that one stream). [`all_reduce`](Self::all_reduce) then
+///   does what is left there, makes the current stream wait for the side stream (no host wait)
+///   and disarms. Under capture the fork and the join are recorded into the graph.
+///   [`backward`](Self::backward) does all three.
 ///
 /// One backward per armed step: a parameter whose gradient arrives twice while armed is an
 /// error (accumulate over several backward passes without arming, then call `all_reduce`).
