@@ -1,5 +1,5 @@
 # The two commands of the README. Both install what they need first (scripts/setup.sh, once).
-.PHONY: setup run test test-no-cuda test-gpu
+.PHONY: setup run test test-no-cuda test-gpu test-gpu-dist
 
 setup:
 	@bash scripts/setup.sh
@@ -21,6 +21,13 @@ test: setup
 test-no-cuda: setup
 	TCH_CUDA_GRAPHS_NO_CUDA=1 cargo test --release --test cpu --test cpu_loops --test cpu_amp --test cpu_dist
 
-# On a machine with a CUDA GPU: all tests, GPU ones included, one thread (they share the device).
+# On a machine with a CUDA GPU: all tests, GPU ones included, one thread (they share the device),
+# except the two-GPU ones (test-gpu-dist).
 test-gpu: setup
-	cargo test --release -- --include-ignored --test-threads=1
+	cargo test --release --test cpu --test cpu_loops --test cpu_amp --test cpu_dist --test gpu_first_call \
+		--test gpu_graph --test gpu_train --test gpu_loops --test gpu_amp -- --include-ignored --test-threads=1
+
+# On a host with two GPUs (NVLink multicast off): the data parallel tests; each launches its ranks.
+test-gpu-dist: setup
+	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+		cargo test --release --test gpu_dist -- --ignored --test-threads=1 --nocapture
