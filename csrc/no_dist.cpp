@@ -13,6 +13,7 @@ extern "C" {
 int tcg_dist_available(void) { return 0; }
 tcg_status tcg_pg_new_from_env(int64_t, tcg_pg**) { return no_dist(); }
 tcg_status tcg_pg_new_tcp(const char*, int, int, int, int, int64_t, tcg_pg**) { return no_dist(); }
+tcg_status tcg_pg_new_file(const char*, int, int, int, int64_t, tcg_pg**) { return no_dist(); }
 void tcg_pg_free(tcg_pg*) {}
 tcg_status tcg_pg_info(tcg_pg*, int*, int*, int*) { return no_dist(); }
 tcg_status tcg_pg_allreduce(tcg_pg*, tcg_tensor, int) { return no_dist(); }

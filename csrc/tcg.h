@@ -209,6 +209,9 @@ int tcg_dist_available(void);
 tcg_status tcg_pg_new_from_env(int64_t timeout_ms, tcg_pg** out);
 tcg_status tcg_pg_new_tcp(const char* host, int port, int rank, int size, int device, int64_t timeout_ms,
                           tcg_pg** out);
+// The same over a c10d::FileStore at `path` (a file every rank can reach; ranks must not reuse
+// one across runs).
+tcg_status tcg_pg_new_file(const char* path, int rank, int size, int device, int64_t timeout_ms, tcg_pg** out);
 void tcg_pg_free(tcg_pg* p);
 tcg_status tcg_pg_info(tcg_pg* p, int* rank, int* size, int* device);
 tcg_status tcg_pg_allreduce(tcg_pg* p, tcg_tensor t, int op);  // op: 0 sum, 1 average

@@ -38,7 +38,8 @@ fn a_rank_that_never_joins_gives_an_error_within_the_timeout() {
 }
 
 /// Outside torchrun (no RANK/WORLD_SIZE), a process group from the environment is a clear error;
-/// explicit coordinates are checked; without c10d/NCCL every entry point says NoCuda.
+/// explicit coordinates (TCP or file store) are checked before any store is made; without
+/// c10d/NCCL every entry point says NoCuda.
 #[test]
 fn a_process_group_needs_torchrun_or_coordinates() {
     assert!(std::env::var("RANK").is_err(), "run the CPU tests outside torchrun");
@@ -52,4 +53,9 @@ fn a_process_group_needs_torchrun_or_coordinates() {
     assert!(matches!(bad, Err(Error::Misuse(_)) | Err(Error::NoCuda(_))), "rank 3 of 2");
     let cpu = ProcessGroup::new_tcp("127.0.0.1", 29999, 0, 1, Device::Cpu, std::time::Duration::from_secs(1));
     assert!(matches!(cpu, Err(Error::Misuse(_))));
+    let file = std::env::temp_dir().join("tcg-cpu-test-file-store");
+    let bad = ProcessGroup::new_file(&file, 2, 2, Device::Cuda(0), std::time::Duration::from_secs(1));
+    assert!(matches!(bad, Err(Error::Misuse(_))), "rank 2 of 2 over a file store: {bad:?}");
+    let cpu = ProcessGroup::new_file(&file, 0, 1, Device::Cpu, std::time::Duration::from_secs(1));
+    assert!(matches!(cpu, Err(Error::Misuse(_))), "a CPU device: {cpu:?}");
 }

@@ -290,7 +290,17 @@ fn collectives_body(pg: ProcessGroup) -> Result<()> {
         let got = f64::try_from(y.mean(Kind::Double))?;
         ensure!(got == want, "replay {step}: {got} vs {want}");
     }
-    println!("rank {rank}: eager all-reduce, broadcast, barrier, and 20 replays of a captured all-reduce: ok");
+    // a second group, over a file store (the same path on both ranks, new for each run)
+    let port = std::env::var("MASTER_PORT")?;
+    let path = std::env::temp_dir().join(format!("tcg-file-store-{port}"));
+    let fpg = ProcessGroup::new_file(&path, rank, world, d, Duration::from_secs(60))?;
+    let f = Tensor::full([8], (rank + 1) as f64, (Kind::Float, d));
+    fpg.all_reduce(&f, ReduceOp::Sum)?;
+    ensure!(f64::try_from(f.mean(Kind::Double))? == want, "all-reduce over the file store");
+    println!(
+        "rank {rank}: eager all-reduce, broadcast, barrier, 20 replays of a captured all-reduce, and an all-reduce \
+         over a file store: ok"
+    );
     Ok(())
 }
 

@@ -4,6 +4,7 @@
 
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -140,6 +141,16 @@ tcg_status tcg_pg_new_tcp(const char* host, int port, int rank, int size, int de
     so.timeout = std::chrono::milliseconds(timeout_ms);
     c10::intrusive_ptr<c10d::Store> tcp = c10::make_intrusive<c10d::TCPStore>(std::string(host), so);
     *out = make_pg(tcp, rank, size, device, timeout_ms);
+  });
+}
+
+tcg_status tcg_pg_new_file(const char* path, int rank, int size, int device, int64_t timeout_ms, tcg_pg** out) {
+  return guard([&] {
+    if (path == nullptr || *path == '\0') misuse("file store: empty path");
+    if (rank < 0 || size <= 0 || rank >= size) misuse("invalid rank " + std::to_string(rank) + " of " + std::to_string(size));
+    auto fs = c10::make_intrusive<c10d::FileStore>(std::string(path), size);
+    fs->setTimeout(std::chrono::milliseconds(timeout_ms));
+    *out = make_pg(fs, rank, size, device, timeout_ms);
   });
 }
 

@@ -92,6 +92,18 @@ pub struct ProcessGroup {
     inner: Arc<Inner>,
 }
 
+/// Checked (rank, size, CUDA device index) for the shim.
+fn coordinates(rank: usize, size: usize, device: Device) -> Result<(i32, i32, i32)> {
+    if size == 0 || rank >= size {
+        return Err(Error::Misuse(format!("invalid rank {rank} of {size}")));
+    }
+    let as_int = |v: usize| i32::try_from(v).map_err(|_| Error::Misuse(format!("{v} is too large")));
+    match device {
+        Device::Cuda(i) => Ok((as_int(rank)?, as_int(size)?, as_int(i)?)),
+        other => Err(Error::Misuse(format!("a NCCL group needs a CUDA device, got {other:?}"))),
+    }
+}
+
 fn millis(timeout: Duration) -> i64 {
     i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX)
 }
@@ -115,28 +127,32 @@ impl ProcessGroup {
 
     /// A group from explicit coordinates: rank 0 hosts a TCP store at `host:port`.
     pub fn new_tcp(host: &str, port: u16, rank: usize, size: usize, device: Device, timeout: Duration) -> Result<Self> {
-        if size == 0 || rank >= size {
-            return Err(Error::Misuse(format!("invalid rank {rank} of {size}")));
-        }
+        let (rank, size, dev) = coordinates(rank, size, device)?;
         let host = CString::new(host).map_err(|_| Error::Misuse("host contains NUL".into()))?;
-        let dev = match device {
-            Device::Cuda(i) => i as i32,
-            other => return Err(Error::Misuse(format!("a NCCL group needs a CUDA device, got {other:?}"))),
-        };
-        let as_int = |v: usize| i32::try_from(v).map_err(|_| Error::Misuse(format!("{v} is too large")));
         let mut raw = std::ptr::null_mut();
         // SAFETY: `host` is NUL-terminated and outlives the call; `raw` is a valid out pointer.
         check(unsafe {
-            ffi::tcg_pg_new_tcp(
-                host.as_ptr(),
-                i32::from(port),
-                as_int(rank)?,
-                as_int(size)?,
-                dev,
-                millis(timeout),
-                &mut raw,
-            )
+            ffi::tcg_pg_new_tcp(host.as_ptr(), i32::from(port), rank, size, dev, millis(timeout), &mut raw)
         })?;
+        Self::wrap(raw)
+    }
+
+    /// A group from explicit coordinates over a file store (`c10d::FileStore`) at `path`: a
+    /// file on storage every rank reaches (a shared file system across nodes). Use a new path
+    /// per run: a file left by an earlier run confuses the new one.
+    pub fn new_file(
+        path: &std::path::Path,
+        rank: usize,
+        size: usize,
+        device: Device,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let (rank, size, dev) = coordinates(rank, size, device)?;
+        let text = path.to_str().ok_or_else(|| Error::Misuse(format!("file store path {path:?} is not UTF-8")))?;
+        let path = CString::new(text).map_err(|_| Error::Misuse("file store path contains NUL".into()))?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `path` is NUL-terminated and outlives the call; `raw` is a valid out pointer.
+        check(unsafe { ffi::tcg_pg_new_file(path.as_ptr(), rank, size, dev, millis(timeout), &mut raw) })?;
         Self::wrap(raw)
     }
 

@@ -25,6 +25,14 @@ extern "C" {
         timeout_ms: i64,
         out: *mut *mut tcg_pg,
     ) -> tcg_status;
+    pub fn tcg_pg_new_file(
+        path: *const c_char,
+        rank: c_int,
+        size: c_int,
+        device: c_int,
+        timeout_ms: i64,
+        out: *mut *mut tcg_pg,
+    ) -> tcg_status;
     pub fn tcg_pg_free(p: *mut tcg_pg);
     pub fn tcg_pg_info(p: *mut tcg_pg, rank: *mut c_int, size: *mut c_int, device: *mut c_int) -> tcg_status;
     pub fn tcg_pg_allreduce(p: *mut tcg_pg, t: tcg_tensor, op: c_int) -> tcg_status;
