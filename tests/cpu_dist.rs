@@ -2,16 +2,15 @@
 //! within the timeout (the store's), never a hang. In a build without c10d/NCCL every entry
 //! point says `NoCuda` instead.
 
+mod common;
+
+use common::free_port;
 use std::time::{Duration, Instant};
 use tch::Device;
 use tch_cuda_graphs::dist::ProcessGroup;
 use tch_cuda_graphs::Error;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
-}
 
 /// Makes a group as `rank` of 2 where the other rank never comes; returns the error and how
 /// long it took.

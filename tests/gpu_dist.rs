@@ -11,7 +11,7 @@
 mod common;
 
 use anyhow::{bail, ensure, Context, Result};
-use common::mlp;
+use common::{free_port, mlp};
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -34,10 +34,6 @@ struct Ended {
     rank: usize,
     status: Option<ExitStatus>, // None: killed at the time limit
     output: String,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
 /// In the test process: spawns the ranks of `test` and waits for them at most `limit`. In a

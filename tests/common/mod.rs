@@ -115,3 +115,8 @@ pub fn plain_loop(
 pub fn on(device: Device, batches: &[(Tensor, Tensor)]) -> Vec<(Tensor, Tensor)> {
     batches.iter().map(|(x, y)| (x.to(device), y.to(device))).collect()
 }
+
+/// A TCP port free right now on 127.0.0.1 (for a process group's store).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
