@@ -576,3 +576,19 @@ fn the_capture_lock_refuses_to_nest_and_releases_on_drop() {
     drop(again);
     assert!(matches!(CaptureLock::acquire(Device::Cpu), Err(Error::Misuse(_))));
 }
+
+/// Outside a capture of this crate nothing is retained: the object is dropped at once.
+#[test]
+fn retain_in_capture_keeps_nothing_outside_a_capture() {
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    struct Flag(std::sync::Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    assert!(!tch_cuda_graphs::retain_in_capture(Device::Cpu, Flag(dropped.clone())));
+    assert!(dropped.swap(false, std::sync::atomic::Ordering::SeqCst), "dropped at once (CPU device)");
+    assert!(!tch_cuda_graphs::retain_in_capture(Device::Cuda(0), Flag(dropped.clone())));
+    assert!(dropped.load(std::sync::atomic::Ordering::SeqCst), "dropped at once (no capture under way)");
+}

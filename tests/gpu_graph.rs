@@ -639,6 +639,51 @@ fn retained_inputs_outlive_their_handles() {
     g.reset().unwrap(); // releases what was retained
 }
 
+/// Sets its flag when dropped.
+struct DropFlag(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// What captured work hands to `retain_in_capture` lives as long as the graph (the way a
+/// process group outlives the graphs holding its NCCL kernels); outside a capture, and in a
+/// capture that fails, it is dropped at once.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn retain_in_capture_ties_an_object_to_the_graph_being_recorded() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::Arc;
+    let d = cuda();
+    let x = full(1.0, 8, d);
+    let outside = Arc::new(AtomicBool::new(false));
+    assert!(!tch_cuda_graphs::retain_in_capture(d, DropFlag(outside.clone())), "no capture under way");
+    assert!(outside.load(SeqCst), "dropped at once outside a capture");
+    let kept = Arc::new(AtomicBool::new(false));
+    let mut g = CudaGraph::new().unwrap();
+    let y = g
+        .capture(CaptureOptions::default(), || {
+            assert!(tch_cuda_graphs::retain_in_capture(d, DropFlag(kept.clone())));
+            Ok(x.f_add_scalar(1.0)?)
+        })
+        .unwrap();
+    g.replay().unwrap();
+    assert_eq!(value(&y), 2.0);
+    assert!(!kept.load(SeqCst), "alive while the graph is");
+    drop(g);
+    assert!(kept.load(SeqCst), "dropped with the graph");
+    let failed = Arc::new(AtomicBool::new(false));
+    let mut g = CudaGraph::new().unwrap();
+    let r = g.capture(CaptureOptions::default(), || {
+        tch_cuda_graphs::retain_in_capture(d, DropFlag(failed.clone()));
+        Err::<(), _>(Error::Misuse("stop".into()))
+    });
+    assert!(r.is_err());
+    assert!(failed.load(SeqCst), "a failed capture keeps nothing");
+}
+
 /// Errors keep what caused them: CaptureInvalidated's source is the closure's error.
 #[test]
 #[ignore = "needs a CUDA device"]
