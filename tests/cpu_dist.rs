@@ -29,7 +29,9 @@ fn a_rank_that_never_joins_gives_an_error_within_the_timeout() {
         if ProcessGroup::available() {
             // rank 0 hosts the store and waits for the other; rank 1 finds no store
             assert!(matches!(err, Error::Distributed(_)), "rank {rank}: expected Error::Distributed, got {err:?}");
-            assert!(took < TIMEOUT * 3, "rank {rank}: the error took {took:?}");
+            // c10d rounds the server's wait up to whole seconds and retries a client's connect with a
+            // randomized delay: bounded, but not to the millisecond
+            assert!(took < TIMEOUT * 5, "rank {rank}: the error took {took:?}");
         } else {
             assert!(matches!(err, Error::NoCuda(_)), "a build without c10d/NCCL: expected NoCuda, got {err:?}");
         }
