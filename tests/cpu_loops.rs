@@ -4,10 +4,10 @@
 
 mod common;
 
-use common::{cpu_batches, max_param_diff, mlp, mse_step, plain_loop, twin_mlps};
+use common::{cpu_batches, max_param_diff, mlp, mse_step, plain_loop, schedule_twins, twin_mlps, ScheduleTwins};
 use tch::{nn, Device, Kind, Tensor};
 use tch_cuda_graphs::optim::{split_params, Adam, AdamConfig, Optimizer, ParamGroup, Sgd, SgdConfig};
-use tch_cuda_graphs::schedule::{DeviceLrScheduler, LinearWarmup, LrScheduler, Schedule, StepDecay, WarmupCosine};
+use tch_cuda_graphs::schedule::{LinearWarmup, Schedule, StepDecay, WarmupCosine};
 use tch_cuda_graphs::{checkpoint, feed::DeviceMeter, Buckets, Error, StepOptions, TrainStep};
 
 const D: i64 = 8;
@@ -277,21 +277,8 @@ fn schedules_give_the_factors_they_promise() {
 fn a_device_schedule_equals_the_host_schedule() {
     let batches = cpu_batches(7, &[16; 40], D, O);
     let schedule = WarmupCosine { warmup: 5, total: 40, min_factor: 0.05 };
-    let (vs_h, model_h, vs_d, model_d) = twin_mlps(Device::Cpu, D, 16, O);
-    let opt_h = Adam::new(&vs_h, AdamConfig::default().lr(1e-2)).unwrap();
-    let mut host = LrScheduler::new(schedule, opt_h.lr_handles());
-    let (x0, y0) = example(16);
-    let mut step_h =
-        TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default(), mse_step(model_h, opt_h)).unwrap();
-    let opt_d = Adam::new(&vs_d, AdamConfig::default().lr(1e-2)).unwrap();
-    let lr_d = opt_d.lr_handles().remove(0);
-    let mut dev = DeviceLrScheduler::new(schedule, opt_d.lr_handles()).unwrap();
-    let mut inner = mse_step(model_d, opt_d);
-    let mut step_d = TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default(), move |inp| {
-        dev.step()?;
-        inner(inp)
-    })
-    .unwrap();
+    let ScheduleTwins { mut host, mut step_h, vs_h, mut step_d, vs_d, lr_d, .. } =
+        schedule_twins(Device::Cpu, schedule, 1e-2, (D, 16, O, 16));
     let mut worst_lr = 0f64;
     for (x, y) in &batches {
         let lr = host.step().unwrap();

@@ -5,11 +5,13 @@
 
 mod common;
 
-use common::{cpu_batches, cuda, max_param_diff, mlp, mse_step, on, plain_loop, twin_mlps};
+use common::{
+    cpu_batches, cuda, max_param_diff, mlp, mse_step, on, plain_loop, schedule_twins, twin_mlps, ScheduleTwins,
+};
 use std::sync::{Arc, Mutex};
 use tch::{nn, nn::Module, Device, Kind, Tensor};
 use tch_cuda_graphs::optim::{split_params, Adam, AdamConfig, Optimizer, ParamGroup, Sgd, SgdConfig};
-use tch_cuda_graphs::schedule::{DeviceLrScheduler, LrScheduler, WarmupCosine};
+use tch_cuda_graphs::schedule::WarmupCosine;
 use tch_cuda_graphs::{checkpoint, empty_cache, feed, pool_memory, synchronize, StepOptions, TrainStep};
 
 const D: i64 = 32;
@@ -284,22 +286,8 @@ fn a_device_schedule_in_the_graph_equals_the_host_schedule() {
     let steps = 120;
     let batches = on(d, &cpu_batches(39, &vec![64; steps], D, O));
     let schedule = WarmupCosine { warmup: 20, total: 120, min_factor: 0.01 };
-    let (vs_h, model_h, vs_d, model_d) = twin_mlps(d, D, 64, O);
-    let (x0, y0) = example(d, 64);
-    let opt_h = Adam::new(&vs_h, AdamConfig::default().lr(3e-3)).unwrap();
-    let lr_h = opt_h.lr_handles().remove(0);
-    let mut host = LrScheduler::new(schedule, opt_h.lr_handles());
-    let mut step_h =
-        TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default(), mse_step(model_h, opt_h)).unwrap();
-    let opt_d = Adam::new(&vs_d, AdamConfig::default().lr(3e-3)).unwrap();
-    let lr_d = opt_d.lr_handles().remove(0);
-    let mut dev = DeviceLrScheduler::new(schedule, opt_d.lr_handles()).unwrap();
-    let mut inner = mse_step(model_d, opt_d);
-    let mut step_d = TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default(), move |inp| {
-        dev.step()?;
-        inner(inp)
-    })
-    .unwrap();
+    let ScheduleTwins { mut host, mut step_h, vs_h, lr_h, mut step_d, vs_d, lr_d } =
+        schedule_twins(d, schedule, 3e-3, (D, 64, O, 64));
     let mut worst = 0f64;
     for (x, y) in &batches {
         host.step().unwrap();

@@ -120,3 +120,43 @@ pub fn on(device: Device, batches: &[(Tensor, Tensor)]) -> Vec<(Tensor, Tensor)>
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
+
+/// One MLP `d -> h -> h -> o` trained twice from the same weights with Adam (`lr`) under
+/// `schedule`: once with the schedule applied from the host between steps (`host`, `step_h`),
+/// once with it computed on the device inside the step (`step_d`). Steps take batches of `n`.
+pub struct ScheduleTwins {
+    pub host: tch_cuda_graphs::schedule::LrScheduler<tch_cuda_graphs::schedule::WarmupCosine>,
+    pub step_h: tch_cuda_graphs::TrainStep,
+    pub vs_h: nn::VarStore,
+    pub lr_h: tch_cuda_graphs::optim::LrHandle,
+    pub step_d: tch_cuda_graphs::TrainStep,
+    pub vs_d: nn::VarStore,
+    pub lr_d: tch_cuda_graphs::optim::LrHandle,
+}
+
+pub fn schedule_twins(
+    device: Device,
+    schedule: tch_cuda_graphs::schedule::WarmupCosine,
+    lr: f64,
+    (d, h, o, n): (i64, i64, i64, i64),
+) -> ScheduleTwins {
+    use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
+    use tch_cuda_graphs::schedule::{DeviceLrScheduler, LrScheduler};
+    use tch_cuda_graphs::{StepOptions, TrainStep};
+    let (vs_h, model_h, vs_d, model_d) = twin_mlps(device, d, h, o);
+    let (x0, y0) = (Tensor::zeros([n, d], (Kind::Float, device)), Tensor::zeros([n, o], (Kind::Float, device)));
+    let opt_h = Adam::new(&vs_h, AdamConfig::default().lr(lr)).unwrap();
+    let lr_h = opt_h.lr_handles().remove(0);
+    let host = LrScheduler::new(schedule, opt_h.lr_handles());
+    let step_h = TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default(), mse_step(model_h, opt_h)).unwrap();
+    let opt_d = Adam::new(&vs_d, AdamConfig::default().lr(lr)).unwrap();
+    let lr_d = opt_d.lr_handles().remove(0);
+    let mut dev = DeviceLrScheduler::new(schedule, opt_d.lr_handles()).unwrap();
+    let mut inner = mse_step(model_d, opt_d);
+    let step_d = TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default(), move |inp| {
+        dev.step()?;
+        inner(inp)
+    })
+    .unwrap();
+    ScheduleTwins { host, step_h, vs_h, lr_h, step_d, vs_d, lr_d }
+}
