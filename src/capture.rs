@@ -229,13 +229,9 @@ pub fn retain_in_capture<T: Send + 'static>(device: Device, object: T) -> bool {
 struct KeepAliveSlot(usize);
 
 impl KeepAliveSlot {
-    fn open(device: Device) -> Self {
-        let i = match device {
-            Device::Cuda(i) => i,
-            _ => usize::MAX,
-        };
-        keep_alive().lock().unwrap_or_else(|p| p.into_inner()).insert(i, Vec::new());
-        KeepAliveSlot(i)
+    fn open(device: usize) -> Self {
+        keep_alive().lock().unwrap_or_else(|p| p.into_inner()).insert(device, Vec::new());
+        KeepAliveSlot(device)
     }
 
     fn take(&self) -> KeepAlive {
@@ -325,7 +321,10 @@ fn record<T>(
     }
     let ooms = oom_count(device)?;
     let _stream = StreamGuard::new(side)?; // dropped last: the capture ends on `side`
-    let keep = KeepAliveSlot::open(device);
+    let Device::Cuda(index) = device else {
+        return Err(Error::Misuse(format!("capture device must be a CUDA device, got {device:?}")));
+    };
+    let keep = KeepAliveSlot::open(index);
     graph.capture_begin(options.pool, options.mode)?;
     let mut guard = AbortOnDrop { graph, armed: true };
     match catch_unwind(AssertUnwindSafe(f)) {

@@ -39,9 +39,13 @@ int env_int(const char* name) {
   return std::stoi(v);
 }
 
+void check_coordinates(int rank, int size) {
+  if (rank < 0 || size <= 0 || rank >= size) misuse("invalid rank " + std::to_string(rank) + " of " + std::to_string(size));
+}
+
+// The group over `store`; the coordinates were checked by the caller (check_coordinates).
 tcg_pg* make_pg(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device, int64_t timeout_ms) {
   require_cuda();
-  if (rank < 0 || size <= 0 || rank >= size) misuse("invalid rank " + std::to_string(rank) + " of " + std::to_string(size));
   auto dev = checked_device(device);
   c10::cuda::set_device(dev);
   auto opts = c10d::ProcessGroupNCCL::Options::create();
@@ -107,7 +111,7 @@ int tcg_dist_available(void) { return 1; }
 tcg_status tcg_pg_new_from_env(int64_t timeout_ms, tcg_pg** out) {
   return guard([&] {
     int rank = env_int("RANK"), size = env_int("WORLD_SIZE");
-    if (rank < 0 || size <= 0 || rank >= size) misuse("invalid RANK " + std::to_string(rank) + " of WORLD_SIZE " + std::to_string(size));
+    check_coordinates(rank, size);
     int local = std::stoi(env_or("LOCAL_RANK", "0"));
     std::string host = env_or("MASTER_ADDR", "127.0.0.1");
     c10d::TCPStoreOptions so;
@@ -132,7 +136,7 @@ tcg_status tcg_pg_new_from_env(int64_t timeout_ms, tcg_pg** out) {
 tcg_status tcg_pg_new_tcp(const char* host, int port, int rank, int size, int device, int64_t timeout_ms,
                           tcg_pg** out) {
   return guard([&] {
-    if (rank < 0 || size <= 0 || rank >= size) misuse("invalid rank " + std::to_string(rank) + " of " + std::to_string(size));
+    check_coordinates(rank, size);  // before any store is made: a store waits for the others
     c10d::TCPStoreOptions so;
     so.port = static_cast<std::uint16_t>(port);
     so.isServer = rank == 0;
@@ -147,7 +151,7 @@ tcg_status tcg_pg_new_tcp(const char* host, int port, int rank, int size, int de
 tcg_status tcg_pg_new_file(const char* path, int rank, int size, int device, int64_t timeout_ms, tcg_pg** out) {
   return guard([&] {
     if (path == nullptr || *path == '\0') misuse("file store: empty path");
-    if (rank < 0 || size <= 0 || rank >= size) misuse("invalid rank " + std::to_string(rank) + " of " + std::to_string(size));
+    check_coordinates(rank, size);  // before any store is made: a store waits for the others
     auto fs = c10::make_intrusive<c10d::FileStore>(std::string(path), size);
     fs->setTimeout(std::chrono::milliseconds(timeout_ms));
     *out = make_pg(fs, rank, size, device, timeout_ms);

@@ -120,19 +120,10 @@ pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
 impl GradAllReduce {
     /// Buckets for `params` (leaves that require grad, all of one dtype, on the group's device),
     /// each up to `bucket_bytes` (a parameter larger than that gets a bucket of its own), with
-    /// a gradient hook on each parameter. [`Error::Misuse`] if a parameter already belongs to
-    /// another `GradAllReduce`.
+    /// a gradient hook on each parameter. [`Error::Misuse`] (checked by the shim) for no
+    /// parameters, several dtypes, another device, a parameter that is not a leaf requiring
+    /// grad, or one that already belongs to another `GradAllReduce`.
     pub fn new(pg: &ProcessGroup, params: &[Tensor], bucket_bytes: usize) -> Result<Self> {
-        let first = params.first().ok_or_else(|| Error::Misuse("no parameters to all-reduce".into()))?;
-        let kind = first.kind();
-        if let Some(p) = params.iter().find(|p| p.kind() != kind || p.device() != pg.device()) {
-            return Err(Error::Misuse(format!(
-                "gradient buckets need one dtype on {:?}; got {:?} on {:?}",
-                pg.device(),
-                p.kind(),
-                p.device()
-            )));
-        }
         let ptrs = ffi::tensor_ptrs(params);
         let bytes = i64::try_from(bucket_bytes).unwrap_or(i64::MAX);
         let mut raw = std::ptr::null_mut();
