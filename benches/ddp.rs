@@ -104,10 +104,51 @@ fn measure(pg: &ProcessGroup, kind: ModelKind, variant: Variant) -> f64 {
     Vec::<f64>::try_from(all_t.to_device(Device::Cpu)).expect("values").into_iter().fold(0f64, f64::max)
 }
 
+const USAGE: &str = "\
+usage: torchrun --nproc_per_node=N --no-python ddp
+
+Weak scaling of the captured data-parallel step, 1 to N GPUs; rank 0 prints
+ROW,<variant>,<model>,<world>,<us>. Environment:
+  TCG_DDP_OVERLAP_KIB   bucket sizes of the overlapped variants (default 4096,12300,25600)
+  TCG_DDP_MODELS        the models to run (comma-separated; default all)
+  -h, --help            this text";
+
+/// Whether to run: false when the command line asked for the usage or this binary was started
+/// as a test (cargo test --benches, the GPU runner).
+fn parse_args() -> Result<bool, lexopt::Error> {
+    use lexopt::prelude::*;
+    // torchrun may pass the `--` that separates its own arguments on to the program
+    let mut parser = lexopt::Parser::from_iter(std::env::args_os().filter(|a| a != "--"));
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Short('h') | Long("help") => {
+                println!("{USAGE}");
+                return Ok(false);
+            }
+            Long("bench") => {} // cargo bench passes --bench
+            Long("include-ignored") | Long("nocapture") => {
+                println!("bench ddp: run it under torchrun (see the file's docs)");
+                return Ok(false);
+            }
+            Long("test-threads") => {
+                let _ = parser.value()?;
+                println!("bench ddp: run it under torchrun (see the file's docs)");
+                return Ok(false);
+            }
+            _ => return Err(arg.unexpected()),
+        }
+    }
+    Ok(true)
+}
+
 fn main() {
-    if std::env::args().any(|a| a == "--include-ignored" || a.starts_with("--test-threads")) {
-        println!("bench ddp: run it under torchrun (see the file's docs)");
-        return;
+    match parse_args() {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => {
+            eprintln!("bench ddp: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
     }
     if std::env::var("RANK").is_err() {
         println!("bench ddp: no RANK: run it under torchrun --nproc_per_node=N --no-python");

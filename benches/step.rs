@@ -76,7 +76,19 @@ struct Args {
     as_test: bool,
 }
 
-fn parse_args() -> Result<Args, lexopt::Error> {
+const USAGE: &str = "\
+usage: step [--out DIR] [--steps N] [--no-torch] [--no-compile] [--profile-small [--feed]]
+
+One training step of three models and optimizers, eager and captured, beside PyTorch.
+  --out DIR          where results.json, results.csv and chart.png go (default target/bench)
+  --steps N          timed steps per row, at least 100 (default 1000)
+  --no-torch         skip PyTorch's side
+  --no-compile       skip torch.compile's rows
+  --profile-small    only the small MLP's Adam step, for ncu (--feed: also time run() against replay)
+  -h, --help         this text";
+
+/// The command line: `None` when it asked for the usage.
+fn parse_args() -> Result<Option<Args>, lexopt::Error> {
     use lexopt::prelude::*;
     let mut a = Args {
         out: "target/bench".into(),
@@ -97,6 +109,7 @@ fn parse_args() -> Result<Args, lexopt::Error> {
             Long("profile-small") => a.profile_small = true,
             Long("feed") => a.feed = true,
             Long("bench") => {} // cargo bench passes --bench
+            Short('h') | Long("help") => return Ok(None),
             // started as a test binary (cargo test --benches, the GPU runner)
             Long("include-ignored") | Long("nocapture") => a.as_test = true,
             Long("test-threads") => {
@@ -107,7 +120,7 @@ fn parse_args() -> Result<Args, lexopt::Error> {
         }
     }
     a.steps = a.steps.max(100);
-    Ok(a)
+    Ok(Some(a))
 }
 
 const BLOCK: usize = 50;
@@ -343,9 +356,13 @@ fn find(rows: &[Row], model: &str, opt: &str, mode: &str) -> Option<f64> {
 
 fn main() {
     let args = match parse_args() {
-        Ok(a) => a,
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{USAGE}");
+            return;
+        }
         Err(e) => {
-            eprintln!("bench step: {e}\nusage: step [--out DIR] [--steps N] [--no-torch] [--profile-small [--feed]]");
+            eprintln!("bench step: {e}\n{USAGE}");
             std::process::exit(2);
         }
     };

@@ -51,13 +51,15 @@ tcg_status tcg_graph_node_count(tcg_graph*, size_t*) { return no_cuda(); }
 tcg_status tcg_graph_node_kinds(tcg_graph*, tcg_node_kinds*) { return no_cuda(); }
 
 tcg_status tcg_graph_pool_handle(tcg_pool_id*) { return no_cuda(); }
-tcg_status tcg_mempool_new(tcg_mempool**) { return no_cuda(); }
+tcg_status tcg_mempool_new(int, tcg_pool_id, tcg_mempool**) { return no_cuda(); }
 void tcg_mempool_free(tcg_mempool*) {}
-tcg_status tcg_mempool_id(tcg_mempool*, tcg_pool_id*) { return no_cuda(); }
+tcg_status tcg_mempool_id(tcg_mempool*, tcg_pool_id*, int*) { return no_cuda(); }
 tcg_status tcg_mempool_use_count(tcg_mempool*, int*) { return no_cuda(); }
 tcg_status tcg_memory_stats(int, tcg_mem_stats*) { return no_cuda(); }
 tcg_status tcg_reset_peak_stats(int) { return no_cuda(); }
 tcg_status tcg_pool_memory(int, tcg_pool_id, int64_t*, int64_t*) { return no_cuda(); }
+tcg_status tcg_pool_blocks(int, tcg_pool_id, tcg_pool_block*, size_t, size_t*) { return no_cuda(); }
 tcg_status tcg_empty_cache(void) { return no_cuda(); }
+tcg_status tcg_host_empty_cache(void) { return no_cuda(); }
 
 }  // extern "C"

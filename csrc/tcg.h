@@ -68,6 +68,17 @@ typedef struct {
   int64_t num_alloc_retries, num_ooms;
 } tcg_mem_stats;
 
+// One block of a pool's segment (c10::CachingDeviceAllocator's SegmentInfo / BlockInfo).
+typedef struct {
+  uint64_t segment;    // the segment's device address
+  uint64_t segment_size;
+  uint64_t offset;     // of the block within its segment
+  uint64_t size;       // the block's (rounded) size
+  uint64_t requested;  // what was asked for (allocated blocks)
+  int allocated;       // 1: held by a tensor (or by a graph's capture), 0: free in the pool
+  int large;           // 1: the segment belongs to the large-block pool
+} tcg_pool_block;
+
 // Node counts of a captured graph by cudaGraphNodeType; types this shim does not name
 // (semaphores, conditionals, types newer than the headers) are counted in `other`.
 typedef struct {
@@ -189,15 +200,31 @@ tcg_status tcg_graph_node_kinds(tcg_graph* g, tcg_node_kinds* out);
 // Every function here initializes CUDA lazily (as torch.cuda.memory_stats() does), so any of
 // them may be the first CUDA call of a process.
 tcg_status tcg_graph_pool_handle(tcg_pool_id* out);
-tcg_status tcg_mempool_new(tcg_mempool** out);
+// A hold on a pool in both of libtorch's caching allocators (device memory, and pinned host
+// memory, which CUDAGraph also routes to the pool during capture). Without a hold, a pool whose
+// last graph is freed becomes "freeable" (use count 0) and stays so until an empty_cache erases
+// it; capturing into it meanwhile trips libtorch's `use_count > 0` internal asserts. `device` -1
+// means the current device; `pool` {0, 0} means a fresh id (graph_pool_handle). Holding an id
+// that is freeable is tried again after emptying both caches of it; if tensors of the pool are
+// still alive it stays freeable and this fails with TCG_MISUSE. Freeing the hold releases both
+// references and, as at::cuda::MemPool does, returns the pool's cached device memory to CUDA if
+// nothing else holds it. Not safe to call while a capture into the same pool is under way.
+tcg_status tcg_mempool_new(int device, tcg_pool_id pool, tcg_mempool** out);
 void tcg_mempool_free(tcg_mempool* p);
-tcg_status tcg_mempool_id(tcg_mempool* p, tcg_pool_id* out);
+tcg_status tcg_mempool_id(tcg_mempool* p, tcg_pool_id* out, int* device);
+// Holders of the pool in the device allocator (this hold, graphs captured into it, ...).
 tcg_status tcg_mempool_use_count(tcg_mempool* p, int* out);
 tcg_status tcg_memory_stats(int device, tcg_mem_stats* out);
 tcg_status tcg_reset_peak_stats(int device);
 // Bytes of the caching allocator's segments owned by `pool` on `device`.
 tcg_status tcg_pool_memory(int device, tcg_pool_id pool, int64_t* reserved, int64_t* allocated);
+// The blocks of the segments owned by `pool` on `device`, segment by segment in address order:
+// writes at most `cap` of them to `out` and the total count to `*n` (call with cap 0 to size).
+tcg_status tcg_pool_blocks(int device, tcg_pool_id pool, tcg_pool_block* out, size_t cap, size_t* n);
 tcg_status tcg_empty_cache(void);
+// The pinned host allocator's empty_cache (torch._C._host_emptyCache): frees its cached blocks
+// and erases its freeable pools.
+tcg_status tcg_host_empty_cache(void);
 
 // ---------------------------------------------------------------- cuda/dist.cpp
 // A NCCL process group (c10d::ProcessGroupNCCL) on this rank's device. From torchrun's

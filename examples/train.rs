@@ -14,7 +14,7 @@
 //! [--checkpoint PATH]` (or `make run`). bf16 and fp16 run the step under CUDA autocast; fp16
 //! adds the on-device GradScaler (its state goes into the checkpoint).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -77,29 +77,41 @@ struct Args {
     precision: Option<Kind>,
 }
 
-fn parse_args() -> Result<Args> {
+const USAGE: &str = "\
+usage: train [--epochs N] [--precision fp32|bf16|fp16] [--resume] [--checkpoint PATH]
+
+Trains an MLP on a CPU-held data set with a captured step (eager on a machine without a GPU),
+then, on a GPU, the same run eagerly for comparison.
+  --epochs N          epochs to train (default 5)
+  --precision P       fp32 (default), or bf16 / fp16 under CUDA autocast (fp16 with a GradScaler)
+  --resume            continue from the checkpoint
+  --checkpoint PATH   the checkpoint file (default target/train-example.safetensors)
+  -h, --help          this text";
+
+/// The command line: `None` when it asked for the usage.
+fn parse_args() -> Result<Option<Args>, lexopt::Error> {
+    use lexopt::prelude::*;
     let mut a =
         Args { epochs: 5, resume: false, checkpoint: "target/train-example.safetensors".into(), precision: None };
-    let mut it = std::env::args().skip(1);
-    while let Some(s) = it.next() {
-        match s.as_str() {
-            "--epochs" => a.epochs = it.next().context("--epochs N")?.parse()?,
-            "--resume" => a.resume = true,
-            "--checkpoint" => a.checkpoint = it.next().context("--checkpoint PATH")?,
-            "--precision" => {
-                a.precision = match it.next().context("--precision fp32|bf16|fp16")?.as_str() {
+    let mut parser = lexopt::Parser::from_env();
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("epochs") => a.epochs = parser.value()?.parse()?,
+            Long("resume") => a.resume = true,
+            Long("checkpoint") => a.checkpoint = parser.value()?.string()?,
+            Long("precision") => {
+                a.precision = match parser.value()?.string()?.as_str() {
                     "fp32" => None,
                     "bf16" => Some(Kind::BFloat16),
                     "fp16" => Some(Kind::Half),
-                    other => bail!("--precision {other}: expected fp32, bf16 or fp16"),
+                    other => return Err(format!("--precision {other}: expected fp32, bf16 or fp16").into()),
                 }
             }
-            other => bail!(
-                "unknown argument {other}; usage: train [--epochs N] [--precision fp32|bf16|fp16] [--resume] [--checkpoint PATH]"
-            ),
+            Short('h') | Long("help") => return Ok(None),
+            _ => return Err(arg.unexpected()),
         }
     }
-    Ok(a)
+    Ok(Some(a))
 }
 
 /// What a run needs to know.
@@ -259,7 +271,17 @@ fn max_param_diff(a: &nn::VarStore, b: &nn::VarStore) -> Result<f64> {
 }
 
 fn main() -> Result<()> {
-    let args = parse_args()?;
+    let args = match parse_args() {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{USAGE}");
+            return Ok(());
+        }
+        Err(e) => {
+            eprintln!("train: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
     let device = if cuda_is_available() { Device::Cuda(0) } else { Device::Cpu };
     tch::manual_seed(0);
     let teacher_vs = nn::VarStore::new(Device::Cpu);

@@ -11,7 +11,7 @@
 //! #   --nnodes=N --node_rank=I --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT
 //! ```
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tch::{nn, nn::Module, Device, Kind, Tensor};
@@ -42,16 +42,41 @@ fn flat(vs: &nn::VarStore) -> Tensor {
     Tensor::cat(&v.iter().map(|(_, t)| t.detach().view([-1])).collect::<Vec<_>>(), 0)
 }
 
-fn main() -> Result<()> {
+const USAGE: &str = "\
+usage: torchrun --nproc_per_node=N --no-python train_ddp -- [--epochs N]
+
+Trains an MLP data parallel: every rank its shard, gradients averaged inside the captured step.
+  --epochs N   epochs to train (default 3)
+  -h, --help   this text";
+
+/// The epochs to train; `None` when the command line asked for the usage.
+fn parse_args() -> Result<Option<usize>, lexopt::Error> {
+    use lexopt::prelude::*;
     let mut epochs = 3usize;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--epochs" => epochs = args.next().context("--epochs N")?.parse()?,
-            "--" => {}
-            other => bail!("unknown argument {other}; usage: train_ddp [--epochs N]"),
+    // torchrun may pass the `--` that separates its own arguments on to the program
+    let mut parser = lexopt::Parser::from_iter(std::env::args_os().filter(|a| a != "--"));
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("epochs") => epochs = parser.value()?.parse()?,
+            Short('h') | Long("help") => return Ok(None),
+            _ => return Err(arg.unexpected()),
         }
     }
+    Ok(Some(epochs))
+}
+
+fn main() -> Result<()> {
+    let epochs = match parse_args() {
+        Ok(Some(n)) => n,
+        Ok(None) => {
+            println!("{USAGE}");
+            return Ok(());
+        }
+        Err(e) => {
+            eprintln!("train_ddp: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
     let pg = ProcessGroup::from_env(Duration::from_secs(120)).context("run me with torchrun")?;
     let (rank, world, device) = (pg.rank(), pg.world_size(), pg.device());
     // the data set, the same on every rank (the same seed); each rank takes every world-th sample

@@ -2,6 +2,7 @@
 //! sequences of any length captures only a few graphs (one per bucket).
 
 use crate::error::{Error, Result};
+use crate::scalar::{cpu_f64, cpu_i64};
 use tch::{Kind, Tensor};
 
 /// A few padded lengths, ascending. [`pad`](Buckets::pad) pads a batch along one dimension to
@@ -80,12 +81,12 @@ impl Buckets {
         let tensor = t.f_constant_pad_nd(&pads)?; // pads with zeros
         if value != 0.0 && bucket > len {
             let mut tail = tensor.f_narrow(dim, len, bucket - len)?; // a view into `tensor`
-            let _ = tail.f_fill_(value)?;
+            let _ = tail.f_fill_tensor_(&cpu_f64(value)?)?;
         }
         let positions = Tensor::f_arange(bucket, (Kind::Int64, t.device()))?;
         let row_len = match lengths {
             Some(l) => l.f_to_kind(Kind::Int64)?.f_to_device(t.device())?,
-            None => Tensor::f_full([size[0]], len, (Kind::Int64, t.device()))?,
+            None => Tensor::f_empty([size[0]], (Kind::Int64, t.device()))?.f_fill_tensor_(&cpu_i64(len)?)?,
         };
         // mask[b, p] = p < len[b], then broadcast over the dimensions between 0 and dim
         let mut mask = positions.f_unsqueeze(0)?.f_lt_tensor(&row_len.f_unsqueeze(1)?)?;

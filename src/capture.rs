@@ -21,12 +21,36 @@
 //! invalidated capture stream gives [`Error::CaptureInvalidated`], a rise of the allocator's OOM
 //! counter gives [`Error::OutOfMemory`] (both keep the closure's error as `source`), anything
 //! else comes back unchanged. A panic always resumes, after the clean-up.
+//!
+//! # tch ops with a `Scalar` argument panic where they should fail
+//! In tch 0.24 an op that takes a `Scalar` (`f_add_scalar`, `f_mul_scalar`, `f_fill_`,
+//! `f_clamp`, `f_le`, `f_full`, ..., and the operators `t * 2.0`) panics when the op fails,
+//! even in its `f_` form: the temporary `Scalar`'s `Drop` reads the error the op just left and
+//! unwraps it before the `f_` wrapper can return it. Under a capture that was invalidated (a
+//! sync in the closure, or another thread's illegal call in [`CaptureMode::Global`]), every op
+//! fails, so a closure written with `f_` ops and `?` alone panics there with "operation failed
+//! due to a previous error during capture". The crate cleans up and re-raises the panic as
+//! above; to get an `Err` instead, pass the scalar as a 0-d tensor (binary ops take a 0-d CPU
+//! tensor like a scalar: no copy, no sync, the same numerics):
+//!
+//! ```
+//! # fn main() -> Result<(), tch::TchError> {
+//! use tch::Tensor;
+//! let x = Tensor::from_slice(&[1.0f32, 2.0]);
+//! let two = Tensor::from_slice(&[2.0f64]).f_reshape([0i64; 0])?; // 0-d, on the CPU
+//! let y = x.f_mul(&two)?; // instead of x.f_mul_scalar(2.0)?
+//! # assert_eq!(Vec::<f32>::try_from(&y).unwrap(), [2.0, 4.0]);
+//! # Ok(()) }
+//! ```
+//!
+//! The crate's own ops (schedules, learning-rate handles, buckets, the optimizers) take no
+//! `Scalar` for this reason.
 
 use crate::amp::Autocast;
 use crate::device::{current_device, synchronize};
 use crate::error::{Error, Result};
 use crate::graph::{CaptureMode, CudaGraph};
-use crate::memory::{empty_cache, memory_stats};
+use crate::memory::{empty_cache, empty_host_cache, OomWatch};
 use crate::pool::PoolId;
 use crate::stream::{Stream, StreamGuard};
 use std::any::Any;
@@ -90,8 +114,8 @@ impl CaptureOptions {
         self
     }
 
-    /// Whether to return cached allocator memory to CUDA before capturing, as
-    /// `torch.cuda.graph` does. Default: true.
+    /// Whether to return cached allocator memory (device and pinned host) to CUDA before
+    /// capturing, as `torch.cuda.graph` does. Default: true.
     pub fn empty_cache(mut self, yes: bool) -> Self {
         self.empty_cache = yes;
         self
@@ -278,21 +302,11 @@ impl Drop for AbortOnDrop<'_> {
     }
 }
 
-/// The allocator's OOM counter of `device`, to tell afterwards whether an error was an OOM.
-fn oom_count(device: Device) -> Result<i64> {
-    Ok(memory_stats(device)?.ooms)
-}
-
-/// Classifies an error that ended a capture (or its warmup) by state: whether CUDA invalidated
-/// the capture, and whether the allocator's OOM counter rose since `ooms_before`.
-fn classify(e: Error, invalidated: bool, device: Device, ooms_before: i64) -> Error {
-    if e.is_capture_invalidated() || e.is_out_of_memory() {
-        return e;
-    }
-    let oom = memory_stats(device).map(|s| s.ooms > ooms_before).unwrap_or(false);
-    if oom {
-        Error::OutOfMemory { source: Box::new(e) }
-    } else if invalidated {
+/// Classifies an error that ended a capture (or its warmup) by state: a rise of the allocator's
+/// OOM counter first, then whether CUDA invalidated the capture.
+fn classify(e: Error, invalidated: bool, oom: &OomWatch) -> Error {
+    let e = oom.classify(e);
+    if invalidated && !e.is_out_of_memory() && !e.is_capture_invalidated() {
         Error::CaptureInvalidated { source: Box::new(e) }
     } else {
         e
@@ -318,8 +332,9 @@ fn record<T>(
     }
     if options.empty_cache {
         empty_cache()?;
+        empty_host_cache()?;
     }
-    let ooms = oom_count(device)?;
+    let oom = OomWatch::start(device)?;
     let _stream = StreamGuard::new(side)?; // dropped last: the capture ends on `side`
     let Device::Cuda(index) = device else {
         return Err(Error::Misuse(format!("capture device must be a CUDA device, got {device:?}")));
@@ -331,7 +346,7 @@ fn record<T>(
         Ok(Ok(out)) => {
             guard.armed = false;
             // capture_end tears down by itself on failure
-            guard.graph.capture_end().map_err(|e| classify(e, false, device, ooms))?;
+            guard.graph.capture_end().map_err(|e| classify(e, false, &oom))?;
             for object in keep.take() {
                 guard.graph.retain(object);
             }
@@ -339,7 +354,7 @@ fn record<T>(
         }
         Ok(Err(e)) => {
             let invalidated = guard.abort();
-            Err(classify(e, invalidated, device, ooms))
+            Err(classify(e, invalidated, &oom))
         }
         Err(panic) => {
             drop(guard); // abort the capture
@@ -370,15 +385,17 @@ impl CudaGraph {
 /// Runs `f` once, eagerly, the way a warmup run of [`capture_with_warmup`] runs: holding the
 /// device's [`CaptureLock`], on the device's capture stream (so lazily made per-stream state,
 /// such as cuBLAS workspaces, is the capture's). The current stream then waits for that work,
-/// so what follows on it is ordered after. No host sync.
+/// so what follows on it is ordered after. No host sync. An out-of-memory error of `f` is
+/// [`Error::OutOfMemory`], as in a capture.
 pub fn run_on_capture_stream<T>(device: Device, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let _lock = CaptureLock::acquire(device)?;
     let current = Stream::current(device)?;
     let side = Stream::capture_stream(device)?;
     side.wait_stream(&current)?;
+    let oom = OomWatch::start(device)?;
     let out = {
         let _stream = StreamGuard::new(&side)?;
-        f()?
+        f().map_err(|e| oom.classify(e))?
     };
     current.wait_stream(&side)?;
     Ok(out)
@@ -407,11 +424,11 @@ pub fn capture_with_warmup<T>(
     let device = options.resolve_device()?;
     let _lock = CaptureLock::acquire(device)?;
     let side = side_stream(device)?;
-    let ooms = oom_count(device)?;
+    let oom = OomWatch::start(device)?;
     {
         let _stream = StreamGuard::new(&side)?;
         for _ in 0..warmup {
-            drop(f().map_err(|e| classify(e, false, device, ooms))?);
+            drop(f().map_err(|e| oom.classify(e))?);
         }
     }
     side.synchronize()?;

@@ -49,6 +49,7 @@ pub mod graph;
 pub mod memory;
 pub mod optim;
 pub mod pool;
+mod scalar;
 pub mod schedule;
 pub mod stream;
 pub mod testing;

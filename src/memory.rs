@@ -1,7 +1,7 @@
 //! Figures of libtorch's CUDA caching allocator: per device and per pool.
 
 use crate::device::cuda_index;
-use crate::error::{check, Result};
+use crate::error::{check, Error, Result};
 use crate::ffi;
 use crate::pool::PoolId;
 use tch::Device;
@@ -72,4 +72,108 @@ pub fn pool_memory(device: Device, pool: PoolId) -> Result<PoolMemory> {
 pub fn empty_cache() -> Result<()> {
     // SAFETY: no arguments; the shim checks for CUDA.
     check(unsafe { ffi::tcg_empty_cache() })
+}
+
+/// Also returns the pinned host allocator's unused cached memory (`torch._C._host_emptyCache()`),
+/// which `torch.cuda.graph` does before every capture beside [`empty_cache`]: pinned memory that
+/// a capture allocated goes to the graph's pool, and this is when a released pool's goes back.
+pub fn empty_host_cache() -> Result<()> {
+    // SAFETY: no arguments; the shim checks for CUDA.
+    check(unsafe { ffi::tcg_host_empty_cache() })
+}
+
+/// One block of a pool's memory: a piece of one of the segments (`cudaMalloc`s) the pool owns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolBlock {
+    /// The device address of the block's segment.
+    pub segment: u64,
+    /// The segment's size (bytes).
+    pub segment_size: u64,
+    /// Where the block starts within its segment.
+    pub offset: u64,
+    /// The block's size (bytes, rounded by the allocator).
+    pub size: u64,
+    /// The size that was asked for (for allocated blocks).
+    pub requested: u64,
+    /// Held by a live tensor (or by a graph's captured work), rather than free in the pool.
+    pub allocated: bool,
+    /// From the allocator's large-block pool (segments of 2 MiB and more).
+    pub large: bool,
+}
+
+/// Every block of the segments `pool` owns on `device`, segment by segment in address order:
+/// where a pool's memory goes (which blocks stay allocated between captures, how segments are
+/// split). From an allocator snapshot; not for hot loops.
+///
+/// ```no_run
+/// # fn main() -> tch_cuda_graphs::Result<()> {
+/// use tch_cuda_graphs::{graph_pool_handle, memory::pool_blocks};
+/// let pool = graph_pool_handle()?;
+/// let live: u64 = pool_blocks(tch::Device::Cuda(0), pool)?.iter().filter(|b| b.allocated).map(|b| b.size).sum();
+/// # let _ = live; Ok(()) }
+/// ```
+pub fn pool_blocks(device: Device, pool: PoolId) -> Result<Vec<PoolBlock>> {
+    let idx = cuda_index(device)?;
+    let mut raw: Vec<ffi::tcg_pool_block> = Vec::new();
+    loop {
+        let mut n = 0usize;
+        // SAFETY: `raw` has room for `raw.len()` blocks, which is the capacity passed; `n` is a
+        // valid out pointer. The shim writes at most that many.
+        check(unsafe { ffi::tcg_pool_blocks(idx, pool.ffi(), raw.as_mut_ptr(), raw.len(), &mut n) })?;
+        if n <= raw.len() {
+            raw.truncate(n);
+            break;
+        }
+        raw = vec![ffi::tcg_pool_block::default(); n]; // blocks came and went: ask again
+    }
+    Ok(raw
+        .into_iter()
+        .map(|b| PoolBlock {
+            segment: b.segment,
+            segment_size: b.segment_size,
+            offset: b.offset,
+            size: b.size,
+            requested: b.requested,
+            allocated: b.allocated != 0,
+            large: b.large != 0,
+        })
+        .collect())
+}
+
+/// Watches the caching allocator's OOM counter of one device around a call of the user's work,
+/// so that an out-of-memory error is [`Error::OutOfMemory`] on every path that runs it (eager,
+/// warmup, capture), whatever layer reported it (tch passes libtorch's `OutOfMemoryError` on as
+/// a message only). Classification is by state, never by message text: the counter rose.
+///
+/// On the CPU there is no such counter (libtorch's CPU allocator counts no OOMs), so errors
+/// there come back unchanged. Another thread's OOM on the same device during the call would be
+/// taken for this call's.
+pub(crate) struct OomWatch {
+    device: Device,
+    before: Option<i64>,
+}
+
+impl OomWatch {
+    /// Reads the counter of `device` now (nothing to watch on the CPU).
+    pub(crate) fn start(device: Device) -> Result<Self> {
+        let before = match device {
+            Device::Cuda(_) => Some(memory_stats(device)?.ooms),
+            _ => None,
+        };
+        Ok(OomWatch { device, before })
+    }
+
+    /// Whether the counter rose since [`start`](Self::start).
+    pub(crate) fn rose(&self) -> bool {
+        self.before.is_some_and(|b| memory_stats(self.device).map(|s| s.ooms > b).unwrap_or(false))
+    }
+
+    /// `e` as [`Error::OutOfMemory`] if the counter rose (and it is not already classified).
+    pub(crate) fn classify(&self, e: Error) -> Error {
+        if e.is_out_of_memory() || e.is_capture_invalidated() || !self.rose() {
+            e
+        } else {
+            Error::OutOfMemory { source: Box::new(e) }
+        }
+    }
 }

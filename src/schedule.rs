@@ -14,6 +14,7 @@
 
 use crate::error::{Error, Result};
 use crate::optim::LrHandle;
+use crate::scalar::cpu_f64;
 use std::f64::consts::PI;
 use tch::{Kind, Tensor};
 
@@ -52,19 +53,23 @@ impl Schedule for WarmupCosine {
     fn factor_tensor(&self, t: &Tensor) -> Result<Tensor> {
         let w = self.warmup as f64;
         let span = (self.total as f64 - w).max(1.0);
-        let p = t.f_sub_scalar(w)?.f_div_scalar(span)?.f_clamp(0.0, 1.0)?;
+        let p = t
+            .f_sub(&cpu_f64(w)?)?
+            .f_div(&cpu_f64(span)?)?
+            .f_clamp_min_tensor(&cpu_f64(0.0)?)?
+            .f_clamp_max_tensor(&cpu_f64(1.0)?)?;
         let cosine = p
-            .f_mul_scalar(PI)?
+            .f_mul(&cpu_f64(PI)?)?
             .f_cos()?
-            .f_add_scalar(1.0)?
-            .f_mul_scalar(0.5)?
-            .f_mul_scalar(1.0 - self.min_factor)?
-            .f_add_scalar(self.min_factor)?;
+            .f_add(&cpu_f64(1.0)?)?
+            .f_mul(&cpu_f64(0.5)?)?
+            .f_mul(&cpu_f64(1.0 - self.min_factor)?)?
+            .f_add(&cpu_f64(self.min_factor)?)?;
         if self.warmup == 0 {
             return Ok(cosine);
         }
-        let warm = t.f_div_scalar(w)?;
-        Ok(warm.f_where_self(&t.f_le(w)?, &cosine)?)
+        let warm = t.f_div(&cpu_f64(w)?)?;
+        Ok(warm.f_where_self(&t.f_le_tensor(&cpu_f64(w)?)?, &cosine)?)
     }
 }
 
@@ -88,7 +93,7 @@ impl Schedule for LinearWarmup {
         if self.warmup == 0 {
             return Ok(t.f_ones_like()?);
         }
-        Ok(t.f_div_scalar(self.warmup as f64)?.f_clamp_max(1.0)?)
+        Ok(t.f_div(&cpu_f64(self.warmup as f64)?)?.f_clamp_max_tensor(&cpu_f64(1.0)?)?)
     }
 }
 
@@ -108,8 +113,13 @@ impl Schedule for StepDecay {
     }
 
     fn factor_tensor(&self, t: &Tensor) -> Result<Tensor> {
-        let k = t.f_sub_scalar(1.0)?.f_clamp_min(0.0)?.f_div_scalar(self.step_size.max(1) as f64)?.f_floor()?;
-        Ok(Tensor::f_pow_scalar(self.gamma, &k)?)
+        let k = t
+            .f_sub(&cpu_f64(1.0)?)?
+            .f_clamp_min_tensor(&cpu_f64(0.0)?)?
+            .f_div(&cpu_f64(self.step_size.max(1) as f64)?)?
+            .f_floor()?;
+        // gamma^k with gamma as a 0-d CPU tensor: the CPU-scalar base path of pow, as pow_scalar
+        Ok(cpu_f64(self.gamma)?.f_pow(&k)?)
     }
 }
 
@@ -175,10 +185,10 @@ impl<S: Schedule> DeviceLrScheduler<S> {
     /// Advances the device counter and writes every group's rate, all on the device.
     pub fn step(&mut self) -> Result<()> {
         let _no_grad = tch::no_grad_guard();
-        let _ = self.step.f_add_scalar_(1.0)?;
+        let _ = self.step.f_add_(&cpu_f64(1.0)?)?;
         let f = self.schedule.factor_tensor(&self.step)?;
         for (h, base) in &self.targets {
-            h.tensor().shallow_clone().f_copy_(&f.f_mul_scalar(*base)?)?;
+            h.tensor().shallow_clone().f_copy_(&f.f_mul(&cpu_f64(*base)?)?)?;
         }
         Ok(())
     }

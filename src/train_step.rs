@@ -8,7 +8,8 @@ use crate::device::cuda_is_available;
 use crate::error::{Error, Result};
 use crate::feed::{copy_non_blocking, is_pinned, Stager};
 use crate::graph::{CaptureMode, CudaGraph};
-use crate::pool::{graph_pool_handle, PoolId};
+use crate::memory::OomWatch;
+use crate::pool::{MemPool, PoolId};
 use crate::watch::TensorWatch;
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
@@ -73,10 +74,14 @@ impl StepOptions {
         self.eager = yes;
         self
     }
-    /// The most graphs (batch shapes) kept at once; a new shape beyond it evicts the least
-    /// recently used one (its graph and static inputs are freed; its memory stays in the pool
-    /// for the next capture; the shape is warmed up and captured again if it comes back).
-    /// Default: [`DEFAULT_MAX_GRAPHS`] (8). At least 1.
+    /// The most graphs (batch shapes captured) kept at once. A shape about to be captured while
+    /// `n` graphs are held first evicts the least recently used graph (its graph, static inputs
+    /// and outputs are freed; its memory stays in the step's pool for the next capture; the
+    /// shape is warmed up and captured again if it comes back). Shapes still in their warmup
+    /// hold static inputs but no graph and never evict a graph; at most `n` of them are kept
+    /// too, so a new shape past that drops the least recently used one still warming up (it
+    /// starts its warmup again if it comes back). Eager steps keep at most `n` shapes' static
+    /// inputs. Default: [`DEFAULT_MAX_GRAPHS`] (8). At least 1.
     pub fn max_graphs(mut self, n: usize) -> Self {
         self.max_graphs = n.max(1);
         self
@@ -145,14 +150,24 @@ struct ShapeEntry {
 ///   not the sum. Graphs of one pool may reuse each other's temporary memory, so **outputs are
 ///   valid until the next run of this step** (or of a step sharing its pool): each replay
 ///   overwrites them in place. Read or accumulate them right away ([`crate::feed::DeviceMeter`]).
-/// - At most [`StepOptions::max_graphs`] shapes are kept (least recently used evicted). For
-///   sequences, pad to a few [`crate::Buckets`] to keep the number of shapes small.
+/// - At most [`StepOptions::max_graphs`] graphs are kept: capturing one more evicts the least
+///   recently used graph (a shape still in its warmup never evicts one). The step holds its pool
+///   ([`MemPool`]), so a shape captured after every other graph was evicted still reuses the
+///   pool's memory. For sequences, pad to a few [`crate::Buckets`] to keep the number of shapes
+///   small.
 /// - CPU batches are copied without blocking the host (see [`StepOptions::copy_stream`]); a
 ///   pinned batch must not be overwritten before the step that used it has run.
 ///
 /// Without a CUDA device (or when the inputs live on the CPU, or with [`StepOptions::eager`])
 /// the same code runs the closure eagerly on every call, and [`is_graphed`](Self::is_graphed)
 /// says `false`: one program for CPU development and GPU training.
+///
+/// # Errors
+/// An out-of-memory error is [`Error::OutOfMemory`] on every path that runs the closure (eager
+/// fallback on a GPU, warmup, capture), told by the caching allocator's OOM counter; match it to
+/// shrink the batch and retry. On the CPU it comes back as [`Error::Torch`] (libtorch's CPU
+/// allocator counts no OOMs). After a failed capture the shape has no graph; its next batch
+/// captures again.
 ///
 /// The step keeps alive everything the graphs touch: the static inputs and outputs, the
 /// closure (move the model and the optimizer into it: their parameters and state are then held
@@ -200,7 +215,6 @@ pub struct TrainStep {
     device: Device,
     graphed: bool,
     options: StepOptions,
-    pool: Option<PoolId>,
     shapes: Vec<ShapeEntry>,
     /// The entry of the last run (whose outputs are current).
     current: usize,
@@ -208,6 +222,10 @@ pub struct TrainStep {
     watch: TensorWatch,
     runs: u64,
     captures: u64,
+    /// The step's hold on its pool (graphed steps): the pool stays open for the next capture
+    /// even when every graph in it was evicted. Declared last, so it is released after the
+    /// graphs and outputs above, and the pool's memory then goes back to CUDA.
+    pool: Option<MemPool>,
 }
 
 impl std::fmt::Debug for TrainStep {
@@ -248,8 +266,8 @@ impl TrainStep {
         let graphed = !options.eager && matches!(device, Device::Cuda(_)) && cuda_is_available();
         let pool = match (graphed, options.capture.get_pool()) {
             (false, _) => None,
-            (true, p) if !p.is_private() => Some(p),
-            (true, _) => Some(graph_pool_handle()?),
+            (true, p) if !p.is_private() => Some(MemPool::hold(device, p)?),
+            (true, _) => Some(MemPool::on(device)?),
         };
         let copies = inputs
             .iter()
@@ -266,13 +284,13 @@ impl TrainStep {
             device,
             graphed,
             options,
-            pool,
             shapes: Vec::new(),
             current: 0,
             step_fn: Box::new(step),
             watch: TensorWatch::new()?,
             runs: 0,
             captures: 0,
+            pool,
         };
         step.push_entry(inputs.iter().map(|(_, t)| t.size()).collect(), Some(copies))?;
         Ok(step)
@@ -339,17 +357,42 @@ impl TrainStep {
         Ok(shape)
     }
 
-    /// The entry of `shape`, made (evicting the least recently used one past the bound) if new.
+    /// The entry of `shape`, made if new; past the bound on shapes still warming up, the least
+    /// recently used of those goes first (see [`StepOptions::max_graphs`]).
     fn entry_for(&mut self, shape: Vec<Vec<i64>>) -> Result<usize> {
         if let Some(i) = self.shapes.iter().position(|e| e.shape == shape) {
             return Ok(i);
         }
-        if self.shapes.len() >= self.options.max_graphs {
-            let lru = (0..self.shapes.len()).min_by_key(|&i| self.shapes[i].last_used).unwrap_or(0);
-            self.shapes.swap_remove(lru);
-            self.current = 0;
+        if let Some(j) = self.lru_to_evict(false) {
+            self.evict(j, 0);
         }
         self.push_entry(shape, None)
+    }
+
+    /// The least recently used entry with (`captured`) or without a graph, if `max_graphs`
+    /// of that kind are held.
+    fn lru_to_evict(&self, captured: bool) -> Option<usize> {
+        let of_kind = || self.shapes.iter().enumerate().filter(|(_, e)| e.graph.is_some() == captured);
+        if of_kind().count() < self.options.max_graphs {
+            return None;
+        }
+        of_kind().min_by_key(|(_, e)| e.last_used).map(|(j, _)| j)
+    }
+
+    /// Drops entry `j` (its graph, static inputs, outputs, staging buffers); returns where the
+    /// entry at index `i` is now.
+    fn evict(&mut self, j: usize, i: usize) -> usize {
+        self.shapes.remove(j);
+        if self.current > j {
+            self.current -= 1;
+        } else if self.current == j {
+            self.current = 0; // its outputs are gone; the next run sets it
+        }
+        if i > j {
+            i - 1
+        } else {
+            i
+        }
     }
 
     fn push_entry(&mut self, shape: Vec<Vec<i64>>, inputs: Option<Vec<Tensor>>) -> Result<usize> {
@@ -398,10 +441,16 @@ impl TrainStep {
     }
 
     /// One step of entry `i`: eager, eager warmup, or (capture and) replay.
-    fn step(&mut self, i: usize) -> Result<&[Tensor]> {
+    fn step(&mut self, mut i: usize) -> Result<&[Tensor]> {
         let warmup = self.options.get_warmup();
-        let capture = match self.pool {
-            Some(pool) => self.options.capture.pool(pool).device(self.device),
+        if self.graphed && self.shapes[i].graph.is_none() && self.shapes[i].warmed >= warmup {
+            // about to capture: make room among the graphs first
+            if let Some(j) = self.lru_to_evict(true) {
+                i = self.evict(j, i);
+            }
+        }
+        let capture = match &self.pool {
+            Some(pool) => self.options.capture.pool(pool.id()).device(self.device),
             None => self.options.capture,
         };
         let autocast = self.options.autocast;
@@ -413,7 +462,8 @@ impl TrainStep {
         };
         let entry = &mut shapes[i];
         if !*graphed {
-            entry.outputs = call(&entry.inputs)?;
+            let oom = OomWatch::start(*device)?;
+            entry.outputs = call(&entry.inputs).map_err(|e| oom.classify(e))?;
         } else if entry.graph.is_none() && entry.warmed < warmup {
             let inputs = &entry.inputs;
             entry.outputs = run_on_capture_stream(*device, || call(inputs))?;
@@ -476,7 +526,7 @@ impl TrainStep {
     /// The pool all graphs of the step are captured into (`None` when eager). Give it to an
     /// eval step ([`StepOptions::pool`]) to share memory.
     pub fn pool(&self) -> Option<PoolId> {
-        self.pool
+        self.pool.as_ref().map(MemPool::id)
     }
 
     /// The graph of the last run's shape, once captured (node counts, upload, ...).

@@ -41,6 +41,10 @@ fn gpu_entry_points_report_no_cuda_without_a_device() {
         ("CudaGraph::new", CudaGraph::new().map(drop)),
         ("graph_pool_handle", graph_pool_handle().map(drop)),
         ("MemPool::new", MemPool::new().map(drop)),
+        ("MemPool::on", MemPool::on(Device::Cuda(0)).map(drop)),
+        ("MemPool::hold", graph_pool_handle().and_then(|p| MemPool::hold(Device::Cuda(0), p)).map(drop)),
+        ("pool_blocks", tch_cuda_graphs::memory::pool_blocks(Device::Cuda(0), PoolId::PRIVATE).map(drop)),
+        ("empty_host_cache", tch_cuda_graphs::memory::empty_host_cache()),
         ("Stream::current", Stream::current(Device::Cuda(0)).map(drop)),
         ("memory_stats", memory_stats(Device::Cuda(0)).map(drop)),
         ("reset_peak_stats", reset_peak_stats(Device::Cuda(0))),
@@ -66,6 +70,19 @@ fn gpu_entry_points_report_no_cuda_without_a_device() {
                 other => panic!("{what}: expected Error::NoCuda without a GPU, got {other:?}"),
             }
         }
+    }
+}
+
+/// A pool hold names a pool on a CUDA device: PRIVATE (no pool) and the CPU are refused, as
+/// Misuse, or NoCuda where there is no device at all.
+#[test]
+fn a_pool_hold_needs_a_pool_on_a_cuda_device() {
+    for (what, r) in [
+        ("PRIVATE", MemPool::hold(Device::Cuda(0), PoolId::PRIVATE)),
+        ("the CPU", MemPool::hold(Device::Cpu, PoolId::from_raw(0, 7).unwrap())),
+        ("MemPool::on(Cpu)", MemPool::on(Device::Cpu)),
+    ] {
+        assert!(matches!(r, Err(Error::Misuse(_)) | Err(Error::NoCuda(_))), "{what}: {r:?}");
     }
 }
 

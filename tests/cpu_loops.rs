@@ -271,6 +271,27 @@ fn schedules_give_the_factors_they_promise() {
     }
 }
 
+/// A schedule's tensor form fails with Err, not a panic, where its ops fail (they take no tch
+/// `Scalar`, whose failure panics in tch 0.24: under an invalidated capture every op fails).
+/// Here the ops fail because the step count is an undefined tensor.
+#[test]
+fn a_schedules_tensor_form_fails_without_panicking() {
+    let bad = Tensor::new(); // undefined: every op on it fails
+    let schedules: [(&str, &dyn Schedule); 3] = [
+        ("warmup-cosine", &WarmupCosine { warmup: 10, total: 110, min_factor: 0.1 }),
+        ("step decay", &StepDecay { step_size: 10, gamma: 0.5 }),
+        ("linear warmup", &LinearWarmup { warmup: 4 }),
+    ];
+    for (name, s) in schedules {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.factor_tensor(&bad)));
+        match r {
+            Ok(Err(tch_cuda_graphs::Error::Torch(e))) => println!("{name}: Err({e})"),
+            Ok(other) => panic!("{name}: expected Err(Torch), got {other:?}"),
+            Err(_) => panic!("{name}: panicked"),
+        }
+    }
+}
+
 /// The same schedule from the host and computed by tensors inside the step give the same
 /// training (on the CPU here; the GPU test does it captured).
 #[test]

@@ -271,3 +271,57 @@ fn a_graphed_step_refuses_to_run_on_replaced_storage() {
     input.set_data(&Tensor::zeros([32, 2], (Kind::Float, d)));
     assert!(matches!(step2.run(&[&x, &y]), Err(Error::StaleGraph { .. })));
 }
+
+/// The same out-of-memory error is Error::OutOfMemory on every path that runs a step's closure:
+/// a graphed step's eager warmup, its capture, the eager fallback on a GPU, and
+/// run_on_capture_stream. After each, memory is back where it was and the step trains on.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn an_out_of_memory_is_typed_the_same_on_every_path() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let d = cuda();
+    let huge = move || Tensor::f_empty([1i64 << 40], (Kind::Float, d)); // 4 TiB
+    let expect_oom = |what: &str, r: tch_cuda_graphs::Result<()>| match r {
+        Err(Error::OutOfMemory { source }) => println!("{what}: OutOfMemory (source: {source})"),
+        other => panic!("{what}: expected OutOfMemory, got {other:?}"),
+    };
+    for (what, options) in [
+        ("graphed step, eager warmup", StepOptions::default().warmup(2)),
+        ("graphed step, capture", StepOptions::default().warmup(0)),
+        ("eager fallback on the GPU", StepOptions::default().eager(true)),
+    ] {
+        tch::manual_seed(11);
+        let vs = nn::VarStore::new(d);
+        let model = common::mlp(vs.root(), 16, 32, 4);
+        let mut opt = Adam::new(&vs, AdamConfig::default()).unwrap();
+        let (x, y) = batch(d, 8, 16, 4);
+        let oom = Arc::new(AtomicBool::new(true));
+        let flag = Arc::clone(&oom);
+        let mut step = TrainStep::new(&[("x", &x), ("y", &y)], options, move |inp| {
+            if flag.load(Ordering::Relaxed) {
+                drop(huge()?);
+            }
+            opt.zero_grad()?;
+            let loss = mse(&model, &inp[0], &inp[1]);
+            loss.f_backward()?;
+            opt.step()?;
+            Ok(vec![loss.detach()])
+        })
+        .unwrap();
+        synchronize(d).unwrap();
+        let before = memory_stats(d).unwrap();
+        expect_oom(what, step.run(&[&x, &y]).map(drop));
+        synchronize(d).unwrap();
+        let after = memory_stats(d).unwrap();
+        assert_eq!(after.allocated, before.allocated, "{what}: allocated memory is back");
+        assert_eq!(after.ooms, before.ooms + 1, "{what}");
+        oom.store(false, Ordering::Relaxed);
+        for _ in 0..4 {
+            let out = step.run(&[&x, &y]).unwrap();
+            assert!(f64::try_from(&out[0]).unwrap().is_finite(), "{what}: the step trains on");
+        }
+    }
+    let r = tch_cuda_graphs::run_on_capture_stream(d, || Ok(drop(huge()?)));
+    expect_oom("run_on_capture_stream", r);
+}

@@ -4,6 +4,7 @@
 
 #include <ATen/Context.h>
 #include <ATen/cuda/CUDAContextLight.h>
+#include <c10/core/Allocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -65,6 +66,26 @@ inline void check_cuda(cudaError_t err, const char* what) {
     throw exception(status, std::string(what) + ": " + cudaGetErrorString(err));
   }
 }
+
+// A reference on a pool in both of libtorch's caching allocators, device and pinned host (see
+// tcg_mempool_new in tcg.h for why). The constructor reopens a pool whose holders are all gone
+// if none of its blocks is still allocated, and throws TCG_MISUSE (having changed nothing) if
+// some are. With `empty_on_release`, the destructor also returns the pool's cached device
+// memory to CUDA when nothing else holds it (as ~at::cuda::MemPool does). Defined in memory.cpp.
+class pool_hold {
+ public:
+  pool_hold(c10::DeviceIndex device, c10::MempoolId_t id, bool empty_on_release);
+  ~pool_hold();
+  pool_hold(const pool_hold&) = delete;
+  pool_hold& operator=(const pool_hold&) = delete;
+  c10::DeviceIndex device() const { return device_; }
+  c10::MempoolId_t id() const { return id_; }
+
+ private:
+  c10::DeviceIndex device_;
+  c10::MempoolId_t id_;
+  bool empty_on_release_;
+};
 
 // 0 none, 1 active, 2 invalidated.
 inline int capture_status_of(cudaStream_t s) {

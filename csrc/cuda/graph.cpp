@@ -10,6 +10,7 @@
 #include <torch/version.h>
 
 #include <cstdlib>
+#include <optional>
 
 // The shim derives from at::cuda::CUDAGraph and reads and writes its protected members
 // (graph_, has_graph_, capture_ended_, capture_dev_, mempool_id_, capture_stream_,
@@ -186,8 +187,17 @@ tcg_status tcg_graph_capture_begin(tcg_graph* g, tcg_pool_id pool, int mode) {
     if (capture_status_of(stream.stream()) != 0) {
       misuse("capture_begin: the current stream is already capturing");
     }
+    c10::MempoolId_t id{pool.first, pool.second};
+    // A shared pool whose holders are all gone is "freeable": libtorch's capture_begin would
+    // trip an internal assert taking a reference on it, after setting capture_dev_, so that
+    // teardown would release a reference never taken. A hold taken first reopens such a pool
+    // (or refuses it, with TCG_MISUSE, before anything started); the capture then holds its own.
+    std::optional<pool_hold> reopened;
+    if (id != c10::MempoolId_t{0, 0}) {
+      reopened.emplace(c10::cuda::current_device(), id, /*empty_on_release=*/false);
+    }
     try {
-      g->begin(c10::MempoolId_t{pool.first, pool.second}, m);
+      g->begin(id, m);
     } catch (...) {
       g->teardown(nullptr);
       throw;

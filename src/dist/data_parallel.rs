@@ -4,6 +4,7 @@
 use super::{ProcessGroup, ReduceOp};
 use crate::error::{check, Error, Result};
 use crate::ffi;
+use crate::scalar::cpu_i64;
 use std::ptr::NonNull;
 use tch::{nn::VarStore, Kind, Tensor};
 
@@ -33,7 +34,7 @@ pub fn broadcast_parameters(pg: &ProcessGroup, vs: &VarStore) -> Result<()> {
     let sig = Tensor::from_slice(&signature(&vars)).f_to_device(pg.device())?;
     let sum = sig.copy();
     pg.all_reduce(&sum, ReduceOp::Sum)?;
-    let mismatch = sum.f_ne_tensor(&sig.f_mul_scalar(pg.world_size() as i64)?)?.f_any()?.f_to_kind(Kind::Int64)?;
+    let mismatch = sum.f_ne_tensor(&sig.f_mul(&cpu_i64(pg.world_size() as i64)?)?)?.f_any()?.f_to_kind(Kind::Int64)?;
     pg.all_reduce(&mismatch, ReduceOp::Sum)?;
     if i64::try_from(&mismatch)? != 0 {
         return Err(Error::Misuse(format!(

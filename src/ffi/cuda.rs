@@ -46,6 +46,19 @@ pub struct tcg_mem_stats {
     pub num_ooms: i64,
 }
 
+/// One block of a pool's segment (`tcg_pool_block`; the safe API is [`crate::memory::PoolBlock`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct tcg_pool_block {
+    pub segment: u64,
+    pub segment_size: u64,
+    pub offset: u64,
+    pub size: u64,
+    pub requested: u64,
+    pub allocated: c_int,
+    pub large: c_int,
+}
+
 /// Node counts of a captured graph, by `cudaGraphNodeType` (`tcg_node_kinds`; the safe API
 /// re-exports it as [`crate::NodeKinds`]).
 #[repr(C)]
@@ -109,12 +122,20 @@ extern "C" {
 
     // cuda/memory.cpp
     pub fn tcg_graph_pool_handle(out: *mut tcg_pool_id) -> tcg_status;
-    pub fn tcg_mempool_new(out: *mut *mut tcg_mempool) -> tcg_status;
+    pub fn tcg_mempool_new(device: c_int, pool: tcg_pool_id, out: *mut *mut tcg_mempool) -> tcg_status;
     pub fn tcg_mempool_free(p: *mut tcg_mempool);
-    pub fn tcg_mempool_id(p: *mut tcg_mempool, out: *mut tcg_pool_id) -> tcg_status;
+    pub fn tcg_mempool_id(p: *mut tcg_mempool, out: *mut tcg_pool_id, device: *mut c_int) -> tcg_status;
     pub fn tcg_mempool_use_count(p: *mut tcg_mempool, out: *mut c_int) -> tcg_status;
     pub fn tcg_memory_stats(device: c_int, out: *mut tcg_mem_stats) -> tcg_status;
     pub fn tcg_reset_peak_stats(device: c_int) -> tcg_status;
     pub fn tcg_pool_memory(device: c_int, pool: tcg_pool_id, reserved: *mut i64, allocated: *mut i64) -> tcg_status;
+    pub fn tcg_pool_blocks(
+        device: c_int,
+        pool: tcg_pool_id,
+        out: *mut tcg_pool_block,
+        cap: usize,
+        n: *mut usize,
+    ) -> tcg_status;
     pub fn tcg_empty_cache() -> tcg_status;
+    pub fn tcg_host_empty_cache() -> tcg_status;
 }

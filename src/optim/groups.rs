@@ -2,6 +2,7 @@
 //! validation) that [`super::Adam`] and [`super::Sgd`] share.
 
 use crate::error::{Error, Result};
+use crate::scalar::{cpu_f64, cpu_i64};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -115,7 +116,7 @@ impl LrHandle {
     /// Sets the rate (fills the device tensor; updates the mirror).
     pub fn set(&self, lr: f64) -> Result<()> {
         check_hparam("lr", lr, lr >= 0.0)?;
-        let _ = self.tensor.shallow_clone().f_fill_(lr)?;
+        let _ = self.tensor.shallow_clone().f_fill_tensor_(&cpu_f64(lr)?)?;
         self.value.store(lr.to_bits(), Ordering::Relaxed);
         Ok(())
     }
@@ -179,11 +180,6 @@ fn group_key(g: usize, field: &str) -> String {
     format!("group.{g}.{field}")
 }
 
-/// A 0-d float64 CPU tensor (hyper-parameters in checkpoints).
-fn scalar(v: f64) -> Result<Tensor> {
-    Ok(Tensor::f_full([], v, (Kind::Double, Device::Cpu))?)
-}
-
 fn scalar_value(t: &Tensor) -> Result<f64> {
     Ok(f64::try_from(t)?)
 }
@@ -245,13 +241,10 @@ impl<C: HyperParams> Groups<C> {
         for (g, group) in self.groups.iter().enumerate() {
             out.push((group_key(g, "lr"), group.lr.tensor().f_detach()?.f_to_kind(Kind::Double)?));
             for (name, v) in group.config.named() {
-                out.push((group_key(g, name), scalar(v)?));
+                out.push((group_key(g, name), cpu_f64(v)?));
             }
             for i in group.range.clone() {
-                out.push((
-                    param_key(&self.names[i], "group"),
-                    Tensor::f_full([], g as i64, (Kind::Int64, Device::Cpu))?,
-                ));
+                out.push((param_key(&self.names[i], "group"), cpu_i64(g as i64)?));
             }
         }
         Ok(())
