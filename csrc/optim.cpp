@@ -67,6 +67,17 @@ tcg_status tcg_grads_set_to_none(tcg_tensor* params, size_t n) {
   });
 }
 
+tcg_status tcg_grads_zero(tcg_tensor* params, size_t n) {
+  return guard([&] {
+    std::vector<at::Tensor> grads;
+    for (size_t i = 0; i < n; ++i) {
+      const auto& g = tensor_ref(params[i]).grad();
+      if (g.defined()) grads.push_back(g);
+    }
+    if (!grads.empty()) at::_foreach_zero_(grads);
+  });
+}
+
 tcg_status tcg_clip_grad_norm(tcg_tensor* grads, size_t n, double max_norm, double norm_type,
                               tcg_tensor* total_out) {
   return guard([&] {

@@ -111,6 +111,8 @@ tcg_status tcg_fused_adam(int adamw, tcg_tensor* params, tcg_tensor* grads, tcg_
                           tcg_tensor grad_scale, tcg_tensor found_inf);
 // Sets every tensor's .grad to undefined (PyTorch's zero_grad(set_to_none=True)).
 tcg_status tcg_grads_set_to_none(tcg_tensor* params, size_t n);
+// Zeroes every defined .grad in place, one _foreach_zero_ (zero_grad(set_to_none=False)).
+tcg_status tcg_grads_zero(tcg_tensor* params, size_t n);
 // Global-norm clipping on the device: total = ||(||g_i||_p)_i||_p; g_i *= min(1, max/(total+1e-6)).
 // Returns the total norm as a new 0-d tensor; no host sync.
 tcg_status tcg_clip_grad_norm(tcg_tensor* grads, size_t n, double max_norm, double norm_type,
@@ -137,6 +139,9 @@ tcg_status tcg_amp_update_scale(tcg_tensor scale, tcg_tensor growth_tracker, tcg
 // dtype, shape). tcg_watch_check returns TCG_STALE, with the first changed tensor's position
 // in *index, when any of them changed since (set_data, a dtype change, a resize).
 tcg_status tcg_watch_new(tcg_watch** out);
+// Bytes of the storage `t` views (0 for an undefined tensor or one without storage): more than
+// the tensor's own bytes when it is a view into a larger buffer.
+tcg_status tcg_tensor_storage_nbytes(tcg_tensor t, size_t* out);
 void tcg_watch_free(tcg_watch* w);
 tcg_status tcg_watch_add(tcg_watch* w, tcg_tensor* ts, size_t n);
 tcg_status tcg_watch_check(tcg_watch* w, size_t* index);

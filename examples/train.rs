@@ -187,6 +187,10 @@ fn fit(run: &Run) -> Result<(nn::VarStore, f64)> {
         Ok(vec![loss.detach()])
     })?;
     train.watch_vars(&vs)?;
+    // an epoch's two shapes are known: full batches and the ragged last one (captured together;
+    // the last batch then replays from its first epoch on)
+    let sizes: Vec<i64> = [BATCH, TRAIN % BATCH].into_iter().filter(|&n| n > 0).collect();
+    train.declare_batch_sizes(&sizes)?;
     let m = Arc::clone(&model);
     let xe = Tensor::zeros([EVAL_BATCH, IN], (Kind::Float, device));
     let eval_options = match train.pool() {

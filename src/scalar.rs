@@ -4,8 +4,11 @@
 //! `f_le`, ...) panic instead of returning `Err` when the op fails: the temporary `Scalar`'s
 //! `Drop` reads the error the op just left and unwraps it before the op's own `f_` wrapper can
 //! return it. Under a capture that was invalidated (by a sync, or by another thread in global
-//! mode) every op fails, so the crate passes scalars as 0-d CPU tensors instead: binary ops take
-//! them like scalars (the value is read on the host; no copy, no sync), with the same numerics.
+//! mode) every op fails, so the crate passes scalars as 0-d CPU tensors instead: binary and
+//! comparison ops (add, sub, mul, div, le, ...) take them like scalars (the value is read on the
+//! host; no copy, no sync), with the same numerics. Ops with a device check on every argument
+//! (`clamp_min.Tensor`, ...) refuse a CPU tensor beside CUDA ones: give those a device tensor
+//! (`zeros_like`, `ones_like`).
 
 use crate::error::Result;
 use tch::Tensor;

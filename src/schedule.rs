@@ -53,11 +53,8 @@ impl Schedule for WarmupCosine {
     fn factor_tensor(&self, t: &Tensor) -> Result<Tensor> {
         let w = self.warmup as f64;
         let span = (self.total as f64 - w).max(1.0);
-        let p = t
-            .f_sub(&cpu_f64(w)?)?
-            .f_div(&cpu_f64(span)?)?
-            .f_clamp_min_tensor(&cpu_f64(0.0)?)?
-            .f_clamp_max_tensor(&cpu_f64(1.0)?)?;
+        let p = t.f_sub(&cpu_f64(w)?)?.f_div(&cpu_f64(span)?)?;
+        let p = p.f_clamp_min_tensor(&p.f_zeros_like()?)?.f_clamp_max_tensor(&p.f_ones_like()?)?;
         let cosine = p
             .f_mul(&cpu_f64(PI)?)?
             .f_cos()?
@@ -93,7 +90,8 @@ impl Schedule for LinearWarmup {
         if self.warmup == 0 {
             return Ok(t.f_ones_like()?);
         }
-        Ok(t.f_div(&cpu_f64(self.warmup as f64)?)?.f_clamp_max_tensor(&cpu_f64(1.0)?)?)
+        let f = t.f_div(&cpu_f64(self.warmup as f64)?)?;
+        Ok(f.f_clamp_max_tensor(&f.f_ones_like()?)?)
     }
 }
 
@@ -113,13 +111,10 @@ impl Schedule for StepDecay {
     }
 
     fn factor_tensor(&self, t: &Tensor) -> Result<Tensor> {
-        let k = t
-            .f_sub(&cpu_f64(1.0)?)?
-            .f_clamp_min_tensor(&cpu_f64(0.0)?)?
-            .f_div(&cpu_f64(self.step_size.max(1) as f64)?)?
-            .f_floor()?;
-        // gamma^k with gamma as a 0-d CPU tensor: the CPU-scalar base path of pow, as pow_scalar
-        Ok(cpu_f64(self.gamma)?.f_pow(&k)?)
+        let k = t.f_sub(&cpu_f64(1.0)?)?;
+        let k = k.f_clamp_min_tensor(&k.f_zeros_like()?)?.f_div(&cpu_f64(self.step_size.max(1) as f64)?)?.f_floor()?;
+        // gamma^k as pow(Scalar, Tensor) computes it: gamma as a tensor on k's device
+        Ok(k.f_ones_like()?.f_mul(&cpu_f64(self.gamma)?)?.f_pow(&k)?)
     }
 }
 

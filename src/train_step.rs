@@ -10,7 +10,7 @@ use crate::feed::{copy_non_blocking, is_pinned, Stager};
 use crate::graph::{CaptureMode, CudaGraph};
 use crate::memory::OomWatch;
 use crate::pool::{MemPool, PoolId};
-use crate::watch::TensorWatch;
+use crate::watch::{storage_nbytes, TensorWatch};
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
 type StepFn = Box<dyn FnMut(&[Tensor]) -> Result<Vec<Tensor>> + Send>;
@@ -133,6 +133,16 @@ struct ShapeEntry {
     watch: TensorWatch,
     /// Made by the first CPU batch of this shape.
     stager: Option<Stager>,
+    /// Declared up front ([`TrainStep::declare_shapes`]): captured with the others, without a
+    /// warmup of its own, and never dropped while it waits for that.
+    declared: bool,
+}
+
+impl ShapeEntry {
+    /// Elements of all static inputs: the order declared shapes are captured in (largest first).
+    fn numel(&self) -> i64 {
+        self.shape.iter().map(|s| s.iter().product::<i64>()).sum()
+    }
 }
 
 /// One training step, captured into CUDA graphs (one per batch shape) and replayed per batch.
@@ -239,6 +249,34 @@ impl std::fmt::Debug for TrainStep {
             .field("runs", &self.runs)
             .finish()
     }
+}
+
+/// One call of the step closure, under autocast (cast cache off) if asked.
+fn call_step(step_fn: &mut StepFn, autocast: Option<Kind>, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    let _autocast = autocast.map(|dtype| Autocast::new(dtype, false)).transpose()?;
+    step_fn(inputs)
+}
+
+/// The outputs of a captured call, each a tensor of its own: an output that views a larger
+/// buffer (a 0-d loss that aliases a batch-sized buffer, a slice of an activation) would keep
+/// the whole buffer allocated in the pool for as long as the graph lives, and split the pool's
+/// segments for the captures after it. Such an output is cloned inside the capture (one small
+/// copy per replay) and the buffer goes back to the pool. Outputs that require grad are left as
+/// they are (a clone would keep the buffer through its autograd history).
+fn compact(outputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
+    outputs
+        .into_iter()
+        .map(|t| {
+            let bytes = t.numel() * t.kind().elt_size_in_bytes();
+            if t.defined() && !t.requires_grad() && storage_nbytes(&t)? > bytes {
+                let mut own = t.f_empty_like()?;
+                own.f_copy_(&t)?;
+                Ok(own)
+            } else {
+                Ok(t)
+            }
+        })
+        .collect()
 }
 
 fn describe(t: &Tensor) -> String {
@@ -363,20 +401,20 @@ impl TrainStep {
         if let Some(i) = self.shapes.iter().position(|e| e.shape == shape) {
             return Ok(i);
         }
-        if let Some(j) = self.lru_to_evict(false) {
-            self.evict(j, 0);
+        let warming = self.shapes.iter().filter(|e| e.graph.is_none() && !e.declared).count();
+        if warming >= self.options.max_graphs {
+            if let Some(j) = self.lru(false) {
+                self.evict(j, 0);
+            }
         }
         self.push_entry(shape, None)
     }
 
-    /// The least recently used entry with (`captured`) or without a graph, if `max_graphs`
-    /// of that kind are held.
-    fn lru_to_evict(&self, captured: bool) -> Option<usize> {
-        let of_kind = || self.shapes.iter().enumerate().filter(|(_, e)| e.graph.is_some() == captured);
-        if of_kind().count() < self.options.max_graphs {
-            return None;
-        }
-        of_kind().min_by_key(|(_, e)| e.last_used).map(|(j, _)| j)
+    /// The least recently used entry with (`captured`) or without a graph; declared shapes
+    /// waiting for their capture are never chosen.
+    fn lru(&self, captured: bool) -> Option<usize> {
+        let candidate = |e: &ShapeEntry| e.graph.is_some() == captured && (captured || !e.declared);
+        self.shapes.iter().enumerate().filter(|(_, e)| candidate(e)).min_by_key(|(_, e)| e.last_used).map(|(j, _)| j)
     }
 
     /// Drops entry `j` (its graph, static inputs, outputs, staging buffers); returns where the
@@ -415,6 +453,7 @@ impl TrainStep {
             last_used: 0,
             watch,
             stager: None,
+            declared: false,
         });
         Ok(self.shapes.len() - 1)
     }
@@ -442,48 +481,158 @@ impl TrainStep {
 
     /// One step of entry `i`: eager, eager warmup, or (capture and) replay.
     fn step(&mut self, mut i: usize) -> Result<&[Tensor]> {
-        let warmup = self.options.get_warmup();
-        if self.graphed && self.shapes[i].graph.is_none() && self.shapes[i].warmed >= warmup {
-            // about to capture: make room among the graphs first
-            if let Some(j) = self.lru_to_evict(true) {
-                i = self.evict(j, i);
+        let entry = &self.shapes[i];
+        let warm = entry.warmed >= self.options.get_warmup() || (entry.declared && self.captures > 0);
+        if !self.graphed {
+            let oom = OomWatch::start(self.device)?;
+            let entry = &mut self.shapes[i];
+            entry.outputs =
+                call_step(&mut self.step_fn, self.options.autocast, &entry.inputs).map_err(|e| oom.classify(e))?;
+        } else if entry.graph.is_none() && !warm {
+            let TrainStep { shapes, step_fn, device, options, .. } = self;
+            let entry = &mut shapes[i];
+            let inputs = &entry.inputs;
+            entry.outputs = run_on_capture_stream(*device, || call_step(step_fn, options.autocast, inputs))?;
+            entry.warmed += 1;
+        } else {
+            if entry.graph.is_none() {
+                i = self.capture_with_declared(i)?;
+            }
+            if let Some(g) = &mut self.shapes[i].graph {
+                g.replay()?;
             }
         }
+        self.runs += 1;
+        self.shapes[i].last_used = self.runs;
+        self.current = i;
+        Ok(&self.shapes[i].outputs)
+    }
+
+    /// Captures entry `i` and every declared shape still waiting, largest first (the order in
+    /// which later captures fit best into the blocks earlier ones freed), after evicting the
+    /// least recently used graphs past the bound. Returns where entry `i` is now.
+    fn capture_with_declared(&mut self, mut i: usize) -> Result<usize> {
+        let pending = |shapes: &[ShapeEntry]| shapes.iter().filter(|e| e.declared && e.graph.is_none()).count();
+        let incoming = pending(&self.shapes) + usize::from(!self.shapes[i].declared);
+        // declared shapes are at most max_graphs; `i` may be one more, which evicts a graph
+        // (the least recently used) like any capture past the bound
+        while self.graph_count() > 0 && self.graph_count() + incoming > self.options.max_graphs {
+            let Some(j) = self.lru(true) else { break };
+            i = self.evict(j, i);
+        }
+        // what fits: `i`, and the largest of the waiting declared shapes
+        let room = self.options.max_graphs.saturating_sub(self.graph_count()).max(1);
+        let mut waiting: Vec<usize> = (0..self.shapes.len())
+            .filter(|&j| j != i && self.shapes[j].declared && self.shapes[j].graph.is_none())
+            .collect();
+        waiting.sort_by_key(|&j| std::cmp::Reverse(self.shapes[j].numel()));
+        waiting.truncate(room - 1);
+        waiting.push(i);
+        waiting.sort_by_key(|&j| std::cmp::Reverse(self.shapes[j].numel()));
+        for j in waiting {
+            self.capture_entry(j)?;
+        }
+        Ok(i)
+    }
+
+    /// Captures entry `j`'s graph (recording only; nothing trains).
+    fn capture_entry(&mut self, j: usize) -> Result<()> {
         let capture = match &self.pool {
             Some(pool) => self.options.capture.pool(pool.id()).device(self.device),
             None => self.options.capture,
         };
-        let autocast = self.options.autocast;
-        let TrainStep { shapes, step_fn, graphed, device, runs, captures, current, .. } = self;
-        // one call of the closure, under autocast (cache off) if asked
-        let mut call = |inputs: &[Tensor]| -> Result<Vec<Tensor>> {
-            let _autocast = autocast.map(|dtype| Autocast::new(dtype, false)).transpose()?;
-            step_fn(inputs)
-        };
-        let entry = &mut shapes[i];
-        if !*graphed {
-            let oom = OomWatch::start(*device)?;
-            entry.outputs = call(&entry.inputs).map_err(|e| oom.classify(e))?;
-        } else if entry.graph.is_none() && entry.warmed < warmup {
-            let inputs = &entry.inputs;
-            entry.outputs = run_on_capture_stream(*device, || call(inputs))?;
-            entry.warmed += 1;
-        } else {
-            if entry.graph.is_none() {
-                let inputs = &entry.inputs;
-                let (graph, outputs) = capture_with_warmup(0, capture, || call(inputs))?;
-                entry.graph = Some(graph);
-                entry.outputs = outputs;
-                *captures += 1;
-            }
-            if let Some(g) = &mut entry.graph {
-                g.replay()?;
+        let TrainStep { shapes, step_fn, options, captures, .. } = self;
+        let entry = &mut shapes[j];
+        let inputs = &entry.inputs;
+        let (graph, outputs) =
+            capture_with_warmup(0, capture, || compact(call_step(step_fn, options.autocast, inputs)?))?;
+        entry.graph = Some(graph);
+        entry.outputs = outputs;
+        *captures += 1;
+        Ok(())
+    }
+
+    /// Declares batch shapes the step will see (each: one shape per static input), so that
+    /// their graphs are captured together, largest first, into the step's pool: then the later
+    /// captures fit into the memory the earlier ones freed, and the pool costs about as much as
+    /// the largest shape alone (shapes met one by one are captured in the order they come,
+    /// which can cost more: see the README). Use it where the shapes are known: the buckets of
+    /// [`crate::Buckets`], an epoch's ragged last batch.
+    ///
+    /// Declared shapes are captured at the step's first capture (or at once, if the step has
+    /// captured before), without eager warmup runs of their own: the first shape's warmup made
+    /// the lazy state the captures need. From then on their first batch replays. They are never
+    /// dropped while waiting, but once captured they are evicted like any other graph. At most
+    /// [`StepOptions::max_graphs`] shapes may be declared ([`Error::Misuse`] otherwise, and for
+    /// a shape whose count or ranks do not match the static inputs). Eager steps only check the
+    /// shapes.
+    ///
+    /// ```no_run
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// # use tch::{Device, Kind, Tensor};
+    /// # use tch_cuda_graphs::{StepOptions, TrainStep};
+    /// # let x = Tensor::zeros([64, 32], (Kind::Float, Device::Cuda(0)));
+    /// # let y = Tensor::zeros([64, 4], (Kind::Float, Device::Cuda(0)));
+    /// let mut step = TrainStep::new(&[("x", &x), ("y", &y)], StepOptions::default(), |_| Ok(vec![]))?;
+    /// // 10,000 samples in batches of 64: a last batch of 16 every epoch
+    /// step.declare_shapes(&[vec![vec![64, 32], vec![64, 4]], vec![vec![16, 32], vec![16, 4]]])?;
+    /// # Ok(()) }
+    /// ```
+    pub fn declare_shapes(&mut self, shapes: &[Vec<Vec<i64>>]) -> Result<()> {
+        for shape in shapes {
+            let ranks_ok = shape.len() == self.names.len() && shape.iter().zip(&self.ranks).all(|(s, &r)| s.len() == r);
+            if !ranks_ok || shape.iter().flatten().any(|&d| d < 0) {
+                return Err(Error::Misuse(format!(
+                    "declared shape {shape:?} does not fit the static inputs ({} of ranks {:?})",
+                    self.names.join(", "),
+                    self.ranks
+                )));
             }
         }
-        *runs += 1;
-        entry.last_used = *runs;
-        *current = i;
-        Ok(&entry.outputs)
+        let mut all: Vec<&Vec<Vec<i64>>> = self.shapes.iter().filter(|e| e.declared).map(|e| &e.shape).collect();
+        for shape in shapes {
+            if !all.contains(&shape) {
+                all.push(shape);
+            }
+        }
+        if all.len() > self.options.max_graphs {
+            return Err(Error::Misuse(format!(
+                "{} shapes declared, but the step keeps at most {} graphs (StepOptions::max_graphs)",
+                all.len(),
+                self.options.max_graphs
+            )));
+        }
+        if !self.graphed {
+            return Ok(());
+        }
+        for shape in shapes {
+            let j = match self.shapes.iter().position(|e| &e.shape == shape) {
+                Some(j) => j,
+                None => self.push_entry(shape.clone(), None)?,
+            };
+            self.shapes[j].declared = true;
+        }
+        if self.captures > 0 {
+            if let Some(j) = self.shapes.iter().position(|e| e.declared && e.graph.is_none()) {
+                self.capture_with_declared(j)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`declare_shapes`](Self::declare_shapes) for batches that differ in their first
+    /// dimension only: each size replaces the first dimension of every static input's shape as
+    /// given to [`new`](Self::new).
+    pub fn declare_batch_sizes(&mut self, sizes: &[i64]) -> Result<()> {
+        let first = self.shapes.first().map(|e| e.shape.clone()).unwrap_or_default();
+        if first.iter().any(|s| s.is_empty()) {
+            return Err(Error::Misuse("declare_batch_sizes: a static input has rank 0 (no batch dimension)".into()));
+        }
+        let shapes: Vec<Vec<Vec<i64>>> = sizes
+            .iter()
+            .map(|&n| first.iter().map(|s| std::iter::once(n).chain(s[1..].iter().copied()).collect()).collect())
+            .collect();
+        self.declare_shapes(&shapes)
     }
 
     /// The outputs of the last run (overwritten in place by the next).

@@ -96,3 +96,12 @@ impl Drop for TensorWatch {
         unsafe { ffi::tcg_watch_free(self.raw.as_ptr()) }
     }
 }
+
+/// Bytes of the storage `t` views (0 for an undefined tensor): more than `t`'s own bytes when it
+/// is a view into a larger buffer, which keeps the whole buffer alive.
+pub(crate) fn storage_nbytes(t: &Tensor) -> Result<usize> {
+    let mut n = 0usize;
+    // SAFETY: `t` is live for the call; `n` is a valid out pointer. The shim only reads.
+    check(unsafe { ffi::tcg_tensor_storage_nbytes(ffi::tensor_ptr(t), &mut n) })?;
+    Ok(n)
+}

@@ -271,6 +271,31 @@ fn schedules_give_the_factors_they_promise() {
     }
 }
 
+/// Declaring shapes on the eager fallback checks them (count and ranks against the static
+/// inputs, at most max_graphs) and changes nothing else: training equals a plain loop.
+#[test]
+fn declared_shapes_are_checked_and_change_nothing_on_the_cpu() {
+    let batches = cpu_batches(8, &[16, 16, 9, 16, 9], D, O);
+    let (vs_a, a, vs_b, b) = twin_mlps(Device::Cpu, D, 32, O);
+    let opt_a = Adam::new(&vs_a, AdamConfig::default()).unwrap();
+    let mut opt_b = Adam::new(&vs_b, AdamConfig::default()).unwrap();
+    let (x0, y0) = (&batches[0].0, &batches[0].1);
+    let mut step =
+        TrainStep::new(&[("x", x0), ("y", y0)], StepOptions::default().max_graphs(3), mse_step(a, opt_a)).unwrap();
+    for bad in [vec![vec![16, D]], vec![vec![16, D], vec![16]], vec![vec![16, D], vec![-1, O]]] {
+        let r = step.declare_shapes(std::slice::from_ref(&bad));
+        assert!(matches!(r, Err(tch_cuda_graphs::Error::Misuse(_))), "{bad:?}: {r:?}");
+    }
+    let r = step.declare_batch_sizes(&[1, 2, 3, 4]);
+    assert!(matches!(r, Err(tch_cuda_graphs::Error::Misuse(_))), "more than max_graphs: {r:?}");
+    step.declare_batch_sizes(&[16, 9]).unwrap();
+    for (x, y) in &batches {
+        step.run(&[x, y]).unwrap();
+    }
+    plain_loop(&b, &mut opt_b, &batches, Device::Cpu);
+    assert_eq!(max_param_diff(&vs_a, &vs_b), 0.0);
+}
+
 /// A schedule's tensor form fails with Err, not a panic, where its ops fail (they take no tch
 /// `Scalar`, whose failure panics in tch 0.24: under an invalidated capture every op fails).
 /// Here the ops fail because the step count is an undefined tensor.

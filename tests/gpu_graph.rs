@@ -11,7 +11,7 @@ use tch::{Device, Kind, Tensor};
 use tch_cuda_graphs::testing::{fail_next, FaultPoint};
 use tch_cuda_graphs::{
     capture_with_warmup, empty_cache, graph_pool_handle, memory_stats, pool_memory, synchronize, CaptureMode,
-    CaptureOptions, CaptureStatus, CudaGraph, Error, MemPool, PoolId, Stream, StreamGuard,
+    CaptureOptions, CaptureStatus, CudaGraph, Error, MemPool, MemoryStats, PoolId, Stream, StreamGuard,
 };
 
 fn full(v: f64, n: i64, d: Device) -> Tensor {
@@ -25,6 +25,20 @@ fn value(t: &Tensor) -> f64 {
 /// Synchronizes the current (capturing) stream: illegal during capture, CUDA invalidates it.
 fn sync_current_stream(d: Device) -> tch_cuda_graphs::Result<()> {
     Stream::current(d)?.synchronize()
+}
+
+/// Synchronizes, returns cached memory, and asserts that allocated and reserved memory are back
+/// at `start` (both printed); returns the figures now.
+fn assert_memory_back(d: Device, start: &MemoryStats, what: &str) -> MemoryStats {
+    synchronize(d).unwrap();
+    empty_cache().unwrap();
+    let end = memory_stats(d).unwrap();
+    println!(
+        "{what}: allocated {} -> {} bytes, reserved {} -> {} bytes",
+        start.allocated, end.allocated, start.reserved, end.reserved
+    );
+    assert_eq!((end.allocated, end.reserved), (start.allocated, start.reserved), "{what}: memory is back");
+    end
 }
 
 /// Eager work and a fresh capture both work: the process is healthy after a failure.
@@ -422,15 +436,7 @@ fn a_hundred_failed_captures_leave_memory_where_it_started() {
         });
         assert!(r.is_err());
     }
-    synchronize(d).unwrap();
-    empty_cache().unwrap();
-    let end = memory_stats(d).unwrap();
-    println!(
-        "100 failed captures: allocated {} -> {} bytes, reserved {} -> {} bytes",
-        start.allocated, end.allocated, start.reserved, end.reserved
-    );
-    assert_eq!(end.allocated, start.allocated);
-    assert_eq!(end.reserved, start.reserved);
+    assert_memory_back(d, &start, "100 failed captures");
     assert_healthy(d);
 }
 
@@ -484,15 +490,8 @@ fn out_of_memory_during_capture_is_reported_and_cleaned_up() {
         }
         assert!(!g.is_captured());
     }
-    synchronize(d).unwrap();
-    empty_cache().unwrap();
-    let end = memory_stats(d).unwrap();
-    println!(
-        "3 OOM captures: allocated {} -> {}, reserved {} -> {} bytes, OOMs counted {} -> {}",
-        start.allocated, end.allocated, start.reserved, end.reserved, start.ooms, end.ooms
-    );
-    assert_eq!(end.allocated, start.allocated);
-    assert_eq!(end.reserved, start.reserved);
+    let end = assert_memory_back(d, &start, "3 OOM captures");
+    println!("OOMs counted {} -> {}", start.ooms, end.ooms);
     assert_eq!(end.ooms, start.ooms + 3);
     assert_healthy(d);
     // and in the warmup of capture_with_warmup
@@ -529,14 +528,7 @@ fn a_failure_after_the_graph_exists_tears_it_down() {
             }
             assert!(!g.is_captured());
         }
-        synchronize(d).unwrap();
-        empty_cache().unwrap();
-        let end = memory_stats(d).unwrap();
-        println!(
-            "keep_graph={keep}: 50 failures after the graph existed: allocated {} -> {}, reserved {} -> {}",
-            start.allocated, end.allocated, start.reserved, end.reserved
-        );
-        assert_eq!((end.allocated, end.reserved), (start.allocated, start.reserved));
+        assert_memory_back(d, &start, &format!("keep_graph={keep}: 50 failures after the graph existed"));
         let out = g.capture(CaptureOptions::default(), || Ok(a.f_mul_scalar(0.0)?.f_add_scalar(4.0)?)).unwrap();
         g.replay().unwrap();
         assert_eq!(value(&out), 4.0);
@@ -739,15 +731,7 @@ fn a_pool_is_captured_into_again_after_its_last_graph_is_gone() {
     }
     assert!(held.use_count().unwrap() >= 1);
     drop(held);
-    synchronize(d).unwrap();
-    empty_cache().unwrap();
-    let end = memory_stats(d).unwrap();
-    println!(
-        "allocated {} -> {}, reserved {} -> {} bytes",
-        start.allocated, end.allocated, start.reserved, end.reserved
-    );
-    assert_eq!(end.allocated, start.allocated);
-    assert_eq!(end.reserved, start.reserved);
+    assert_memory_back(d, &start, "three pools, three rounds each");
     assert_healthy(d);
 }
 

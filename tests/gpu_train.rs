@@ -294,19 +294,16 @@ fn an_out_of_memory_is_typed_the_same_on_every_path() {
         tch::manual_seed(11);
         let vs = nn::VarStore::new(d);
         let model = common::mlp(vs.root(), 16, 32, 4);
-        let mut opt = Adam::new(&vs, AdamConfig::default()).unwrap();
+        let opt = Adam::new(&vs, AdamConfig::default()).unwrap();
         let (x, y) = batch(d, 8, 16, 4);
         let oom = Arc::new(AtomicBool::new(true));
         let flag = Arc::clone(&oom);
+        let mut train = common::mse_step(model, opt);
         let mut step = TrainStep::new(&[("x", &x), ("y", &y)], options, move |inp| {
             if flag.load(Ordering::Relaxed) {
-                drop(huge()?);
+                drop(huge()?); // first, so that nothing else of the step has run
             }
-            opt.zero_grad()?;
-            let loss = mse(&model, &inp[0], &inp[1]);
-            loss.f_backward()?;
-            opt.step()?;
-            Ok(vec![loss.detach()])
+            train(inp)
         })
         .unwrap();
         synchronize(d).unwrap();
@@ -322,6 +319,6 @@ fn an_out_of_memory_is_typed_the_same_on_every_path() {
             assert!(f64::try_from(&out[0]).unwrap().is_finite(), "{what}: the step trains on");
         }
     }
-    let r = tch_cuda_graphs::run_on_capture_stream(d, || Ok(drop(huge()?)));
+    let r = tch_cuda_graphs::run_on_capture_stream(d, || huge().map(drop).map_err(Error::from));
     expect_oom("run_on_capture_stream", r);
 }

@@ -40,6 +40,7 @@ extern "C" {
         found_inf: tcg_tensor,
     ) -> tcg_status;
     pub fn tcg_grads_set_to_none(params: *const tcg_tensor, n: usize) -> tcg_status;
+    pub fn tcg_grads_zero(params: *const tcg_tensor, n: usize) -> tcg_status;
     pub fn tcg_clip_grad_norm(
         grads: *const tcg_tensor,
         n: usize,

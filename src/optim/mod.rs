@@ -45,6 +45,15 @@ pub trait Optimizer {
     fn zero_grad(&mut self) -> Result<()> {
         grads_to_none(self.params())
     }
+    /// Zeroes the parameters' gradients in place instead (PyTorch's
+    /// `zero_grad(set_to_none=False)`; one `_foreach_zero_` launch): gradients keep their
+    /// storage from step to step. In a [`crate::TrainStep`] with several batch shapes this keeps
+    /// them out of the graphs' pool (made once, by the first eager step), where gradients set
+    /// to none are made inside every capture and outlive it, and the pool grows past the
+    /// largest shape (see the README's "Several shapes, one pool"). The same numbers either way.
+    fn zero_grad_in_place(&mut self) -> Result<()> {
+        grads_zero(self.params())
+    }
     /// Sets the learning rate of every group. It is a device tensor per group that a captured
     /// step reads on each replay, so this changes the rate of a captured step without
     /// re-capture.
@@ -88,6 +97,9 @@ impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
     }
     fn zero_grad(&mut self) -> Result<()> {
         (**self).zero_grad()
+    }
+    fn zero_grad_in_place(&mut self) -> Result<()> {
+        (**self).zero_grad_in_place()
     }
     fn set_lr(&mut self, lr: f64) -> Result<()> {
         (**self).set_lr(lr)
@@ -146,6 +158,13 @@ pub(crate) fn with_grads(params: &[Tensor]) -> Result<(Vec<usize>, Vec<Tensor>)>
         }
     }
     Ok((idx, grads))
+}
+
+/// Zeroes the defined grads of `params` in place.
+pub(crate) fn grads_zero(params: &[Tensor]) -> Result<()> {
+    let p = ffi::tensor_ptrs(params);
+    // SAFETY: `p` holds live tensor handles (borrowed from `params` for the call's duration).
+    check(unsafe { ffi::tcg_grads_zero(p.as_ptr(), p.len()) })
 }
 
 /// Sets the grads of `params` to none.
