@@ -133,8 +133,8 @@ struct ShapeEntry {
     watch: TensorWatch,
     /// Made by the first CPU batch of this shape.
     stager: Option<Stager>,
-    /// Declared up front ([`TrainStep::declare_shapes`]): captured with the others, without a
-    /// warmup of its own, and never dropped while it waits for that.
+    /// Declared up front ([`TrainStep::declare_shapes`]): captured only after every larger
+    /// declared shape already seen, and never dropped while it waits.
     declared: bool,
 }
 
@@ -232,6 +232,9 @@ pub struct TrainStep {
     watch: TensorWatch,
     runs: u64,
     captures: u64,
+    /// Shapes given to [`declare_shapes`](Self::declare_shapes); an entry made for one of them
+    /// is marked `declared`.
+    declared: Vec<Vec<Vec<i64>>>,
     /// The step's hold on its pool (graphed steps): the pool stays open for the next capture
     /// even when every graph in it was evicted. Declared last, so it is released after the
     /// graphs and outputs above, and the pool's memory then goes back to CUDA.
@@ -328,6 +331,7 @@ impl TrainStep {
             watch: TensorWatch::new()?,
             runs: 0,
             captures: 0,
+            declared: Vec::new(),
             pool,
         };
         step.push_entry(inputs.iter().map(|(_, t)| t.size()).collect(), Some(copies))?;
@@ -444,6 +448,7 @@ impl TrainStep {
         };
         let mut watch = TensorWatch::new()?;
         watch.add(self.names.iter().map(|n| format!("static input `{n}`")), &inputs)?;
+        let declared = self.declared.contains(&shape);
         self.shapes.push(ShapeEntry {
             shape,
             inputs,
@@ -453,7 +458,7 @@ impl TrainStep {
             last_used: 0,
             watch,
             stager: None,
-            declared: false,
+            declared,
         });
         Ok(self.shapes.len() - 1)
     }
@@ -482,7 +487,7 @@ impl TrainStep {
     /// One step of entry `i`: eager, eager warmup, or (capture and) replay.
     fn step(&mut self, mut i: usize) -> Result<&[Tensor]> {
         let entry = &self.shapes[i];
-        let warm = entry.warmed >= self.options.get_warmup() || (entry.declared && self.captures > 0);
+        let warm = entry.warmed >= self.options.get_warmup() && !self.waits_for_larger(i);
         if !self.graphed {
             let oom = OomWatch::start(self.device)?;
             let entry = &mut self.shapes[i];
@@ -496,7 +501,7 @@ impl TrainStep {
             entry.warmed += 1;
         } else {
             if entry.graph.is_none() {
-                i = self.capture_with_declared(i)?;
+                i = self.capture_evicting(i)?;
             }
             if let Some(g) = &mut self.shapes[i].graph {
                 g.replay()?;
@@ -508,31 +513,24 @@ impl TrainStep {
         Ok(&self.shapes[i].outputs)
     }
 
-    /// Captures entry `i` and every declared shape still waiting, largest first (the order in
-    /// which later captures fit best into the blocks earlier ones freed), after evicting the
-    /// least recently used graphs past the bound. Returns where entry `i` is now.
-    fn capture_with_declared(&mut self, mut i: usize) -> Result<usize> {
-        let pending = |shapes: &[ShapeEntry]| shapes.iter().filter(|e| e.declared && e.graph.is_none()).count();
-        let incoming = pending(&self.shapes) + usize::from(!self.shapes[i].declared);
-        // declared shapes are at most max_graphs; `i` may be one more, which evicts a graph
-        // (the least recently used) like any capture past the bound
-        while self.graph_count() > 0 && self.graph_count() + incoming > self.options.max_graphs {
-            let Some(j) = self.lru(true) else { break };
-            i = self.evict(j, i);
+    /// Captures entry `i`, after evicting the least recently used graph past the bound.
+    /// Returns where entry `i` is now.
+    fn capture_evicting(&mut self, mut i: usize) -> Result<usize> {
+        if self.graph_count() >= self.options.max_graphs {
+            if let Some(j) = self.lru(true) {
+                i = self.evict(j, i);
+            }
         }
-        // what fits: `i`, and the largest of the waiting declared shapes
-        let room = self.options.max_graphs.saturating_sub(self.graph_count()).max(1);
-        let mut waiting: Vec<usize> = (0..self.shapes.len())
-            .filter(|&j| j != i && self.shapes[j].declared && self.shapes[j].graph.is_none())
-            .collect();
-        waiting.sort_by_key(|&j| std::cmp::Reverse(self.shapes[j].numel()));
-        waiting.truncate(room - 1);
-        waiting.push(i);
-        waiting.sort_by_key(|&j| std::cmp::Reverse(self.shapes[j].numel()));
-        for j in waiting {
-            self.capture_entry(j)?;
-        }
+        self.capture_entry(i)?;
         Ok(i)
+    }
+
+    /// Whether declared entry `i` must wait (run eagerly) for a larger declared shape that has
+    /// been seen (warmed up at least once) but not captured yet.
+    fn waits_for_larger(&self, i: usize) -> bool {
+        let e = &self.shapes[i];
+        e.declared
+            && self.shapes.iter().any(|o| o.declared && o.graph.is_none() && o.warmed > 0 && o.numel() > e.numel())
     }
 
     /// Captures entry `j`'s graph (recording only; nothing trains).
@@ -553,19 +551,20 @@ impl TrainStep {
     }
 
     /// Declares batch shapes the step will see (each: one shape per static input), so that
-    /// their graphs are captured together, largest first, into the step's pool: then the later
-    /// captures fit into the memory the earlier ones freed, and the pool costs about as much as
-    /// the largest shape alone (shapes met one by one are captured in the order they come,
-    /// which can cost more: see the README). Use it where the shapes are known: the buckets of
-    /// [`crate::Buckets`], an epoch's ragged last batch.
+    /// their graphs are captured largest first into the step's pool: later captures then fit
+    /// into the memory earlier ones freed (see the README's "Several shapes, one pool"). Use it
+    /// where the shapes are known: the buckets of [`crate::Buckets`], an epoch's ragged last
+    /// batch.
     ///
-    /// Declared shapes are captured at the step's first capture (or at once, if the step has
-    /// captured before), without eager warmup runs of their own: the first shape's warmup made
-    /// the lazy state the captures need. From then on their first batch replays. They are never
-    /// dropped while waiting, but once captured they are evicted like any other graph. At most
-    /// [`StepOptions::max_graphs`] shapes may be declared ([`Error::Misuse`] otherwise, and for
-    /// a shape whose count or ranks do not match the static inputs). Eager steps only check the
-    /// shapes.
+    /// Every shape still gets its own eager warmup (its first [`StepOptions::warmup`] batches)
+    /// before its capture: a graph captured without one was seen to differ from the eager step
+    /// (see the README). A declared shape that is warmed up while a larger declared shape that
+    /// has already come (but is not warmed up yet) has no graph keeps running eagerly (real
+    /// steps, just not graphed) until that one is captured; a larger shape that has not come yet
+    /// is not waited for. Declared shapes are never dropped while they wait; once captured they
+    /// are evicted like any other graph. At most [`StepOptions::max_graphs`] shapes may be
+    /// declared ([`Error::Misuse`] otherwise, and for a shape whose count or ranks do not match
+    /// the static inputs). Eager steps only check the shapes.
     ///
     /// ```no_run
     /// # fn main() -> tch_cuda_graphs::Result<()> {
@@ -574,8 +573,8 @@ impl TrainStep {
     /// # let x = Tensor::zeros([64, 32], (Kind::Float, Device::Cuda(0)));
     /// # let y = Tensor::zeros([64, 4], (Kind::Float, Device::Cuda(0)));
     /// let mut step = TrainStep::new(&[("x", &x), ("y", &y)], StepOptions::default(), |_| Ok(vec![]))?;
-    /// // 10,000 samples in batches of 64: a last batch of 16 every epoch
-    /// step.declare_shapes(&[vec![vec![64, 32], vec![64, 4]], vec![vec![16, 32], vec![16, 4]]])?;
+    /// // sequences padded to buckets of 128, 256 and 512 tokens, batches of 16
+    /// step.declare_shapes(&[vec![vec![16, 512], vec![16, 512]], vec![vec![16, 256], vec![16, 256]], vec![vec![16, 128], vec![16, 128]]])?;
     /// # Ok(()) }
     /// ```
     pub fn declare_shapes(&mut self, shapes: &[Vec<Vec<i64>>]) -> Result<()> {
@@ -589,10 +588,10 @@ impl TrainStep {
                 )));
             }
         }
-        let mut all: Vec<&Vec<Vec<i64>>> = self.shapes.iter().filter(|e| e.declared).map(|e| &e.shape).collect();
+        let mut all = self.declared.clone();
         for shape in shapes {
-            if !all.contains(&shape) {
-                all.push(shape);
+            if !all.contains(shape) {
+                all.push(shape.clone());
             }
         }
         if all.len() > self.options.max_graphs {
@@ -602,21 +601,10 @@ impl TrainStep {
                 self.options.max_graphs
             )));
         }
-        if !self.graphed {
-            return Ok(());
+        for entry in self.shapes.iter_mut() {
+            entry.declared |= all.contains(&entry.shape);
         }
-        for shape in shapes {
-            let j = match self.shapes.iter().position(|e| &e.shape == shape) {
-                Some(j) => j,
-                None => self.push_entry(shape.clone(), None)?,
-            };
-            self.shapes[j].declared = true;
-        }
-        if self.captures > 0 {
-            if let Some(j) = self.shapes.iter().position(|e| e.declared && e.graph.is_none()) {
-                self.capture_with_declared(j)?;
-            }
-        }
+        self.declared = all; // entries made later for these shapes are marked when made
         Ok(())
     }
 
