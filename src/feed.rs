@@ -152,10 +152,17 @@ impl Stager {
                 used: false,
             })
         };
-        Ok(Stager { sets: [set()?, set()?], next: 0, copy_stream: Stream::from_pool(device)?, device })
+        let sets = [set()?, set()?];
+        // The staging buffers were allocated on the compute stream, which may still have work
+        // queued on those blocks' previous tensors; the copy stream writes them, so it waits for
+        // that work first (the caching allocator orders reuse only on the allocating stream).
+        let copy_stream = Stream::from_pool(device)?;
+        copy_stream.wait_stream(&Stream::current(device)?)?;
+        Ok(Stager { sets, next: 0, copy_stream, device })
     }
 
     /// Fills `statics` (on the compute stream, the current one) from the CPU tensors `batch`.
+    /// Call it on the stream the stager was made on.
     pub(crate) fn feed(&mut self, statics: &mut [Tensor], batch: &[&Tensor]) -> Result<()> {
         let set = &mut self.sets[self.next];
         self.next ^= 1;
@@ -192,5 +199,18 @@ impl Stager {
         set.consumed.record(&compute)?;
         set.used = true;
         Ok(())
+    }
+}
+
+impl Drop for Stager {
+    /// The staging buffers go back to the caching allocator on the compute stream, which knows
+    /// nothing of the copy stream: the compute stream first waits for the copies still writing
+    /// them. Errors cannot be reported from a drop; a failed wait leaves the order to CUDA's.
+    fn drop(&mut self) {
+        if let Ok(compute) = Stream::current(self.device) {
+            for set in self.sets.iter().filter(|s| s.used) {
+                let _ = compute.wait_event(&set.copied);
+            }
+        }
     }
 }

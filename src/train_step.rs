@@ -557,8 +557,8 @@ impl TrainStep {
     /// batch.
     ///
     /// Every shape still gets its own eager warmup (its first [`StepOptions::warmup`] batches)
-    /// before its capture: a graph captured without one was seen to differ from the eager step
-    /// (see the README). A declared shape that is warmed up while a larger declared shape that
+    /// before its capture, as in PyTorch, and its static inputs are made when it first comes:
+    /// declaring changes the order of captures and nothing else. A declared shape that is warmed up while a larger declared shape that
     /// has already come (but is not warmed up yet) has no graph keeps running eagerly (real
     /// steps, just not graphed) until that one is captured; a larger shape that has not come yet
     /// is not waited for. Declared shapes are never dropped while they wait; once captured they
