@@ -558,11 +558,12 @@ impl TrainStep {
     ///
     /// Every shape still gets its own eager warmup (its first [`StepOptions::warmup`] batches)
     /// before its capture, as in PyTorch, and its static inputs are made when it first comes:
-    /// declaring changes the order of captures and nothing else. A declared shape that is warmed up while a larger declared shape that
-    /// has already come (but is not warmed up yet) has no graph keeps running eagerly (real
-    /// steps, just not graphed) until that one is captured; a larger shape that has not come yet
-    /// is not waited for. Declared shapes are never dropped while they wait; once captured they
-    /// are evicted like any other graph. At most [`StepOptions::max_graphs`] shapes may be
+    /// declaring changes the order of captures and nothing else. A declared shape that is
+    /// warmed up while a larger declared shape that has already come has no graph yet keeps
+    /// running eagerly (real steps, just not graphed) until that one is captured; a larger shape
+    /// that has not come yet is not waited for. So declare shapes that recur: one that comes
+    /// once and never again keeps the smaller ones eager. Declared shapes are never dropped
+    /// while they wait; once captured they are evicted like any other graph. At most [`StepOptions::max_graphs`] shapes may be
     /// declared ([`Error::Misuse`] otherwise, and for a shape whose count or ranks do not match
     /// the static inputs). Eager steps only check the shapes.
     ///
