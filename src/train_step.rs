@@ -52,8 +52,8 @@ impl StepOptions {
         self
     }
     /// The pool every graph of the step is captured into. Default: a fresh pool of the step's
-    /// own ([`graph_pool_handle`]). Give an eval step the train step's [`TrainStep::pool`] to
-    /// share memory.
+    /// own. The step holds the pool either way ([`MemPool::hold`]), so it stays open while the
+    /// step lives. Give an eval step the train step's [`TrainStep::pool`] to share memory.
     pub fn pool(mut self, pool: PoolId) -> Self {
         self.capture = self.capture.pool(pool);
         self
