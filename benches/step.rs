@@ -11,6 +11,12 @@
 //! counts and replays it 3 times, for `ncu` (`benches/torch_profile_small.py` is PyTorch's
 //! counterpart); with `--feed` it also times replay alone against the fed `run()`.
 //!
+//! The optimizer alone (`opt_own`, `opt_torch`: this crate's kernels and PyTorch's fused ones,
+//! each `step()` captured alone and replayed, grads preset), a device-to-device copy moving the
+//! same bytes (`copy_same_bytes`), and the optimizer's cost inside the whole step (`step_inplace_*`:
+//! the captured step with grads zeroed in place, with each optimizer's kernels and without an
+//! optimizer) get their own table.
+//!
 //! Method: each figure is the median over blocks of 50 steps of (block time / 50), at least
 //! 1,000 steps in all, after 20 warmup steps, with the device synchronized before and after
 //! each block. Inputs rotate over 8 pre-made batches. fp32, TF32 off on both sides.
@@ -22,8 +28,10 @@ use std::fmt::Write as _;
 use std::process::Command;
 use std::time::Instant;
 use tch::{nn, nn::OptimizerConfig, Device, Tensor};
-use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
-use tch_cuda_graphs::{cuda_is_available, feed, pool_memory, synchronize, StepOptions, TrainStep};
+use tch_cuda_graphs::optim::{Adam, AdamConfig, Kernels, Optimizer, Sgd, SgdConfig};
+use tch_cuda_graphs::{
+    capture_with_warmup, cuda_is_available, feed, pool_memory, synchronize, CaptureOptions, StepOptions, TrainStep,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Opt {
@@ -73,18 +81,20 @@ struct Args {
     compile: bool,
     profile_small: bool,
     feed: bool,
+    torch_kernels: bool,
     as_test: bool,
 }
 
 const USAGE: &str = "\
-usage: step [--out DIR] [--steps N] [--no-torch] [--no-compile] [--profile-small [--feed]]
+usage: step [--out DIR] [--steps N] [--no-torch] [--no-compile] [--profile-small [--feed] [--torch-kernels]]
 
 One training step of three models and optimizers, eager and captured, beside PyTorch.
   --out DIR          where results.json, results.csv and chart.png go (default target/bench)
   --steps N          timed steps per row, at least 100 (default 1000)
   --no-torch         skip PyTorch's side
   --no-compile       skip torch.compile's rows
-  --profile-small    only the small MLP's Adam step, for ncu (--feed: also time run() against replay)
+  --profile-small    only the small MLP's Adam step, for ncu (--feed: also time run() against replay;
+                     --torch-kernels: on PyTorch's fused optimizer kernels instead of the crate's)
   -h, --help         this text";
 
 /// The command line: `None` when it asked for the usage.
@@ -97,6 +107,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
         compile: true,
         profile_small: false,
         feed: false,
+        torch_kernels: false,
         as_test: false,
     };
     let mut parser = lexopt::Parser::from_env();
@@ -108,6 +119,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
             Long("no-compile") => a.compile = false,
             Long("profile-small") => a.profile_small = true,
             Long("feed") => a.feed = true,
+            Long("torch-kernels") => a.torch_kernels = true,
             Long("bench") => {} // cargo bench passes --bench
             Short('h') | Long("help") => return Ok(None),
             // started as a test binary (cargo test --benches, the GPU runner)
@@ -171,22 +183,49 @@ fn graphed_step(
     keep_graph: bool,
     precision: Precision,
 ) -> TrainStep {
+    graphed_step_with(kind, opt, device, first, keep_graph, precision, StepVariant::default())
+}
+
+/// Which kernels the step's optimizer runs, whether it runs at all, and how grads are zeroed.
+#[derive(Clone, Copy, Default)]
+struct StepVariant {
+    kernels: Kernels,
+    no_optimizer: bool,
+    zero_in_place: bool,
+}
+
+fn graphed_step_with(
+    kind: ModelKind,
+    opt: Opt,
+    device: Device,
+    first: &(Tensor, Tensor),
+    keep_graph: bool,
+    precision: Precision,
+    variant: StepVariant,
+) -> TrainStep {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(device);
     let model = Model::new(kind, &vs);
     let mut o = opt.ours(&vs);
+    o.set_kernels(variant.kernels).unwrap();
     let mut options = StepOptions::default().keep_graph(keep_graph);
     if precision != Precision::Fp32 {
         options = options.autocast(tch::Kind::BFloat16);
     }
     let mut step = TrainStep::new(&[("x", &first.0), ("y", &first.1)], options, move |inp| {
-        o.zero_grad()?;
+        if variant.zero_in_place {
+            o.zero_grad_in_place()?;
+        } else {
+            o.zero_grad()?;
+        }
         let loss = model.loss(&inp[0], &inp[1]);
         match precision {
             Precision::Bf16 => tch_cuda_graphs::amp::backward(&loss)?,
             _ => loss.f_backward()?,
         }
-        o.step()?;
+        if !variant.no_optimizer {
+            o.step()?;
+        }
         Ok(vec![loss.detach()])
     })
     .unwrap();
@@ -255,6 +294,17 @@ fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut
         step.run(&[x, y]).unwrap();
     });
     push("graph", us);
+    // the same captured step on PyTorch's fused optimizer kernels (what the crate ran before
+    // it had its own)
+    {
+        let torch_kernels = StepVariant { kernels: Kernels::PyTorch, ..Default::default() };
+        let mut s2 = graphed_step_with(kind, opt, device, &batches[0], false, Precision::Fp32, torch_kernels);
+        let us = time_steps(device, steps, |i| {
+            let (x, y) = &batches[i % batches.len()];
+            s2.run(&[x, y]).unwrap();
+        });
+        push("graph_torch_kernels", us);
+    }
     // the same captured step fed from the CPU: pinned batches, and pageable ones
     if kind != ModelKind::Transformer {
         let to_cpu = |t: &Tensor| t.to(Device::Cpu);
@@ -295,6 +345,63 @@ fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut
     Extra { model: kind.name(), opt: opt.name(), capture_ms, replay_host_us: median(host), pool_bytes }
 }
 
+/// Bytes one optimizer step moves per fp32 parameter element: Adam reads p, g, m, v and writes
+/// p, m, v; SGD with momentum reads p, g, buf and writes p, buf.
+fn bytes_per_element(opt: Opt) -> f64 {
+    match opt {
+        Opt::Sgd => 20.0,
+        Opt::Adam | Opt::AdamW => 28.0,
+    }
+}
+
+/// The optimizer alone (this crate's kernels, PyTorch's), a copy moving the same bytes, and the
+/// optimizer's cost inside the captured step (grads zeroed in place, with and without it).
+fn bench_optimizer(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut Vec<Row>) {
+    let mut push = |mode: &str, us: f64| {
+        println!("  {:<12} {:<6} {:<22} {:>9.1} µs", kind.name(), opt.name(), mode, us);
+        rows.push(Row { model: kind.name().into(), opt: opt.name().into(), mode: mode.into(), us });
+    };
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(device);
+    let model = Model::new(kind, &vs);
+    let (x, y) = batch(kind, device);
+    model.loss(&x, &y).backward();
+    let numel: i64 = vs.trainable_variables().iter().map(Tensor::numel).sum::<usize>() as i64;
+    for (mode, kernels) in [("opt_own", Kernels::Own), ("opt_torch", Kernels::PyTorch)] {
+        let mut o = opt.ours(&vs);
+        o.set_kernels(kernels).unwrap();
+        let (mut graph, ()) = capture_with_warmup(3, CaptureOptions::default(), || o.step()).unwrap();
+        let us = time_steps(device, steps, |_| graph.replay().unwrap());
+        push(mode, us);
+        drop(graph);
+    }
+    // a copy that reads and writes as many bytes as the step moves
+    let floats = (numel as f64 * bytes_per_element(opt) / 8.0).round() as i64;
+    let src = Tensor::ones([floats], (tch::Kind::Float, device));
+    let dst = Tensor::zeros([floats], (tch::Kind::Float, device));
+    let (mut graph, ()) = capture_with_warmup(3, CaptureOptions::default(), || {
+        dst.shallow_clone().f_copy_(&src)?;
+        Ok(())
+    })
+    .unwrap();
+    push("copy_same_bytes", time_steps(device, steps, |_| graph.replay().unwrap()));
+    drop(graph);
+    let batches: Vec<(Tensor, Tensor)> = (0..8).map(|_| batch(kind, device)).collect();
+    for (mode, kernels, no_optimizer) in [
+        ("step_inplace_own", Kernels::Own, false),
+        ("step_inplace_torch", Kernels::PyTorch, false),
+        ("step_inplace_no_opt", Kernels::PyTorch, true),
+    ] {
+        let variant = StepVariant { kernels, no_optimizer, zero_in_place: true };
+        let mut step = graphed_step_with(kind, opt, device, &batches[0], false, Precision::Fp32, variant);
+        let us = time_steps(device, steps, |i| {
+            let (x, y) = &batches[i % batches.len()];
+            step.run(&[x, y]).unwrap();
+        });
+        push(mode, us);
+    }
+}
+
 fn run_torch(steps: usize, compile: bool, rows: &mut Vec<Row>) -> Result<(), String> {
     let mut args = vec!["benches/torch_reference.py".to_owned(), "--steps".into(), steps.to_string()];
     if !compile {
@@ -319,10 +426,12 @@ fn run_torch(steps: usize, compile: bool, rows: &mut Vec<Row>) -> Result<(), Str
 
 /// For `ncu`: captures the small MLP's Adam step into a kept graph, prints its node counts,
 /// and replays it 3 times (ncu times each kernel of the replays).
-fn profile_small(feed: bool) {
+fn profile_small(feed: bool, torch_kernels: bool) {
     let device = Device::Cuda(0);
     let kind = ModelKind::SmallMlp;
-    let mut step = graphed_step(kind, Opt::Adam, device, &batch(kind, device), true, Precision::Fp32);
+    let kernels = if torch_kernels { Kernels::PyTorch } else { Kernels::Own };
+    let variant = StepVariant { kernels, ..Default::default() };
+    let mut step = graphed_step_with(kind, Opt::Adam, device, &batch(kind, device), true, Precision::Fp32, variant);
     let g = step.graph_mut().unwrap();
     println!("small MLP + Adam graph: {} nodes, {:?}", g.node_count().unwrap(), g.node_kinds().unwrap());
     for _ in 0..3 {
@@ -371,7 +480,7 @@ fn main() {
         return;
     }
     if args.profile_small {
-        profile_small(args.feed);
+        profile_small(args.feed, args.torch_kernels);
         return;
     }
     if !cuda_is_available() {
@@ -397,6 +506,12 @@ fn main() {
             extras.push(e);
         }
     }
+    println!("the optimizer alone, and its cost inside the step:");
+    for kind in ModelKind::ALL {
+        for opt in Opt::ALL {
+            bench_optimizer(kind, opt, device, args.steps, &mut rows);
+        }
+    }
     if args.torch {
         println!("PyTorch reference (benches/torch_reference.py), same GPU, same run:");
         if let Err(e) = run_torch(args.steps, args.compile, &mut rows) {
@@ -407,9 +522,9 @@ fn main() {
     let mut table = String::new();
     let _ = writeln!(
         table,
-        "| model | opt | tch eager | tch eager + fused | **graph (this crate)** | torch eager | torch graph best | eager/graph | graph/torch best |"
+        "| model | opt | tch eager | tch eager + fused | **graph (this crate)** | graph, PyTorch's optimizer kernels | torch eager | torch graph best | eager/graph | graph/torch best |"
     );
-    let _ = writeln!(table, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(table, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let json = serde_json::to_string_pretty(&serde_json::json!({ "rows": rows, "extras": extras }))
         .expect("serialize the results");
     for kind in ModelKind::ALL {
@@ -418,6 +533,7 @@ fn main() {
             let g = find(&rows, m, o, "graph").unwrap_or(f64::NAN);
             let te = find(&rows, m, o, "tch_eager").unwrap_or(f64::NAN);
             let tf = find(&rows, m, o, "tch_eager_fused").unwrap_or(f64::NAN);
+            let gt = find(&rows, m, o, "graph_torch_kernels").unwrap_or(f64::NAN);
             let pe = find(&rows, m, o, "torch_eager").unwrap_or(f64::NAN);
             let pg = ["torch_graph", "torch_graph_capturable", "torch_graph_fused"]
                 .iter()
@@ -425,7 +541,7 @@ fn main() {
                 .fold(f64::NAN, f64::min);
             let _ = writeln!(
                 table,
-                "| {m} | {o} | {te:.1} | {tf:.1} | **{g:.1}** | {pe:.1} | {pg:.1} | {:.2}x | {:.2} |",
+                "| {m} | {o} | {te:.1} | {tf:.1} | **{g:.1}** | {gt:.1} | {pe:.1} | {pg:.1} | {:.2}x | {:.2} |",
                 te / g,
                 g / pg
             );
@@ -433,6 +549,36 @@ fn main() {
     }
     println!("\nµs per step (lower is better); eager/graph = tch eager with tch's optimizer over this crate's graph; graph/torch best = this crate's graph over PyTorch's fastest graphed variant (≤ 1.0 meets the target)\n");
     println!("{table}");
+    // The optimizer alone and inside the step: this crate's kernels against PyTorch's fused
+    // ones (targets: small MLP alone ≤ 5 µs; cost inside the step ≤ 1.15x a copy of its bytes)
+    let mut alone = String::from(
+        "| model | opt | params | **alone, own** | alone, PyTorch | own GB/s | PyTorch GB/s | copy same bytes | **in step, own** | in step, PyTorch | in-step own / copy |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for kind in ModelKind::ALL {
+        let numel: i64 = {
+            let vs = nn::VarStore::new(Device::Cpu);
+            let _m = Model::new(kind, &vs);
+            vs.trainable_variables().iter().map(Tensor::numel).sum::<usize>() as i64
+        };
+        for opt in Opt::ALL {
+            let (m, o) = (kind.name(), opt.name());
+            let f = |mode: &str| find(&rows, m, o, mode).unwrap_or(f64::NAN);
+            let (own, torch, copy) = (f("opt_own"), f("opt_torch"), f("copy_same_bytes"));
+            let gbs = |us: f64| numel as f64 * bytes_per_element(opt) / us / 1e3;
+            let no_opt = f("step_inplace_no_opt");
+            let (in_own, in_torch) = (f("step_inplace_own") - no_opt, f("step_inplace_torch") - no_opt);
+            let _ = writeln!(
+                alone,
+                "| {m} | {o} | {numel} | **{own:.1}** | {torch:.1} | {:.0} | {:.0} | {copy:.1} | **{in_own:.1}** | {in_torch:.1} | {:.2} |",
+                gbs(own),
+                gbs(torch),
+                in_own / copy
+            );
+        }
+    }
+    println!("{alone}");
+    table.push('\n');
+    table.push_str(&alone);
     // CPU-fed vs GPU-fed captured steps (target: CPU-fed within 10% of GPU-fed)
     let mut fed = String::from(
         "| model | opt | graph, GPU-fed | graph, CPU pinned | pinned/GPU | graph, CPU pageable | pageable/GPU |\n|---|---|---:|---:|---:|---:|---:|\n",

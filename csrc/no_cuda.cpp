@@ -2,6 +2,7 @@
 // TCH_CUDA_GRAPHS_NO_CUDA=1 at build time): every entry point reports TCG_NO_CUDA, except the
 // queries that have an honest answer (no device). error.cpp, optim.cpp and watch.cpp are
 // built as usual, so the optimizers and the eager fallback keep working.
+#include "optim_own.h"
 #include "shim.h"
 
 namespace {
@@ -63,3 +64,26 @@ tcg_status tcg_empty_cache(void) { return no_cuda(); }
 tcg_status tcg_host_empty_cache(void) { return no_cuda(); }
 
 }  // extern "C"
+
+// The own optimizer kernels need CUDA: optim.cpp runs ATen's fused kernels.
+namespace tcg::optim {
+bool built() { return false; }
+std::string unavailable(int) {
+  throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no own kernels");
+}
+bool adam(bool, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+          const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+          const std::vector<at::Tensor>&, const std::vector<at::Tensor>&, const at::Tensor&,
+          double, double, double, double, bool, bool, const std::optional<at::Tensor>&,
+          const std::optional<at::Tensor>&, const at::Tensor&, const size_t*, std::string* why) {
+  *why = "this binary was built without CUDA";
+  return false;
+}
+bool sgd(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+         const std::vector<at::Tensor>&, double, double, const at::Tensor&, double, bool, bool,
+         bool, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+         std::string* why) {
+  *why = "this binary was built without CUDA";
+  return false;
+}
+}  // namespace tcg::optim

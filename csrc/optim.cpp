@@ -1,4 +1,5 @@
 // Fused optimizer kernels and gradient helpers (ATen has CPU and CUDA kernels for all of them).
+#include "optim_own.h"
 #include "shim.h"
 
 #include <optional>
@@ -13,19 +14,48 @@ std::optional<at::Tensor> optional_tensor(tcg_tensor t) {
   if (t == nullptr) return std::nullopt;
   return tensor_ref(t);
 }
+
+// Whether the own kernels ran (`tried` returned true); if they could not where only they were
+// asked for, TCG_UNSUPPORTED with the reason.
+bool own_ran(int kernels, bool ran, const std::string& why) {
+  if (!ran && kernels == TCG_KERNELS_OWN) {
+    throw tcg::exception(TCG_UNSUPPORTED, "the crate's own optimizer kernels cannot run this step: " + why);
+  }
+  return ran;
+}
 }  // namespace
 
 extern "C" {
 
+int tcg_own_kernels_built(void) { return tcg::optim::built() ? 1 : 0; }
+
+tcg_status tcg_own_kernels_check(int device) {
+  return guard([&] {
+    auto why = tcg::optim::unavailable(device);
+    if (!why.empty()) throw tcg::exception(TCG_UNSUPPORTED, why);
+  });
+}
+
 tcg_status tcg_fused_sgd(tcg_tensor* params, tcg_tensor* grads, tcg_tensor* bufs, size_t n,
                          size_t n_bufs, double weight_decay, double momentum, tcg_tensor lr,
                          double dampening, int nesterov, int maximize, int is_first_step,
-                         tcg_tensor grad_scale, tcg_tensor found_inf) {
+                         tcg_tensor grad_scale, tcg_tensor found_inf, int kernels, int* ran_own) {
   return guard([&] {
+    *ran_own = 0;
     if (n_bufs != 0 && n_bufs != n) misuse("momentum buffers must be empty or one per parameter");
     auto p = tensor_list(params, n);
     auto g = tensor_list(grads, n);
     auto b = tensor_list(bufs, n_bufs);
+    if (kernels != TCG_KERNELS_PYTORCH) {
+      std::string why;
+      bool ran = tcg::optim::sgd(p, g, b, weight_decay, momentum, tensor_ref(lr), dampening,
+                                 nesterov != 0, maximize != 0, is_first_step != 0,
+                                 optional_tensor(grad_scale), optional_tensor(found_inf), &why);
+      if (own_ran(kernels, ran, why)) {
+        *ran_own = 1;
+        return;
+      }
+    }
     at::_fused_sgd_(p, g, b, weight_decay, momentum, tensor_ref(lr), dampening, nesterov != 0,
                     maximize != 0, is_first_step != 0, optional_tensor(grad_scale),
                     optional_tensor(found_inf));
@@ -36,8 +66,10 @@ tcg_status tcg_fused_adam(int adamw, tcg_tensor* params, tcg_tensor* grads, tcg_
                           tcg_tensor* exp_avg_sqs, tcg_tensor* max_exp_avg_sqs, size_t n_max,
                           tcg_tensor* steps, size_t n, tcg_tensor lr, double beta1, double beta2,
                           double weight_decay, double eps, int amsgrad, int maximize,
-                          tcg_tensor grad_scale, tcg_tensor found_inf) {
+                          tcg_tensor grad_scale, tcg_tensor found_inf, int kernels,
+                          tcg_tensor arrivals, const size_t* slots, int* ran_own) {
   return guard([&] {
+    *ran_own = 0;
     if (amsgrad != 0 && n_max != n) misuse("amsgrad needs one max_exp_avg_sq per parameter");
     auto p = tensor_list(params, n);
     auto g = tensor_list(grads, n);
@@ -45,10 +77,21 @@ tcg_status tcg_fused_adam(int adamw, tcg_tensor* params, tcg_tensor* grads, tcg_
     auto v = tensor_list(exp_avg_sqs, n);
     auto vmax = tensor_list(max_exp_avg_sqs, n_max);
     auto s = tensor_list(steps, n);
-    // PyTorch's _fused_adam: the per-parameter step counts go up first, in one kernel.
-    at::_foreach_add_(s, 1);
     auto scale = optional_tensor(grad_scale);
     auto found = optional_tensor(found_inf);
+    if (kernels != TCG_KERNELS_PYTORCH) {
+      std::string why = "no arrival counters given";
+      bool ran = arrivals != nullptr && slots != nullptr &&
+                 tcg::optim::adam(adamw != 0, p, g, m, v, vmax, s, tensor_ref(lr), beta1, beta2,
+                                  weight_decay, eps, amsgrad != 0, maximize != 0, scale, found,
+                                  tensor_ref(arrivals), slots, &why);
+      if (own_ran(kernels, ran, why)) {
+        *ran_own = 1;
+        return;
+      }
+    }
+    // PyTorch's _fused_adam: the per-parameter step counts go up first, in one kernel.
+    at::_foreach_add_(s, 1);
     if (adamw != 0) {
       at::_fused_adamw_(p, g, m, v, vmax, s, tensor_ref(lr), beta1, beta2, weight_decay, eps,
                         amsgrad != 0, maximize != 0, scale, found);

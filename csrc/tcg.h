@@ -36,6 +36,7 @@ typedef enum {
   TCG_STALE = 6,                // a watched tensor no longer has the storage it had
   TCG_DIST = 7,                 // c10d reported an error (c10::DistError: store, network, NCCL)
   TCG_DIST_TIMEOUT = 8,         // tcg_pg_wait_device gave up: no progress within the timeout
+  TCG_UNSUPPORTED = 9,          // not available in this build or on this device (own kernels)
 } tcg_status;
 
 // tch's C_tensor: a pointer to a heap-allocated at::Tensor.
@@ -94,21 +95,35 @@ void tcg_string_free(char* s);
 tcg_status tcg_testing_fail_next(const char* point);
 
 // ---------------------------------------------------------------- optim.cpp (CPU and CUDA)
+// Which kernels a fused optimizer call runs: ATen's (PyTorch's `_fused_*_`), the crate's own
+// where they apply (CUDA tensors of float32/64/16/bfloat16, contiguous, grads like their
+// params, own kernels loadable on the device; ATen's otherwise), or the crate's own only
+// (TCG_UNSUPPORTED, nothing done, where they do not apply).
+typedef enum { TCG_KERNELS_PYTORCH = 0, TCG_KERNELS_AUTO = 1, TCG_KERNELS_OWN = 2 } tcg_kernels;
+// Whether the own kernels were built into this binary (1) or not (0).
+int tcg_own_kernels_built(void);
+// TCG_OK if the own kernels can run on CUDA device `device` (loading them there on first
+// call); TCG_UNSUPPORTED with the reason as message if not; TCG_NO_CUDA without CUDA.
+tcg_status tcg_own_kernels_check(int device);
 // `lr` is a tensor (device or CPU).
 // grad_scale, found_inf: NULL, or 0-d tensors the kernel divides the grads by / skips on (AMP).
+// *ran_own: 1 if the own kernels ran, 0 if ATen's did.
 tcg_status tcg_fused_sgd(tcg_tensor* params, tcg_tensor* grads, tcg_tensor* bufs, size_t n,
                          size_t n_bufs, double weight_decay, double momentum, tcg_tensor lr,
                          double dampening, int nesterov, int maximize, int is_first_step,
-                         tcg_tensor grad_scale, tcg_tensor found_inf);
+                         tcg_tensor grad_scale, tcg_tensor found_inf, int kernels, int* ran_own);
 // adamw != 0: decoupled weight decay. n_max: 0 unless amsgrad. steps: one 0-d tensor per
-// parameter, each incremented by one (one _foreach_add_) before the update, as PyTorch's
-// fused Adam does, and decremented by found_inf after it when found_inf is given (a skipped
-// step does not count).
+// parameter, each incremented by one before the update unless found_inf is set (a skipped step
+// does not count), as PyTorch's fused Adam does (ATen's path: one _foreach_add_ before, one
+// _foreach_sub_ of found_inf after; the own kernel in place). arrivals: an int32 tensor of
+// zeros on the device (NULL: own kernels not tried) and slots[k] its element for parameter k,
+// the own kernel's per-tensor counters (back to zero after each launch).
 tcg_status tcg_fused_adam(int adamw, tcg_tensor* params, tcg_tensor* grads, tcg_tensor* exp_avgs,
                           tcg_tensor* exp_avg_sqs, tcg_tensor* max_exp_avg_sqs, size_t n_max,
                           tcg_tensor* steps, size_t n, tcg_tensor lr, double beta1, double beta2,
                           double weight_decay, double eps, int amsgrad, int maximize,
-                          tcg_tensor grad_scale, tcg_tensor found_inf);
+                          tcg_tensor grad_scale, tcg_tensor found_inf, int kernels,
+                          tcg_tensor arrivals, const size_t* slots, int* ran_own);
 // Sets every tensor's .grad to undefined (PyTorch's zero_grad(set_to_none=True)).
 tcg_status tcg_grads_set_to_none(tcg_tensor* params, size_t n);
 // Zeroes every defined .grad in place, one _foreach_zero_ (zero_grad(set_to_none=False)).

@@ -88,6 +88,11 @@ pub enum Error {
     /// collectives). The group was aborted: its collectives are refused from now on.
     #[error("distributed timeout: {0}")]
     DistributedTimeout(String),
+    /// What was asked for is not available in this build or on this device: the crate's own
+    /// optimizer kernels forced ([`crate::optim::Kernels::Own`]) where they were not built,
+    /// have no code for the GPU, or do not take the tensors (the message says which).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     /// An error from a tch call (libtorch through tch's C API).
     #[error("libtorch error (through tch)")]
     Torch(#[from] tch::TchError),
@@ -164,6 +169,7 @@ pub(crate) fn check(status: ffi::tcg_status) -> Result<()> {
         ffi::TCG_MISUSE => Err(Error::Misuse(take_last_error())),
         ffi::TCG_DIST => Err(Error::Distributed(take_last_error())),
         ffi::TCG_DIST_TIMEOUT => Err(Error::DistributedTimeout(take_last_error())),
+        ffi::TCG_UNSUPPORTED => Err(Error::Unsupported(take_last_error())),
         ffi::TCG_OUT_OF_MEMORY => Err(Error::OutOfMemory { source: Box::new(Error::Libtorch(take_last_error())) }),
         // TCG_STALE is read by the watch, which knows the tensor's name; elsewhere it is plain.
         _ => Err(Error::Libtorch(take_last_error())),

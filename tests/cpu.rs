@@ -8,7 +8,9 @@ mod common;
 use common::{batch, max_param_rel_diff, mse, twin_mlps};
 use std::error::Error as _;
 use tch::{nn, nn::OptimizerConfig, Device, Kind, Tensor};
-use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
+use tch_cuda_graphs::optim::{
+    own_kernels_available, own_kernels_built, Adam, AdamConfig, KernelPath, Kernels, Optimizer, Sgd, SgdConfig,
+};
 use tch_cuda_graphs::{
     built_with_cuda, capture_with_warmup, clip_grad_norm, cuda_is_available, empty_cache, graph_pool_handle,
     memory_stats, pool_memory, reset_peak_stats, synchronize, CaptureLock, CaptureMode, CaptureOptions, CaptureStatus,
@@ -608,4 +610,32 @@ fn retain_in_capture_keeps_nothing_outside_a_capture() {
     assert!(dropped.swap(false, std::sync::atomic::Ordering::SeqCst), "dropped at once (CPU device)");
     assert!(!tch_cuda_graphs::retain_in_capture(Device::Cuda(0), Flag(dropped.clone())));
     assert!(dropped.load(std::sync::atomic::Ordering::SeqCst), "dropped at once (no capture under way)");
+}
+
+/// The own optimizer kernels are built into every CUDA build (so CI proves that nvcc builds
+/// them), never into a no-CUDA one. On the CPU the optimizers run ATen's kernels: `Own` is
+/// refused with `Unsupported`, and the last step says which kernels ran.
+#[test]
+fn own_optimizer_kernels_are_built_with_cuda_and_refused_on_the_cpu() {
+    let opted_out = option_env!("TCH_CUDA_GRAPHS_NO_OWN_KERNELS").is_some_and(|v| !v.is_empty() && v != "0");
+    println!("own kernels built: {}, shim with CUDA: {}", own_kernels_built(), built_with_cuda());
+    assert_eq!(own_kernels_built(), built_with_cuda() && !opted_out);
+    let p = Tensor::ones([4], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let mut opt = Adam::from_params(vec![p.shallow_clone()], AdamConfig::default()).unwrap();
+    assert_eq!(opt.kernels(), Kernels::Auto);
+    let err = opt.set_kernels(Kernels::Own).unwrap_err();
+    println!("Kernels::Own on the CPU: {err}");
+    assert!(matches!(err, Error::Unsupported(_)), "{err:?}");
+    assert_eq!(opt.kernels(), Kernels::Auto, "a refused choice changes nothing");
+    assert_eq!(opt.last_step_kernels(), None);
+    (&p * 2.0).sum(Kind::Float).backward();
+    opt.step().unwrap();
+    assert_eq!(opt.last_step_kernels(), Some(KernelPath::PyTorch));
+    opt.set_kernels(Kernels::PyTorch).unwrap();
+    assert_eq!(opt.kernels(), Kernels::PyTorch);
+    assert!(matches!(own_kernels_available(Device::Cpu), Err(Error::Unsupported(_))));
+    if !cuda_is_available() {
+        let err = own_kernels_available(Device::Cuda(0)).unwrap_err();
+        assert!(matches!(err, Error::NoCuda(_)), "{err:?}");
+    }
 }

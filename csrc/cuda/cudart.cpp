@@ -70,6 +70,17 @@ TCG_FORWARD(cudaGraphUpload, (cudaGraphExec_t e, cudaStream_t s), (e, s))
 TCG_FORWARD(cudaGraphDebugDotPrint, (cudaGraph_t g, const char* p, unsigned int f), (g, p, f))
 TCG_FORWARD(cudaGraphGetNodes, (cudaGraph_t g, cudaGraphNode_t* n, size_t* c), (g, n, c))
 TCG_FORWARD(cudaGraphNodeGetType, (cudaGraphNode_t n, enum cudaGraphNodeType* t), (n, t))
+// the own optimizer kernels (optim_own.cpp)
+TCG_FORWARD(cudaLibraryLoadData,
+            (cudaLibrary_t * lib, const void* code, enum cudaJitOption* jo, void** jv,
+             unsigned int nj, enum cudaLibraryOption* lo, void** lv, unsigned int nl),
+            (lib, code, jo, jv, nj, lo, lv, nl))
+TCG_FORWARD(cudaLibraryGetKernel, (cudaKernel_t * k, cudaLibrary_t lib, const char* name),
+            (k, lib, name))
+TCG_FORWARD(cudaFuncGetAttributes, (struct cudaFuncAttributes * attr, const void* f), (attr, f))
+TCG_FORWARD(cudaLaunchKernel,
+            (const void* f, dim3 grid, dim3 block, void** args, size_t smem, cudaStream_t s),
+            (f, grid, block, args, smem, s))
 
 extern "C" const char* cudaGetErrorString(cudaError_t err) {
   using Fn = const char* (*)(cudaError_t);

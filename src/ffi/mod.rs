@@ -32,6 +32,7 @@ pub const TCG_OUT_OF_MEMORY: tcg_status = 5;
 pub const TCG_STALE: tcg_status = 6;
 pub const TCG_DIST: tcg_status = 7;
 pub const TCG_DIST_TIMEOUT: tcg_status = 8;
+pub const TCG_UNSUPPORTED: tcg_status = 9;
 
 /// tch's `C_tensor`: a pointer to a heap-allocated `at::Tensor`.
 pub type tcg_tensor = *mut torch_sys::C_tensor;

@@ -2,6 +2,10 @@
 use super::{tcg_status, tcg_tensor};
 use std::os::raw::{c_double, c_int};
 
+pub const TCG_KERNELS_PYTORCH: c_int = 0;
+pub const TCG_KERNELS_AUTO: c_int = 1;
+pub const TCG_KERNELS_OWN: c_int = 2;
+
 extern "C" {
     pub fn tcg_fused_sgd(
         params: *const tcg_tensor,
@@ -18,6 +22,8 @@ extern "C" {
         is_first_step: c_int,
         grad_scale: tcg_tensor,
         found_inf: tcg_tensor,
+        kernels: c_int,
+        ran_own: *mut c_int,
     ) -> tcg_status;
     pub fn tcg_fused_adam(
         adamw: c_int,
@@ -38,7 +44,13 @@ extern "C" {
         maximize: c_int,
         grad_scale: tcg_tensor,
         found_inf: tcg_tensor,
+        kernels: c_int,
+        arrivals: tcg_tensor,
+        slots: *const usize,
+        ran_own: *mut c_int,
     ) -> tcg_status;
+    pub fn tcg_own_kernels_built() -> c_int;
+    pub fn tcg_own_kernels_check(device: c_int) -> tcg_status;
     pub fn tcg_grads_set_to_none(params: *const tcg_tensor, n: usize) -> tcg_status;
     pub fn tcg_grads_zero(params: *const tcg_tensor, n: usize) -> tcg_status;
     pub fn tcg_clip_grad_norm(

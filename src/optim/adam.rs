@@ -1,7 +1,8 @@
-//! Capturable Adam / AdamW on `at::_fused_adam_` / `at::_fused_adamw_` (tensor learning rate).
+//! Adam / AdamW: the crate's own fused kernel on CUDA, `at::_fused_adam_` / `at::_fused_adamw_`
+//! elsewhere (tensor learning rate either way).
 
-use super::groups::{copy_state, param_key};
-use super::{by_dtype, check_hparam, optional_ptr, with_grads, Groups, HyperParams, LrHandle, Optimizer, ParamGroup};
+use super::core::Core;
+use super::{check_hparam, optional_ptr, Groups, HyperParams, KernelPath, Kernels, LrHandle, Optimizer, ParamGroup};
 use crate::error::{check, Result};
 use crate::ffi::{self, tensor_ptr as ptr, tensor_ptrs as ptrs};
 use std::collections::HashMap;
@@ -107,11 +108,11 @@ impl HyperParams for AdamConfig {
 ///
 /// State lives on the parameters' device: first and second moments (and the AMSGrad maximum),
 /// one step counter per parameter (0-d float32, as PyTorch's capturable/fused Adam keeps), and
-/// one learning-rate tensor per group. A step increments the counters of the parameters that
-/// have a gradient in one multi-tensor kernel (`_foreach_add_`), then runs one fused kernel per
-/// group: a parameter that first gets a gradient at step t (progressive unfreezing, a
-/// conditional branch) starts its own count at 1 and gets PyTorch's bias correction, exactly as
-/// `torch.optim.Adam` does.
+/// one learning-rate tensor per group. A step runs one fused launch per group and dtype over
+/// the parameters that have a gradient; it increments their step counts first (the own kernel
+/// in place, PyTorch's path with one `_foreach_add_`), so a parameter that first gets a gradient
+/// at step t (progressive unfreezing, a conditional branch) starts its own count at 1 and gets
+/// PyTorch's bias correction, exactly as `torch.optim.Adam` does.
 ///
 /// ```no_run
 /// # fn main() -> tch_cuda_graphs::Result<()> {
@@ -127,13 +128,14 @@ impl HyperParams for AdamConfig {
 /// ```
 #[derive(Debug)]
 pub struct Adam {
-    groups: Groups<AdamConfig>,
-    exp_avg: Vec<Tensor>,
-    exp_avg_sq: Vec<Tensor>,
-    /// Empty tensors for parameters of groups without AMSGrad.
-    max_exp_avg_sq: Vec<Tensor>,
-    steps: Vec<Tensor>,
+    core: Core<AdamConfig>,
 }
+
+// The fields of Adam's state, in `Core::fields` order.
+const EXP_AVG: usize = 0;
+const EXP_AVG_SQ: usize = 1;
+const MAX_EXP_AVG_SQ: usize = 2;
+const STEP: usize = 3;
 
 impl Adam {
     /// An optimizer over the trainable variables of `vs`, one group per tch group
@@ -154,136 +156,112 @@ impl Adam {
     }
 
     fn build(groups: Groups<AdamConfig>) -> Result<Self> {
-        let device = groups.device();
-        let zeros = |p: &Tensor| -> Result<Tensor> { Ok(p.f_zeros_like()?.f_detach()?) };
-        let exp_avg = groups.params.iter().map(zeros).collect::<Result<Vec<_>>>()?;
-        let exp_avg_sq = groups.params.iter().map(zeros).collect::<Result<Vec<_>>>()?;
-        let mut max_exp_avg_sq = Vec::with_capacity(groups.params.len());
-        for g in &groups.groups {
-            for i in g.range.clone() {
-                max_exp_avg_sq.push(if g.config.amsgrad {
-                    zeros(&groups.params[i])?
-                } else {
-                    Tensor::f_empty([0], (Kind::Float, device))?
-                });
-            }
-        }
-        let steps =
-            groups.params.iter().map(|_| Tensor::f_zeros([], (Kind::Float, device))).collect::<Result<Vec<_>, _>>()?;
-        Ok(Adam { groups, exp_avg, exp_avg_sq, max_exp_avg_sq, steps })
+        let mut core = Core::new(groups)?;
+        let zeros = |p: &Tensor| -> Result<Option<Tensor>> { Ok(Some(p.f_zeros_like()?.f_detach()?)) };
+        core.add_field("exp_avg", false, |p, _| zeros(p))?;
+        core.add_field("exp_avg_sq", false, |p, _| zeros(p))?;
+        core.add_field("max_exp_avg_sq", false, |p, c| if c.amsgrad { zeros(p) } else { Ok(None) })?;
+        core.add_field("step", false, |p, _| Ok(Some(Tensor::f_zeros([], (Kind::Float, p.device()))?)))?;
+        Ok(Adam { core })
     }
 
     /// The hyper-parameters of group `g`.
     pub fn config(&self, g: usize) -> Option<&AdamConfig> {
-        self.groups.groups.get(g).map(|g| &g.config)
+        self.core.groups.groups.get(g).map(|g| &g.config)
     }
 
     /// The learning-rate tensor of group 0 (what a captured step reads).
     pub fn lr_tensor(&self) -> &Tensor {
-        self.groups.groups[0].lr.tensor()
+        self.core.groups.groups[0].lr.tensor()
     }
 
     /// The step counter of parameter `i` (0-d float32 on the parameters' device): how many
     /// updates that parameter has had.
     pub fn step_tensor(&self, i: usize) -> Option<&Tensor> {
-        self.steps.get(i)
+        self.core.fields[STEP].tensors.get(i)?.as_ref()
     }
 
     /// First and second moment of parameter `i`.
     pub fn moments(&self, i: usize) -> Option<(&Tensor, &Tensor)> {
-        Some((self.exp_avg.get(i)?, self.exp_avg_sq.get(i)?))
+        let at = |f: usize| self.core.fields[f].tensors.get(i)?.as_ref();
+        Some((at(EXP_AVG)?, at(EXP_AVG_SQ)?))
     }
 }
 
 impl Optimizer for Adam {
     fn step_scaled(&mut self, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
         let (scale, found) = (optional_ptr(grad_scale), optional_ptr(found_inf));
-        for group in &self.groups.groups {
-            let base = group.range.start;
-            let (idx, grads) = with_grads(&self.groups.params[group.range.clone()])?;
+        self.core.begin_step();
+        for launch in self.core.launches()? {
+            let core = &self.core;
+            let group = &core.groups.groups[launch.group];
             let c = &group.config;
-            // one fused launch per group and dtype
-            for ks in by_dtype(idx.iter().map(|&i| &self.groups.params[base + i])) {
-                let at = |v: &[Tensor]| ptrs(ks.iter().map(|&k| &v[base + idx[k]]));
-                let (p, m, v, steps) =
-                    (at(&self.groups.params), at(&self.exp_avg), at(&self.exp_avg_sq), at(&self.steps));
-                let vmax = if c.amsgrad { at(&self.max_exp_avg_sq) } else { Vec::new() };
-                let g = ptrs(ks.iter().map(|&k| &grads[k]));
-                // SAFETY: every pointer is a live tensor handle borrowed for the call (or null for
-                // an absent scale); `p`, `g`, `m`, `v` and `steps` have p.len() entries, `vmax`
-                // has vmax.len() (0 or p.len()). The shim increments `steps` (one _foreach_add_)
-                // before the fused update and takes a skipped step back after it.
-                check(unsafe {
-                    ffi::tcg_fused_adam(
-                        i32::from(c.decoupled),
-                        p.as_ptr(),
-                        g.as_ptr(),
-                        m.as_ptr(),
-                        v.as_ptr(),
-                        vmax.as_ptr(),
-                        vmax.len(),
-                        steps.as_ptr(),
-                        p.len(),
-                        ptr(group.lr.tensor()),
-                        c.beta1,
-                        c.beta2,
-                        c.weight_decay,
-                        c.eps,
-                        i32::from(c.amsgrad),
-                        i32::from(c.maximize),
-                        scale,
-                        found,
-                    )
-                })?;
-            }
+            let at = |f| core.field_at(f, &launch.idx);
+            let (p, g) = (core.params_at(&launch.idx), ptrs(&launch.grads));
+            let (m, v, steps) = (at(EXP_AVG)?, at(EXP_AVG_SQ)?, at(STEP)?);
+            let vmax = if c.amsgrad { at(MAX_EXP_AVG_SQ)? } else { Vec::new() };
+            let arrivals = optional_ptr(core.arrivals());
+            let mut ran_own = 0;
+            // SAFETY: every pointer is a live tensor handle borrowed for the call (or null for an
+            // absent scale / counters); `p`, `g`, `m`, `v`, `steps` and `launch.idx` (the counter
+            // slots, all below the parameter count the counters were made for) have p.len()
+            // entries, `vmax` has vmax.len() (0 or p.len()); `ran_own` is a live out-parameter.
+            check(unsafe {
+                ffi::tcg_fused_adam(
+                    i32::from(c.decoupled),
+                    p.as_ptr(),
+                    g.as_ptr(),
+                    m.as_ptr(),
+                    v.as_ptr(),
+                    vmax.as_ptr(),
+                    vmax.len(),
+                    steps.as_ptr(),
+                    p.len(),
+                    ptr(group.lr.tensor()),
+                    c.beta1,
+                    c.beta2,
+                    c.weight_decay,
+                    c.eps,
+                    i32::from(c.amsgrad),
+                    i32::from(c.maximize),
+                    scale,
+                    found,
+                    core.kernels_arg(),
+                    arrivals,
+                    launch.idx.as_ptr(),
+                    &mut ran_own,
+                )
+            })?;
+            self.core.record(ran_own);
         }
         Ok(())
     }
 
     fn params(&self) -> &[Tensor] {
-        &self.groups.params
+        &self.core.groups.params
     }
 
     fn lr_handles(&self) -> Vec<LrHandle> {
-        self.groups.lr_handles()
+        self.core.groups.lr_handles()
+    }
+
+    fn kernels(&self) -> Kernels {
+        self.core.kernels()
+    }
+
+    fn set_kernels(&mut self, kernels: Kernels) -> Result<()> {
+        self.core.set_kernels(kernels)
+    }
+
+    fn last_step_kernels(&self) -> Option<KernelPath> {
+        self.core.last_step_kernels()
     }
 
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut out = Vec::new();
-        self.groups.state(&mut out)?;
-        for (i, name) in self.groups.names.iter().enumerate() {
-            out.push((param_key(name, "exp_avg"), self.exp_avg[i].f_detach()?));
-            out.push((param_key(name, "exp_avg_sq"), self.exp_avg_sq[i].f_detach()?));
-            out.push((param_key(name, "step"), self.steps[i].f_detach()?));
-            if self.max_exp_avg_sq[i].numel() > 0 {
-                out.push((param_key(name, "max_exp_avg_sq"), self.max_exp_avg_sq[i].f_detach()?));
-            }
-        }
-        Ok(out)
+        self.core.state()
     }
 
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
-        let amsgrad: Vec<bool> = self.max_exp_avg_sq.iter().map(|t| t.numel() > 0).collect();
-        self.groups.check_state(state, |i| {
-            let (shape, kind) = (self.groups.params[i].size(), self.exp_avg[i].kind());
-            let mut fields = vec![
-                ("exp_avg", shape.clone(), kind, true),
-                ("exp_avg_sq", shape.clone(), kind, true),
-                ("step", vec![], Kind::Float, true),
-            ];
-            if amsgrad[i] {
-                fields.push(("max_exp_avg_sq", shape, kind, true));
-            }
-            fields
-        })?;
-        for (i, name) in self.groups.names.iter().enumerate() {
-            copy_state(&self.exp_avg[i], &state[&param_key(name, "exp_avg")])?;
-            copy_state(&self.exp_avg_sq[i], &state[&param_key(name, "exp_avg_sq")])?;
-            copy_state(&self.steps[i], &state[&param_key(name, "step")])?;
-            if amsgrad[i] {
-                copy_state(&self.max_exp_avg_sq[i], &state[&param_key(name, "max_exp_avg_sq")])?;
-            }
-        }
-        self.groups.load_state(state)
+        self.core.load_state(state)
     }
 }

@@ -1,6 +1,15 @@
-//! Capturable optimizers on ATen's fused kernels: state (step counts, moments, the learning
-//! rates) lives in device tensors, so a captured step reads it from memory on every replay, as
-//! PyTorch's `capturable=True, fused=True` optimizers do.
+//! Capturable fused optimizers: state (step counts, moments, the learning rates) lives in device
+//! tensors, so a captured step reads it from memory on every replay, as PyTorch's
+//! `capturable=True, fused=True` optimizers do.
+//!
+//! On a CUDA device they run the crate's own kernels by default ([`Kernels`]): one launch per
+//! group and dtype that spreads every parameter over every SM in small chunks (PyTorch's
+//! `multi_tensor_apply` gives each 65,536-element chunk one block, so a small model runs on a
+//! handful of SMs), with PyTorch's own per-element math, so the results are PyTorch's bit for
+//! bit. Where they were not built, cannot load on the GPU, or do not take the tensors
+//! (non-contiguous ones, say), the optimizers run PyTorch's fused kernels; ask with
+//! [`Optimizer::last_step_kernels`] and [`own_kernels_available`], force either with
+//! [`Optimizer::set_kernels`].
 //!
 //! - [`Sgd`]: momentum, dampening, Nesterov, weight decay (`at::_fused_sgd_`).
 //! - [`Adam`]: Adam and AdamW (decoupled weight decay), AMSGrad (`at::_fused_adam_`,
@@ -16,6 +25,7 @@
 //! Both run on CPU too (ATen has CPU kernels), which is how their numerics are tested in CI.
 
 mod adam;
+mod core;
 mod groups;
 mod sgd;
 
@@ -28,7 +38,53 @@ pub(crate) use groups::{check_hparam, Groups, HyperParams};
 use crate::error::{check, Error, Result};
 use crate::ffi;
 use std::collections::HashMap;
-use tch::Tensor;
+use tch::{Device, Tensor};
+
+/// Which kernels an optimizer runs on a CUDA device ([`Optimizer::set_kernels`]). On the CPU
+/// it is always ATen's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Kernels {
+    /// The crate's own where they apply, PyTorch's fused kernels elsewhere (the default).
+    #[default]
+    Auto,
+    /// The crate's own only: a step they cannot run fails with [`Error::Unsupported`] (what the
+    /// tests and benchmarks use to be sure which kernels they measure).
+    Own,
+    /// PyTorch's fused kernels (`_fused_adam_`, `_fused_adamw_`, `_fused_sgd_`).
+    PyTorch,
+}
+
+/// Which kernels a step ran ([`Optimizer::last_step_kernels`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelPath {
+    /// The crate's own, for every launch.
+    Own,
+    /// PyTorch's fused kernels, for every launch.
+    PyTorch,
+    /// Some launches each (under [`Kernels::Auto`], a group or dtype the own kernels do not take).
+    Mixed,
+}
+
+/// Whether the crate's own optimizer kernels were built into this binary (build.rs compiles
+/// them with nvcc; without one they are left out and the optimizers run PyTorch's).
+pub fn own_kernels_built() -> bool {
+    core::built()
+}
+
+/// Ok if the crate's own optimizer kernels run on `device` (loading them there on first call):
+/// [`Error::Unsupported`] with the reason if not (not built, no code for this GPU, not a CUDA
+/// device), [`Error::NoCuda`] without CUDA.
+///
+/// ```no_run
+/// use tch_cuda_graphs::optim::own_kernels_available;
+/// match own_kernels_available(tch::Device::Cuda(0)) {
+///     Ok(()) => println!("own kernels"),
+///     Err(e) => println!("PyTorch's fused kernels: {e}"),
+/// }
+/// ```
+pub fn own_kernels_available(device: Device) -> Result<()> {
+    core::check_device(device)
+}
 
 /// What a training step needs of an optimizer. Implemented by [`Sgd`] and [`Adam`].
 pub trait Optimizer {
@@ -78,6 +134,14 @@ pub trait Optimizer {
     }
     /// One learning-rate handle per group (clones share the device tensor).
     fn lr_handles(&self) -> Vec<LrHandle>;
+    /// The kernels chosen ([`Kernels::Auto`] unless set).
+    fn kernels(&self) -> Kernels;
+    /// Chooses the kernels of the following steps. [`Kernels::Own`] is refused with
+    /// [`Error::Unsupported`] where the own kernels cannot run on the parameters' device.
+    /// Re-capture a step already captured for the change to reach it.
+    fn set_kernels(&mut self, kernels: Kernels) -> Result<()>;
+    /// Which kernels the last step ran (None before any step, or if no parameter had a grad).
+    fn last_step_kernels(&self) -> Option<KernelPath>;
     /// The optimizer's state by name: per parameter (`"{name}.exp_avg"`, ...) and per group
     /// (`"group.{g}.lr"`, hyper-parameters), as detached tensors (device state is not copied).
     fn state(&self) -> Result<Vec<(String, Tensor)>>;
@@ -119,6 +183,15 @@ impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
     fn lr_handles(&self) -> Vec<LrHandle> {
         (**self).lr_handles()
     }
+    fn kernels(&self) -> Kernels {
+        (**self).kernels()
+    }
+    fn set_kernels(&mut self, kernels: Kernels) -> Result<()> {
+        (**self).set_kernels(kernels)
+    }
+    fn last_step_kernels(&self) -> Option<KernelPath> {
+        (**self).last_step_kernels()
+    }
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
         (**self).state()
     }
@@ -130,20 +203,6 @@ impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
 /// `t`'s handle, or null.
 pub(crate) fn optional_ptr(t: Option<&Tensor>) -> ffi::tcg_tensor {
     t.map(ffi::tensor_ptr).unwrap_or(std::ptr::null_mut())
-}
-
-/// The positions of `tensors` grouped by dtype, in first-seen order: the fused kernels take one
-/// dtype per launch.
-pub(crate) fn by_dtype<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> Vec<Vec<usize>> {
-    let mut kinds: Vec<(tch::Kind, Vec<usize>)> = Vec::new();
-    for (k, t) in tensors.into_iter().enumerate() {
-        let kind = t.kind();
-        match kinds.iter_mut().find(|(kd, _)| *kd == kind) {
-            Some((_, v)) => v.push(k),
-            None => kinds.push((kind, vec![k])),
-        }
-    }
-    kinds.into_iter().map(|(_, v)| v).collect()
 }
 
 /// Indices and gradients of the parameters of `range` that have a gradient.

@@ -1,7 +1,8 @@
-//! Capturable SGD on `at::_fused_sgd_` (tensor learning rate).
+//! SGD with momentum: the crate's own fused kernel on CUDA, `at::_fused_sgd_` elsewhere (tensor
+//! learning rate either way).
 
-use super::groups::{copy_state, param_key};
-use super::{by_dtype, check_hparam, optional_ptr, with_grads, Groups, HyperParams, LrHandle, Optimizer, ParamGroup};
+use super::core::{Core, Launch};
+use super::{check_hparam, optional_ptr, Groups, HyperParams, KernelPath, Kernels, LrHandle, Optimizer, ParamGroup};
 use crate::error::{check, Error, Result};
 use crate::ffi::{self, tensor_ptr as ptr, tensor_ptrs as ptrs};
 use std::collections::HashMap;
@@ -104,68 +105,63 @@ impl HyperParams for SgdConfig {
 /// ```
 #[derive(Debug)]
 pub struct Sgd {
-    groups: Groups<SgdConfig>,
-    bufs: Vec<Option<Tensor>>,
-    /// The grad scale and found-inf tensors of the step under way (mixed precision).
-    scaled: (Option<Tensor>, Option<Tensor>),
+    core: Core<SgdConfig>,
 }
+
+// The one field of SGD's state (none until a parameter's first step with momentum).
+const MOMENTUM_BUFFER: usize = 0;
 
 impl Sgd {
     /// An optimizer over the trainable variables of `vs`, one group per tch group, each with
     /// `config`.
     pub fn new(vs: &VarStore, config: SgdConfig) -> Result<Self> {
-        Ok(Sgd::build(Groups::from_var_store(vs, config)?))
+        Sgd::build(Groups::from_var_store(vs, config)?)
     }
 
     /// An optimizer over `params` (all on one device), one group; state names `param{i}`.
     pub fn from_params(params: Vec<Tensor>, config: SgdConfig) -> Result<Self> {
-        Ok(Sgd::build(Groups::from_params(params, config)?))
+        Sgd::build(Groups::from_params(params, config)?)
     }
 
     /// An optimizer over explicit groups, each with its own hyper-parameters.
     pub fn with_groups(groups: Vec<ParamGroup<SgdConfig>>) -> Result<Self> {
-        Ok(Sgd::build(Groups::build(groups)?))
+        Sgd::build(Groups::build(groups)?)
     }
 
-    fn build(groups: Groups<SgdConfig>) -> Self {
-        let bufs = groups.params.iter().map(|_| None).collect();
-        Sgd { groups, bufs, scaled: (None, None) }
+    fn build(groups: Groups<SgdConfig>) -> Result<Self> {
+        let mut core = Core::new(groups)?;
+        core.add_field("momentum_buffer", true, |_, _| Ok(None))?;
+        Ok(Sgd { core })
     }
 
     /// The hyper-parameters of group `g`.
     pub fn config(&self, g: usize) -> Option<&SgdConfig> {
-        self.groups.groups.get(g).map(|g| &g.config)
+        self.core.groups.groups.get(g).map(|g| &g.config)
     }
 
     /// The learning-rate tensor of group 0 (what a captured step reads).
     pub fn lr_tensor(&self) -> &Tensor {
-        self.groups.groups[0].lr.tensor()
+        self.core.groups.groups[0].lr.tensor()
     }
 
     /// The momentum buffer of parameter `i`, once its first step has run.
     pub fn momentum_buffer(&self, i: usize) -> Option<&Tensor> {
-        self.bufs.get(i).and_then(Option::as_ref)
+        self.core.fields[MOMENTUM_BUFFER].tensors.get(i)?.as_ref()
     }
 
-    /// One fused launch per dtype of `params`.
-    fn fused(&self, group: usize, params: &[&Tensor], grads: &[&Tensor], bufs: &[&Tensor], first: bool) -> Result<()> {
-        for ks in by_dtype(params.iter().copied()) {
-            let pick = |v: &[&Tensor]| -> Vec<Tensor> {
-                ks.iter().filter_map(|&k| v.get(k)).map(|t| t.shallow_clone()).collect()
-            };
-            let (p, g, b) = (pick(params), pick(grads), pick(bufs));
-            self.fused_one(group, &p, &g, &b, first)?;
-        }
-        Ok(())
-    }
-
-    fn fused_one(&self, group: usize, params: &[Tensor], grads: &[Tensor], bufs: &[Tensor], first: bool) -> Result<()> {
-        let (p, g, b) = (ptrs(params), ptrs(grads), ptrs(bufs));
-        let (scale, found) = (optional_ptr(self.scaled.0.as_ref()), optional_ptr(self.scaled.1.as_ref()));
-        let group = &self.groups.groups[group];
+    /// One fused launch over the parameters `set` (positions in `launch`); `first`: their
+    /// momentum buffers were made just now (the kernel initialises them).
+    fn fused(&mut self, launch: &Launch, set: &[usize], first: bool, scaled: [ffi::tcg_tensor; 2]) -> Result<()> {
+        let core = &self.core;
+        let group = &core.groups.groups[launch.group];
         let c = &group.config;
-        // SAFETY: every pointer is a live tensor handle borrowed for the call; lengths match
-        // the vectors passed.
+        let idx: Vec<usize> = set.iter().map(|&k| launch.idx[k]).collect();
+        let (p, g) = (core.params_at(&idx), ptrs(set.iter().map(|&k| &launch.grads[k])));
+        let b = if c.momentum == 0.0 { Vec::new() } else { core.field_at(MOMENTUM_BUFFER, &idx)? };
+        let mut ran_own = 0;
+        // SAFETY: every pointer is a live tensor handle borrowed for the call (or null for an
+        // absent scale); `p` and `g` have p.len() entries, `b` has b.len() (0 or p.len());
+        // `ran_own` is a live out-parameter.
         check(unsafe {
             ffi::tcg_fused_sgd(
                 p.as_ptr(),
@@ -180,34 +176,25 @@ impl Sgd {
                 i32::from(c.nesterov),
                 i32::from(c.maximize),
                 i32::from(first),
-                scale,
-                found,
+                scaled[0],
+                scaled[1],
+                core.kernels_arg(),
+                &mut ran_own,
             )
-        })
+        })?;
+        self.core.record(ran_own);
+        Ok(())
     }
 
-    fn step_group(&mut self, g: usize) -> Result<()> {
-        let range = self.groups.groups[g].range.clone();
-        let (idx, grads) = with_grads(&self.groups.params[range.clone()])?;
-        if idx.is_empty() {
-            return Ok(());
+    fn step_launch(&mut self, launch: &Launch, scaled: [ffi::tcg_tensor; 2]) -> Result<()> {
+        let all: Vec<usize> = (0..launch.idx.len()).collect();
+        if self.core.groups.groups[launch.group].config.momentum == 0.0 {
+            return self.fused(launch, &all, false, scaled);
         }
-        let idx: Vec<usize> = idx.into_iter().map(|i| range.start + i).collect();
-        if self.groups.groups[g].config.momentum == 0.0 {
-            let params: Vec<&Tensor> = idx.iter().map(|&i| &self.groups.params[i]).collect();
-            let grads: Vec<&Tensor> = grads.iter().collect();
-            return self.fused(g, &params, &grads, &[], false);
-        }
-        // Parameters whose buffer exists take one launch; first steps (buffers created now,
+        // Parameters whose buffer exists take one launch; first steps (buffers made now,
         // initialised by the kernel) another.
-        let (mut first, mut later) = (Vec::new(), Vec::new());
-        for (k, &i) in idx.iter().enumerate() {
-            if self.bufs[i].is_none() {
-                first.push(k)
-            } else {
-                later.push(k)
-            }
-        }
+        let bufs = &self.core.fields[MOMENTUM_BUFFER].tensors;
+        let (first, later): (Vec<usize>, Vec<usize>) = all.into_iter().partition(|&k| bufs[launch.idx[k]].is_none());
         if !first.is_empty() {
             if crate::stream::is_current_stream_capturing()? {
                 return Err(Error::Misuse(
@@ -217,20 +204,13 @@ impl Sgd {
                 ));
             }
             for &k in &first {
-                self.bufs[idx[k]] = Some(grads[k].f_empty_like()?);
+                self.core.fields[MOMENTUM_BUFFER].tensors[launch.idx[k]] = Some(launch.grads[k].f_empty_like()?);
             }
         }
         for (set, is_first) in [(&later, false), (&first, true)] {
-            if set.is_empty() {
-                continue;
+            if !set.is_empty() {
+                self.fused(launch, set, is_first, scaled)?;
             }
-            let params: Vec<&Tensor> = set.iter().map(|&k| &self.groups.params[idx[k]]).collect();
-            let gs: Vec<&Tensor> = set.iter().map(|&k| &grads[k]).collect();
-            let bufs: Vec<&Tensor> = set
-                .iter()
-                .map(|&k| self.bufs[idx[k]].as_ref().ok_or_else(|| Error::Libtorch("momentum buffer missing".into())))
-                .collect::<Result<_>>()?;
-            self.fused(g, &params, &gs, &bufs, is_first)?;
         }
         Ok(())
     }
@@ -238,48 +218,41 @@ impl Sgd {
 
 impl Optimizer for Sgd {
     fn step_scaled(&mut self, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
-        self.scaled = (grad_scale.map(Tensor::shallow_clone), found_inf.map(Tensor::shallow_clone));
-        let r = (0..self.groups.groups.len()).try_for_each(|g| self.step_group(g));
-        self.scaled = (None, None);
-        r
+        let scaled = [optional_ptr(grad_scale), optional_ptr(found_inf)];
+        self.core.begin_step();
+        for launch in self.core.launches()? {
+            self.step_launch(&launch, scaled)?;
+        }
+        Ok(())
     }
 
     fn params(&self) -> &[Tensor] {
-        &self.groups.params
+        &self.core.groups.params
     }
 
     fn lr_handles(&self) -> Vec<LrHandle> {
-        self.groups.lr_handles()
+        self.core.groups.lr_handles()
+    }
+
+    fn kernels(&self) -> Kernels {
+        self.core.kernels()
+    }
+
+    fn set_kernels(&mut self, kernels: Kernels) -> Result<()> {
+        self.core.set_kernels(kernels)
+    }
+
+    fn last_step_kernels(&self) -> Option<KernelPath> {
+        self.core.last_step_kernels()
     }
 
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut out = Vec::new();
-        self.groups.state(&mut out)?;
-        for (name, buf) in self.groups.names.iter().zip(&self.bufs) {
-            if let Some(b) = buf {
-                out.push((param_key(name, "momentum_buffer"), b.f_detach()?));
-            }
-        }
-        Ok(out)
+        self.core.state()
     }
 
     /// A parameter whose buffer exists here must have one in `state` (a captured step cannot go
     /// back to its first step); one without gets the saved buffer.
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
-        self.groups.check_state(state, |i| {
-            let p = &self.groups.params[i];
-            vec![("momentum_buffer", p.size(), p.kind(), self.bufs[i].is_some())]
-        })?;
-        for (i, name) in self.groups.names.iter().enumerate() {
-            match (&self.bufs[i], state.get(&param_key(name, "momentum_buffer"))) {
-                (Some(b), Some(saved)) => copy_state(b, saved)?,
-                (None, Some(saved)) => {
-                    // a fresh tensor of our own, on our device (the saved one may be shared)
-                    self.bufs[i] = Some(saved.f_detach()?.f_to_device(self.groups.device())?.copy());
-                }
-                _ => {}
-            }
-        }
-        self.groups.load_state(state)
+        self.core.load_state(state)
     }
 }

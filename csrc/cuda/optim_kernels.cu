@@ -1,0 +1,225 @@
+// The crate's own fused optimizer kernels: Adam / AdamW (AMSGrad too) and SGD, over a table of
+// tensors cut into small chunks (optim_table.h), one block per chunk, so any list of parameters
+// spreads over every SM. Compiled by nvcc into a fat binary that build.rs embeds in the shim;
+// the launcher (optim_own.cpp) loads it with the CUDA runtime's library API and launches the
+// extern "C" kernels by name.
+//
+// Numerics: the per-element math is PyTorch's own. Adam calls `adam_math` from the 2.11 header
+// `ATen/native/cuda/fused_adam_utils.cuh`, with the scalars computed as its
+// `FusedAdamMathFunctor` computes them; SGD's `sgd_math` below does the operations of
+// `FusedSgdKernel.cu`'s, in the same order and types (a mix of float and double). Each element's
+// result depends only on its own values and those scalars, so the launch geometry does not
+// change a bit: the tests compare against `at::_fused_adam_` / `_fused_adamw_` / `_fused_sgd_`.
+#include <ATen/native/cuda/fused_adam_utils.cuh>
+
+#include "optim_table.h"
+
+namespace tcg::optim {
+namespace {
+
+using at::native::ADAM_MODE;
+
+// The tensor that block `block` works on: the first i with block < chunk_end[i].
+__device__ __forceinline__ int tensor_of(const int32_t* chunk_end, int n, int block) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (block < chunk_end[mid]) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+// This block's chunk of tensor `i`: the first `depth` lists' pointers at its start, its length,
+// and whether every one of them allows 4-element vector loads.
+template <typename T, int depth, int table_depth>
+__device__ __forceinline__ bool chunk_args(const Table<table_depth>& t, int i, T* args[depth],
+                                           int64_t* len) {
+  const int64_t first_block = i == 0 ? 0 : t.chunk_end[i - 1];
+  const int64_t start = (blockIdx.x - first_block) * t.chunk;
+  *len = t.numel[i] - start < t.chunk ? t.numel[i] - start : t.chunk;
+  bool aligned = true;
+#pragma unroll
+  for (int d = 0; d < depth; ++d) {
+    args[d] = static_cast<T*>(t.ptr[d][i]) + start;
+    aligned = aligned && reinterpret_cast<uint64_t>(args[d]) % (kIlp * sizeof(T)) == 0;
+  }
+  return aligned;
+}
+
+// Runs `math` over elements [begin, len) of the chunk, kIlp per thread and iteration, with
+// bounds checks (the path for misaligned views and tails). Stores every list but the gradient,
+// which is stored only when `store_grad` (it was unscaled).
+template <typename T, int depth, class Math>
+__device__ __forceinline__ void scalar_loop(T* args[depth], int64_t begin, int64_t len,
+                                            bool store_grad, Math& math) {
+  T r[depth][kIlp];
+  for (int64_t base = begin; base < len; base += static_cast<int64_t>(blockDim.x) * kIlp) {
+#pragma unroll
+    for (int ii = 0; ii < kIlp; ++ii) {
+      const int64_t e = base + threadIdx.x + static_cast<int64_t>(ii) * blockDim.x;
+#pragma unroll
+      for (int d = 0; d < depth; ++d) r[d][ii] = e < len ? args[d][e] : T(0);
+    }
+    math(r);
+#pragma unroll
+    for (int ii = 0; ii < kIlp; ++ii) {
+      const int64_t e = base + threadIdx.x + static_cast<int64_t>(ii) * blockDim.x;
+      if (e < len) {
+#pragma unroll
+        for (int d = 0; d < depth; ++d) {
+          if (d != kGrad || store_grad) args[d][e] = r[d][ii];
+        }
+      }
+    }
+  }
+}
+
+// Runs `math` over the whole chunk: one vector load and store per list and kIlp elements where
+// all lists are aligned, then the tail (len % kIlp elements) element by element.
+template <typename T, int depth, class Math>
+__device__ __forceinline__ void chunk_loop(T* args[depth], int64_t len, bool aligned,
+                                           bool store_grad, Math& math) {
+  int64_t begin = 0;
+  if (aligned) {
+    const int64_t nvec = len / kIlp;
+    T r[depth][kIlp];
+    for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+#pragma unroll
+      for (int d = 0; d < depth; ++d) at::native::load_store(r[d], args[d], 0, v);
+      math(r);
+#pragma unroll
+      for (int d = 0; d < depth; ++d) {
+        if (d != kGrad || store_grad) at::native::load_store(args[d], r[d], v, 0);
+      }
+    }
+    begin = nvec * kIlp;
+  }
+  if (begin < len) scalar_loop<T, depth>(args, begin, len, store_grad, math);
+}
+
+template <typename T, ADAM_MODE mode, bool amsgrad>
+__device__ __forceinline__ void adam(const Table<5>& t) {
+  constexpr int depth = amsgrad ? 5 : 4;
+  using opmath_t = at::opmath_type<T>;
+  // A skipped step (the GradScaler found inf/NaN): nothing is written, the step counts included.
+  if (t.found_inf != nullptr && *t.found_inf == 1) return;
+  const int i = tensor_of(t.chunk_end, t.n_tensors, blockIdx.x);
+  // PyTorch increments the step counts first (`_foreach_add_(steps, 1)`, in float32), then its
+  // functor reads them: the same value here, written back once every block has read it.
+  const float step = *t.step[i] + 1.0f;
+  const auto lr = static_cast<opmath_t>(*t.lr);
+  const auto beta1 = static_cast<opmath_t>(t.beta1);
+  const auto beta2 = static_cast<opmath_t>(t.beta2);
+  const auto weight_decay = static_cast<opmath_t>(t.weight_decay);
+  const auto eps = static_cast<opmath_t>(t.eps);
+  const bool maximize = t.maximize != 0;
+  const auto step_count = static_cast<opmath_t>(step);
+  const opmath_t bias_correction1 = 1 - at::native::pow_(beta1, step_count);
+  const opmath_t bias_correction2 = 1 - at::native::pow_(beta2, step_count);
+  const opmath_t bias_correction2_sqrt = std::sqrt(bias_correction2);
+
+  T* args[depth];
+  int64_t len;
+  const bool aligned = chunk_args<T, depth>(t, i, args, &len);
+  auto math = [&](T (&r)[depth][kIlp]) {
+    at::native::adam_math<T, opmath_t, depth, mode, amsgrad>(
+        r, lr, beta1, beta2, weight_decay, eps, maximize, t.grad_scale, t.found_inf,
+        bias_correction1, bias_correction2_sqrt);
+  };
+  chunk_loop<T, depth>(args, len, aligned, t.grad_scale != nullptr, math);
+
+  // The last block of this tensor to finish writes its step count and re-arms the counter.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const unsigned int chunks = t.chunk_end[i] - (i == 0 ? 0 : t.chunk_end[i - 1]);
+    if (atomicAdd(t.arrivals[i], 1u) == chunks - 1) {
+      *t.step[i] = step;
+      *t.arrivals[i] = 0;
+    }
+  }
+}
+
+// PyTorch's SGD update of one thread's kIlp elements, in opmath (float for float32, float16 and
+// bfloat16; double for float64) with the hyper-parameters converted to it, as PyTorch 2.11's
+// binary computes (its SASS: F2F.F32.F64 of the hyper-parameters, FFMA/FMUL in float). Each
+// multiply-add is fused explicitly, as in PyTorch's element-wise path; its vectorized path
+// rounds some products first (the compiler's choice differs by element position), so there
+// the two can differ by one rounding per step.
+template <typename T, int depth>
+__device__ __forceinline__ void sgd_math(T (&r)[depth][kIlp], double weight_decay,
+                                         double momentum, float lr_f, double dampening,
+                                         bool nesterov, bool maximize, bool is_first_step,
+                                         const float* grad_scale) {
+  using opmath_t = at::opmath_type<T>;
+  const auto lr = static_cast<opmath_t>(lr_f);
+  const auto wd = static_cast<opmath_t>(weight_decay);
+  const auto mom = static_cast<opmath_t>(momentum);
+  const auto damp1 = static_cast<opmath_t>(1 - dampening);
+#pragma unroll
+  for (int ii = 0; ii < kIlp; ++ii) {
+    auto p = static_cast<opmath_t>(r[kParam][ii]);
+    auto g = static_cast<opmath_t>(r[kGrad][ii]);
+    if (grad_scale != nullptr) {
+      g = g / static_cast<opmath_t>(*grad_scale);
+      r[kGrad][ii] = g;
+    }
+    if (maximize) g = -g;
+    if (weight_decay != 0) g = std::fma(p, wd, g);
+    if constexpr (depth > 2) {
+      const opmath_t buf = is_first_step
+                               ? g
+                               : std::fma(g, damp1, mom * static_cast<opmath_t>(r[kMomentumBuffer][ii]));
+      r[kMomentumBuffer][ii] = buf;
+      g = nesterov ? std::fma(buf, mom, g) : buf;
+    }
+    r[kParam][ii] = std::fma(g, -lr, p);
+  }
+}
+
+template <typename T, int depth>
+__device__ __forceinline__ void sgd(const Table<3>& t) {
+  if (t.found_inf != nullptr && *t.found_inf == 1) return;
+  const int i = tensor_of(t.chunk_end, t.n_tensors, blockIdx.x);
+  const float lr = *t.lr;
+  T* args[depth];
+  int64_t len;
+  const bool aligned = chunk_args<T, depth>(t, i, args, &len);
+  auto math = [&](T (&r)[depth][kIlp]) {
+    sgd_math<T, depth>(r, t.weight_decay, t.momentum, lr, t.dampening, t.nesterov != 0,
+                       t.maximize != 0, t.is_first_step != 0, t.grad_scale);
+  };
+  chunk_loop<T, depth>(args, len, aligned, t.grad_scale != nullptr, math);
+}
+
+}  // namespace
+}  // namespace tcg::optim
+
+// Entry points, by name: tcg_adam_<dtype>_<adam|adamw>_<amsgrad 0|1>, tcg_sgd_<dtype>_<depth>
+// (depth 3 with momentum buffers, 2 without).
+#define TCG_ADAM_KERNEL(T, dtype, mode, mode_name, ams)                                      \
+  extern "C" __global__ void __launch_bounds__(tcg::optim::kBlockThreads)                    \
+      tcg_adam_##dtype##_##mode_name##_##ams(const __grid_constant__ tcg::optim::Table<5> t) { \
+    tcg::optim::adam<T, at::native::ADAM_MODE::mode, ams != 0>(t);                           \
+  }
+#define TCG_SGD_KERNEL(T, dtype, depth)                                                      \
+  extern "C" __global__ void __launch_bounds__(tcg::optim::kBlockThreads)                    \
+      tcg_sgd_##dtype##_##depth(const __grid_constant__ tcg::optim::Table<3> t) {             \
+    tcg::optim::sgd<T, depth>(t);                                                            \
+  }
+#define TCG_KERNELS(T, dtype)                    \
+  TCG_ADAM_KERNEL(T, dtype, ORIGINAL, adam, 0)   \
+  TCG_ADAM_KERNEL(T, dtype, ORIGINAL, adam, 1)   \
+  TCG_ADAM_KERNEL(T, dtype, ADAMW, adamw, 0)     \
+  TCG_ADAM_KERNEL(T, dtype, ADAMW, adamw, 1)     \
+  TCG_SGD_KERNEL(T, dtype, 2)                    \
+  TCG_SGD_KERNEL(T, dtype, 3)
+
+TCG_KERNELS(float, f32)
+TCG_KERNELS(double, f64)
+TCG_KERNELS(at::Half, f16)
+TCG_KERNELS(at::BFloat16, bf16)

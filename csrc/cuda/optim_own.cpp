@@ -1,0 +1,298 @@
+// The launcher of the crate's own optimizer kernels (optim_kernels.cu): loads their embedded fat
+// binary with the CUDA runtime's library API, checks per device that it has code the device
+// can run, builds the launch tables (optim_table.h) and launches on the current stream.
+#include "../optim_own.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "cuda_shim.h"
+#include "optim_table.h"
+
+#ifdef TCG_OWN_KERNELS
+// The fat binary, embedded by the file build.rs generates.
+extern "C" const unsigned char tcg_optim_fatbin[];
+#endif
+
+namespace tcg::optim {
+namespace {
+
+const char* const kDtypes[] = {"f32", "f64", "f16", "bf16"};
+
+// Every kernel of the fat binary, by name (see the end of optim_kernels.cu).
+std::vector<std::string> kernel_names() {
+  std::vector<std::string> names;
+  for (const char* t : kDtypes) {
+    for (const char* mode : {"adam", "adamw"}) {
+      for (const char* ams : {"0", "1"}) {
+        names.push_back(std::string("tcg_adam_") + t + "_" + mode + "_" + ams);
+      }
+    }
+    for (const char* depth : {"2", "3"}) names.push_back(std::string("tcg_sgd_") + t + "_" + depth);
+  }
+  return names;
+}
+
+// The loaded library, its kernels, and what each device made of them. One per process, never
+// unloaded (kernels may be captured in graphs that live until exit).
+struct Library {
+  std::mutex mu;
+  cudaLibrary_t lib = nullptr;
+  std::string error;  // why the library did not load (or was not built)
+  std::map<std::string, cudaKernel_t> kernels;
+  std::map<int, std::string> device_error;  // per device checked: "" when usable
+};
+
+Library& library() {
+  static Library* l = [] {
+    auto* l = new Library();
+#ifdef TCG_OWN_KERNELS
+    cudaError_t e = cudaLibraryLoadData(&l->lib, tcg_optim_fatbin, nullptr, nullptr, 0, nullptr,
+                                        nullptr, 0);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      l->lib = nullptr;
+      l->error = std::string("loading their fat binary failed: ") + cudaGetErrorString(e);
+    } else {
+      for (const auto& name : kernel_names()) {
+        cudaKernel_t k = nullptr;
+        e = cudaLibraryGetKernel(&k, l->lib, name.c_str());
+        if (e != cudaSuccess) {
+          (void)cudaGetLastError();
+          l->error = "kernel " + name + " missing: " + cudaGetErrorString(e);
+          break;
+        }
+        l->kernels[name] = k;
+      }
+    }
+#else
+    l->error = std::string("not built into this binary: ") + TCG_OWN_KERNELS_MISSING;
+#endif
+    return l;
+  }();
+  return *l;
+}
+
+// Checks (once per device) that every kernel loads on `device`, so that no lazy loading happens
+// later inside a capture. Returns why not, or "".
+std::string check_device(Library& l, int device) {
+  std::lock_guard<std::mutex> lock(l.mu);
+  if (!l.error.empty()) return l.error;
+  auto it = l.device_error.find(device);
+  if (it != l.device_error.end()) return it->second;
+  std::string why;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  for (const auto& [name, k] : l.kernels) {
+    cudaFuncAttributes attr{};
+    cudaError_t e = cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(k));
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      const auto* p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device));
+      why = "no code for this GPU (sm_" + std::to_string(p->major) + std::to_string(p->minor) +
+            ") in their fat binary: " + cudaGetErrorString(e) +
+            " (rebuild with TCH_CUDA_GRAPHS_CUDA_ARCHS naming it)";
+      break;
+    }
+  }
+  l.device_error[device] = why;
+  return why;
+}
+
+const char* dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return kDtypes[0];
+    case at::kDouble: return kDtypes[1];
+    case at::kHalf: return kDtypes[2];
+    case at::kBFloat16: return kDtypes[3];
+    default: return nullptr;
+  }
+}
+
+// Why the own kernels cannot take these lists (list 0: the parameters), or "".
+std::string check_lists(const std::vector<std::pair<const char*, const std::vector<at::Tensor>*>>& lists) {
+  const auto& params = *lists[0].second;
+  if (params.empty()) return "no parameters";
+  const auto& p0 = params[0];
+  if (!p0.is_cuda()) return "the parameters are not on a CUDA device";
+  if (dtype_name(p0.scalar_type()) == nullptr) {
+    return std::string("dtype ") + c10::toString(p0.scalar_type()) + " (own kernels: float32, float64, float16, bfloat16)";
+  }
+  for (const auto& [what, list] : lists) {
+    if (list->size() != params.size()) return std::string(what) + ": list length differs";
+    for (size_t k = 0; k < params.size(); ++k) {
+      const auto& t = (*list)[k];
+      const auto where = std::string(what) + " #" + std::to_string(k);
+      if (!t.defined()) return where + " is undefined";
+      if (t.device() != p0.device()) return where + " is on another device";
+      if (t.scalar_type() != p0.scalar_type()) return where + " has another dtype than the first parameter";
+      if (!t.is_contiguous()) return where + " is not contiguous";
+      if (t.numel() != params[k].numel()) return where + " has another size than its parameter";
+    }
+  }
+  return "";
+}
+
+std::string check_scalar(const char* what, const at::Tensor& t, const at::Device& device) {
+  if (!t.defined() || t.device() != device || t.scalar_type() != at::kFloat || t.numel() != 1) {
+    return std::string(what) + " must be one float32 value on the parameters' device";
+  }
+  return "";
+}
+
+const float* opt_ptr(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? t->data_ptr<float>() : nullptr;
+}
+
+// Launches `name` over the tensors of `lists` (depth of them), kMaxTensors per launch, with the
+// scalars of `proto`; Adam also passes its step counts and arrival counters.
+template <int depth>
+void launch(const std::string& name, const std::vector<const std::vector<at::Tensor>*>& lists,
+            const Table<depth>& proto, const std::vector<at::Tensor>* steps,
+            const at::Tensor* arrivals, const size_t* slots) {
+  const auto& params = *lists[0];
+  const auto device = params[0].device().index();
+  Library& l = library();
+  cudaKernel_t k = l.kernels.at(name);
+  int64_t total = 0;
+  for (const auto& p : params) total += p.numel();
+  // Chunks small enough that the launch has about 8 blocks per SM, in whole block iterations.
+  const int64_t per_iter = static_cast<int64_t>(kBlockThreads) * kIlp;
+  const int64_t sms = at::cuda::getDeviceProperties(device)->multiProcessorCount;
+  const int64_t target = (total + sms * 8 - 1) / (sms * 8);
+  const int64_t chunk = std::clamp((target + per_iter - 1) / per_iter, int64_t{1}, int64_t{64}) * per_iter;
+  auto stream = at::cuda::getCurrentCUDAStream(device);
+  auto* counters = arrivals == nullptr ? nullptr : reinterpret_cast<unsigned int*>(arrivals->data_ptr<int32_t>());
+  size_t i = 0;
+  while (i < params.size()) {
+    Table<depth> t = proto;
+    t.chunk = chunk;
+    int64_t blocks = 0;
+    int nt = 0;
+    for (; i < params.size() && nt < kMaxTensors; ++i, ++nt) {
+      const int64_t numel = params[i].numel();
+      for (int d = 0; d < depth; ++d) t.ptr[d][nt] = (*lists[d])[i].data_ptr();
+      t.numel[nt] = numel;
+      // An empty tensor still gets a block: Adam's block writes its step count.
+      blocks += std::max<int64_t>(1, (numel + chunk - 1) / chunk);
+      t.chunk_end[nt] = static_cast<int32_t>(blocks);
+      if (steps != nullptr) {
+        t.step[nt] = (*steps)[i].data_ptr<float>();
+        t.arrivals[nt] = counters + slots[i];
+      }
+    }
+    t.n_tensors = nt;
+    void* args[] = {&t};
+    check_cuda(cudaLaunchKernel(reinterpret_cast<const void*>(k), dim3(static_cast<unsigned>(blocks)),
+                                dim3(kBlockThreads), args, 0, stream.stream()),
+               name.c_str());
+  }
+}
+
+}  // namespace
+
+bool built() {
+#ifdef TCG_OWN_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::string unavailable(int device) {
+  require_cuda();
+  checked_device(device);
+  return check_device(library(), device);
+}
+
+bool adam(bool adamw, const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+          const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+          const std::vector<at::Tensor>& max_exp_avg_sqs, const std::vector<at::Tensor>& steps,
+          const at::Tensor& lr, double beta1, double beta2, double weight_decay, double eps,
+          bool amsgrad, bool maximize, const std::optional<at::Tensor>& grad_scale,
+          const std::optional<at::Tensor>& found_inf, const at::Tensor& arrivals,
+          const size_t* slots, std::string* why) {
+  std::vector<std::pair<const char*, const std::vector<at::Tensor>*>> lists = {
+      {"param", &params}, {"grad", &grads}, {"exp_avg", &exp_avgs}, {"exp_avg_sq", &exp_avg_sqs}};
+  if (amsgrad) lists.push_back({"max_exp_avg_sq", &max_exp_avg_sqs});
+  *why = check_lists(lists);
+  if (!why->empty()) return false;
+  const auto device = params[0].device();
+  *why = unavailable(device.index());
+  if (!why->empty()) return false;
+  for (size_t k = 0; k < steps.size() && why->empty(); ++k) *why = check_scalar("a step count", steps[k], device);
+  if (steps.size() != params.size()) *why = "one step count per parameter needed";
+  if (why->empty()) *why = check_scalar("lr", lr, device);
+  if (why->empty() && grad_scale) *why = check_scalar("grad_scale", *grad_scale, device);
+  if (why->empty() && found_inf) *why = check_scalar("found_inf", *found_inf, device);
+  if (why->empty() && (!arrivals.defined() || arrivals.device() != device ||
+                       arrivals.scalar_type() != at::kInt)) {
+    *why = "arrival counters must be int32 on the parameters' device";
+  }
+  for (size_t k = 0; k < params.size() && why->empty(); ++k) {
+    if (slots[k] >= static_cast<size_t>(arrivals.numel())) *why = "arrival slot out of range";
+  }
+  if (!why->empty()) return false;
+
+  c10::cuda::CUDAGuard guard(device);
+  Table<5> t{};
+  t.lr = lr.data_ptr<float>();
+  t.grad_scale = opt_ptr(grad_scale);
+  t.found_inf = opt_ptr(found_inf);
+  t.beta1 = beta1;
+  t.beta2 = beta2;
+  t.weight_decay = weight_decay;
+  t.eps = eps;
+  t.maximize = maximize ? 1 : 0;
+  std::vector<const std::vector<at::Tensor>*> ptrs;
+  for (const auto& [what, list] : lists) ptrs.push_back(list);
+  // Table<5> holds all five lists; without AMSGrad the fifth row stays null.
+  while (ptrs.size() < 5) ptrs.push_back(&params);
+  const std::string name = std::string("tcg_adam_") + dtype_name(params[0].scalar_type()) + "_" +
+                           (adamw ? "adamw" : "adam") + "_" + (amsgrad ? "1" : "0");
+  launch<5>(name, ptrs, t, &steps, &arrivals, slots);
+  return true;
+}
+
+bool sgd(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+         const std::vector<at::Tensor>& bufs, double weight_decay, double momentum,
+         const at::Tensor& lr, double dampening, bool nesterov, bool maximize, bool is_first_step,
+         const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
+         std::string* why) {
+  std::vector<std::pair<const char*, const std::vector<at::Tensor>*>> lists = {
+      {"param", &params}, {"grad", &grads}};
+  if (!bufs.empty()) lists.push_back({"momentum_buffer", &bufs});
+  *why = check_lists(lists);
+  if (!why->empty()) return false;
+  const auto device = params[0].device();
+  *why = unavailable(device.index());
+  if (why->empty()) *why = check_scalar("lr", lr, device);
+  if (why->empty() && grad_scale) *why = check_scalar("grad_scale", *grad_scale, device);
+  if (why->empty() && found_inf) *why = check_scalar("found_inf", *found_inf, device);
+  if (!why->empty()) return false;
+
+  c10::cuda::CUDAGuard guard(device);
+  Table<3> t{};
+  t.lr = lr.data_ptr<float>();
+  t.grad_scale = opt_ptr(grad_scale);
+  t.found_inf = opt_ptr(found_inf);
+  t.weight_decay = weight_decay;
+  t.momentum = momentum;
+  t.dampening = dampening;
+  t.nesterov = nesterov ? 1 : 0;
+  t.maximize = maximize ? 1 : 0;
+  t.is_first_step = is_first_step ? 1 : 0;
+  std::vector<const std::vector<at::Tensor>*> ptrs;
+  for (const auto& [what, list] : lists) ptrs.push_back(list);
+  const bool with_momentum = !bufs.empty();
+  while (ptrs.size() < 3) ptrs.push_back(&params);
+  const std::string name = std::string("tcg_sgd_") + dtype_name(params[0].scalar_type()) + "_" +
+                           (with_momentum ? "3" : "2");
+  launch<3>(name, ptrs, t, nullptr, nullptr, nullptr);
+  return true;
+}
+
+}  // namespace tcg::optim

@@ -1,0 +1,39 @@
+// The crate's own fused optimizer kernels, as optim.cpp sees them (no CUDA types here).
+// Defined in csrc/cuda/optim_own.cpp in CUDA builds, in csrc/no_cuda.cpp otherwise.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tcg::optim {
+
+// Why the own kernels cannot run on CUDA device `device` (not built, or the fat binary has no
+// code this device and driver can load); empty when they can. Loads them on first use.
+std::string unavailable(int device);
+
+// Whether the own kernels were built into this binary.
+bool built();
+
+// The own kernels' Adam / AdamW over these lists, on the current stream: returns false, having
+// done nothing, with the reason in *why, where they do not apply (CPU tensors, a dtype other
+// than float32/64/16/bfloat16, non-contiguous tensors, grads unlike their params, ...).
+// `steps`: one 0-d float32 per parameter, incremented (unless found_inf) by the kernel itself.
+// `arrivals`: an int32 tensor of zeros on the device; `slots[k]` its element for tensor k.
+bool adam(bool adamw, const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+          const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+          const std::vector<at::Tensor>& max_exp_avg_sqs, const std::vector<at::Tensor>& steps,
+          const at::Tensor& lr, double beta1, double beta2, double weight_decay, double eps,
+          bool amsgrad, bool maximize, const std::optional<at::Tensor>& grad_scale,
+          const std::optional<at::Tensor>& found_inf, const at::Tensor& arrivals,
+          const size_t* slots, std::string* why);
+
+// The own kernels' SGD (momentum buffers empty: no momentum), as above.
+bool sgd(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+         const std::vector<at::Tensor>& bufs, double weight_decay, double momentum,
+         const at::Tensor& lr, double dampening, bool nesterov, bool maximize, bool is_first_step,
+         const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
+         std::string* why);
+
+}  // namespace tcg::optim

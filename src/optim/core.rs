@@ -1,0 +1,230 @@
+//! What [`super::Adam`] and [`super::Sgd`] share: the groups, the per-parameter state by field
+//! (names, checkpoints), the launch plan (one fused launch per group and dtype, over the
+//! parameters that have a gradient) and the choice of kernels. Each algorithm keeps only its
+//! hyper-parameters, its fields and its FFI call.
+
+use super::groups::{copy_state, param_key};
+use super::{Groups, HyperParams, KernelPath, Kernels};
+use crate::error::{check, Error, Result};
+use crate::ffi;
+use std::collections::HashMap;
+use std::os::raw::c_int;
+use tch::{Device, Kind, Tensor};
+
+/// One per-parameter state field (`exp_avg`, `momentum_buffer`, ...): a tensor or none per
+/// parameter.
+pub(crate) struct Field {
+    pub(crate) name: &'static str,
+    /// Made by the first step, so a checkpoint may bring it where this optimizer has none yet
+    /// (SGD's momentum buffers); other fields exist from the start or never.
+    pub(crate) lazy: bool,
+    pub(crate) tensors: Vec<Option<Tensor>>,
+}
+
+/// One fused launch: parameters of one group and one dtype that have a gradient.
+pub(crate) struct Launch {
+    pub(crate) group: usize,
+    /// Indices into the flat parameter list.
+    pub(crate) idx: Vec<usize>,
+    /// Their gradients, in the same order.
+    pub(crate) grads: Vec<Tensor>,
+}
+
+pub(crate) struct Core<C> {
+    pub(crate) groups: Groups<C>,
+    pub(crate) fields: Vec<Field>,
+    kernels: Kernels,
+    /// What the launches of the last step ran: (own, PyTorch's).
+    last: (usize, usize),
+    /// The own Adam kernel's arrival counters (int32 zeros, one per parameter), made with the
+    /// optimizer on a CUDA device (never inside a capture).
+    arrivals: Option<Tensor>,
+}
+
+impl<C: std::fmt::Debug> std::fmt::Debug for Core<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Optimizer").field("groups", &self.groups).field("kernels", &self.kernels).finish()
+    }
+}
+
+impl<C: HyperParams> Core<C> {
+    pub(crate) fn new(groups: Groups<C>) -> Result<Self> {
+        let device = groups.device();
+        let arrivals = match device {
+            Device::Cuda(_) => Some(Tensor::f_zeros([groups.params.len() as i64], (Kind::Int, device))?),
+            _ => None,
+        };
+        Ok(Core { groups, fields: Vec::new(), kernels: Kernels::Auto, last: (0, 0), arrivals })
+    }
+
+    /// Adds a field made by `make(i)` for each parameter `i` (None: the parameter has none).
+    pub(crate) fn add_field(
+        &mut self,
+        name: &'static str,
+        lazy: bool,
+        make: impl Fn(&Tensor, &C) -> Result<Option<Tensor>>,
+    ) -> Result<()> {
+        let mut tensors = Vec::with_capacity(self.groups.params.len());
+        for g in &self.groups.groups {
+            for i in g.range.clone() {
+                tensors.push(make(&self.groups.params[i], &g.config)?);
+            }
+        }
+        self.fields.push(Field { name, lazy, tensors });
+        Ok(())
+    }
+
+    /// The launches of one step: for each group, its parameters that have a gradient, by dtype
+    /// (first-seen order).
+    pub(crate) fn launches(&self) -> Result<Vec<Launch>> {
+        let mut out = Vec::new();
+        for (g, group) in self.groups.groups.iter().enumerate() {
+            let mut by_kind: Vec<(Kind, Launch)> = Vec::new();
+            for i in group.range.clone() {
+                let grad = self.groups.params[i].f_grad()?;
+                if !grad.defined() {
+                    continue;
+                }
+                let kind = self.groups.params[i].kind();
+                let at = match by_kind.iter().position(|(k, _)| *k == kind) {
+                    Some(at) => at,
+                    None => {
+                        by_kind.push((kind, Launch { group: g, idx: Vec::new(), grads: Vec::new() }));
+                        by_kind.len() - 1
+                    }
+                };
+                by_kind[at].1.idx.push(i);
+                by_kind[at].1.grads.push(grad);
+            }
+            out.extend(by_kind.into_iter().map(|(_, l)| l));
+        }
+        Ok(out)
+    }
+
+    /// Handles of the parameters `idx`.
+    pub(crate) fn params_at(&self, idx: &[usize]) -> Vec<ffi::tcg_tensor> {
+        ffi::tensor_ptrs(idx.iter().map(|&i| &self.groups.params[i]))
+    }
+
+    /// Handles of field `f` of the parameters `idx`, each of which must have it.
+    pub(crate) fn field_at(&self, f: usize, idx: &[usize]) -> Result<Vec<ffi::tcg_tensor>> {
+        let field = &self.fields[f];
+        let ts = idx
+            .iter()
+            .map(|&i| {
+                field.tensors[i]
+                    .as_ref()
+                    .ok_or_else(|| Error::Libtorch(format!("optimizer state `{}` missing", field.name)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ffi::tensor_ptrs(ts))
+    }
+
+    /// The kernels argument of the FFI calls.
+    pub(crate) fn kernels_arg(&self) -> c_int {
+        match self.kernels {
+            Kernels::Auto => ffi::TCG_KERNELS_AUTO,
+            Kernels::Own => ffi::TCG_KERNELS_OWN,
+            Kernels::PyTorch => ffi::TCG_KERNELS_PYTORCH,
+        }
+    }
+
+    pub(crate) fn arrivals(&self) -> Option<&Tensor> {
+        self.arrivals.as_ref()
+    }
+
+    pub(crate) fn begin_step(&mut self) {
+        self.last = (0, 0);
+    }
+
+    pub(crate) fn record(&mut self, ran_own: c_int) {
+        if ran_own != 0 {
+            self.last.0 += 1
+        } else {
+            self.last.1 += 1
+        }
+    }
+
+    pub(crate) fn kernels(&self) -> Kernels {
+        self.kernels
+    }
+
+    pub(crate) fn set_kernels(&mut self, kernels: Kernels) -> Result<()> {
+        if kernels == Kernels::Own {
+            super::own_kernels_available(self.groups.device())?;
+        }
+        self.kernels = kernels;
+        Ok(())
+    }
+
+    pub(crate) fn last_step_kernels(&self) -> Option<KernelPath> {
+        match self.last {
+            (0, 0) => None,
+            (_, 0) => Some(KernelPath::Own),
+            (0, _) => Some(KernelPath::PyTorch),
+            _ => Some(KernelPath::Mixed),
+        }
+    }
+
+    /// The state: the group part, then each parameter's fields that exist.
+    pub(crate) fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = Vec::new();
+        self.groups.state(&mut out)?;
+        for (i, name) in self.groups.names.iter().enumerate() {
+            for f in &self.fields {
+                if let Some(t) = &f.tensors[i] {
+                    out.push((param_key(name, f.name), t.f_detach()?));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Loads a state: every field that exists here must be in it (a captured step cannot go
+    /// back); a lazy field that does not exist yet is made from it; all checked first.
+    pub(crate) fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
+        self.groups.check_state(state, |i| {
+            let p = &self.groups.params[i];
+            self.fields
+                .iter()
+                .filter_map(|f| match &f.tensors[i] {
+                    Some(t) => Some((f.name, t.size(), t.kind(), true)),
+                    None if f.lazy => Some((f.name, p.size(), p.kind(), false)),
+                    None => None,
+                })
+                .collect()
+        })?;
+        let device = self.groups.device();
+        for (i, name) in self.groups.names.iter().enumerate() {
+            for f in &mut self.fields {
+                match (&f.tensors[i], state.get(&param_key(name, f.name))) {
+                    (Some(t), Some(saved)) => copy_state(t, saved)?,
+                    // a fresh tensor of our own, on our device (the saved one may be shared)
+                    (None, Some(saved)) if f.lazy => {
+                        f.tensors[i] = Some(saved.f_detach()?.f_to_device(device)?.copy());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.groups.load_state(state)
+    }
+}
+
+/// Whether the crate's own kernels were built into this binary (see
+/// [`super::own_kernels_available`] for whether they run on a given device).
+pub(crate) fn built() -> bool {
+    // SAFETY: a query without arguments.
+    unsafe { ffi::tcg_own_kernels_built() != 0 }
+}
+
+/// Ok if the own kernels run on `device`.
+pub(crate) fn check_device(device: Device) -> Result<()> {
+    match device {
+        // SAFETY: a query; the shim checks the index.
+        Device::Cuda(d) => check(unsafe { ffi::tcg_own_kernels_check(d as c_int) }),
+        other => {
+            Err(Error::Unsupported(format!("the crate's own optimizer kernels run on CUDA devices, not {other:?}")))
+        }
+    }
+}
