@@ -82,17 +82,20 @@ struct Args {
     profile_small: bool,
     feed: bool,
     torch_kernels: bool,
+    optimizer_only: bool,
     as_test: bool,
 }
 
 const USAGE: &str = "\
-usage: step [--out DIR] [--steps N] [--no-torch] [--no-compile] [--profile-small [--feed] [--torch-kernels]]
+usage: step [--out DIR] [--steps N] [--no-torch] [--no-compile] [--optimizer-only]
+            [--profile-small [--feed] [--torch-kernels]]
 
 One training step of three models and optimizers, eager and captured, beside PyTorch.
   --out DIR          where results.json, results.csv and chart.png go (default target/bench)
   --steps N          timed steps per row, at least 100 (default 1000)
   --no-torch         skip PyTorch's side
   --no-compile       skip torch.compile's rows
+  --optimizer-only   only the optimizer rows (alone, copy, in the step), no PyTorch side
   --profile-small    only the small MLP's Adam step, for ncu (--feed: also time run() against replay;
                      --torch-kernels: on PyTorch's fused optimizer kernels instead of the crate's)
   -h, --help         this text";
@@ -108,6 +111,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
         profile_small: false,
         feed: false,
         torch_kernels: false,
+        optimizer_only: false,
         as_test: false,
     };
     let mut parser = lexopt::Parser::from_env();
@@ -120,6 +124,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
             Long("profile-small") => a.profile_small = true,
             Long("feed") => a.feed = true,
             Long("torch-kernels") => a.torch_kernels = true,
+            Long("optimizer-only") => a.optimizer_only = true,
             Long("bench") => {} // cargo bench passes --bench
             Short('h') | Long("help") => return Ok(None),
             // started as a test binary (cargo test --benches, the GPU runner)
@@ -173,19 +178,6 @@ enum Precision {
     Bf16BackwardInAutocast,
 }
 
-/// A captured training step of `kind` with `opt`: 3 eager warmup steps on `first`, then the
-/// capture and one replay.
-fn graphed_step(
-    kind: ModelKind,
-    opt: Opt,
-    device: Device,
-    first: &(Tensor, Tensor),
-    keep_graph: bool,
-    precision: Precision,
-) -> TrainStep {
-    graphed_step_with(kind, opt, device, first, keep_graph, precision, StepVariant::default())
-}
-
 /// Which kernels the step's optimizer runs, whether it runs at all, and how grads are zeroed.
 #[derive(Clone, Copy, Default)]
 struct StepVariant {
@@ -194,7 +186,9 @@ struct StepVariant {
     zero_in_place: bool,
 }
 
-fn graphed_step_with(
+/// A captured training step of `kind` with `opt` (its `variant`): 3 eager warmup steps on
+/// `first`, then the capture and one replay.
+fn graphed_step(
     kind: ModelKind,
     opt: Opt,
     device: Device,
@@ -246,12 +240,15 @@ struct Extra {
     pool_bytes: i64,
 }
 
+/// Prints a measured row and keeps it.
+fn push_row(rows: &mut Vec<Row>, kind: ModelKind, opt: Opt, mode: &str, us: f64) {
+    println!("  {:<12} {:<6} {:<22} {:>9.1} µs", kind.name(), opt.name(), mode, us);
+    rows.push(Row { model: kind.name().into(), opt: opt.name().into(), mode: mode.into(), us });
+}
+
 fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut Vec<Row>) -> Extra {
     let batches: Vec<(Tensor, Tensor)> = (0..8).map(|_| batch(kind, device)).collect();
-    let mut push = |mode: &str, us: f64| {
-        println!("  {:<12} {:<6} {:<22} {:>9.1} µs/step", kind.name(), opt.name(), mode, us);
-        rows.push(Row { model: kind.name().into(), opt: opt.name().into(), mode: mode.into(), us });
-    };
+    let mut push = |mode: &str, us: f64| push_row(rows, kind, opt, mode, us);
     // 1. tch eager, tch optimizer
     {
         tch::manual_seed(0);
@@ -283,7 +280,7 @@ fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut
     // 3. captured step
     synchronize(device).unwrap();
     let t = Instant::now();
-    let mut step = graphed_step(kind, opt, device, &batches[0], false, Precision::Fp32);
+    let mut step = graphed_step(kind, opt, device, &batches[0], false, Precision::Fp32, StepVariant::default());
     synchronize(device).unwrap();
     let capture_ms = t.elapsed().as_secs_f64() * 1e3;
     let graph = step.graph_mut().expect("graphed on a GPU");
@@ -298,7 +295,7 @@ fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut
     // it had its own)
     {
         let torch_kernels = StepVariant { kernels: Kernels::PyTorch, ..Default::default() };
-        let mut s2 = graphed_step_with(kind, opt, device, &batches[0], false, Precision::Fp32, torch_kernels);
+        let mut s2 = graphed_step(kind, opt, device, &batches[0], false, Precision::Fp32, torch_kernels);
         let us = time_steps(device, steps, |i| {
             let (x, y) = &batches[i % batches.len()];
             s2.run(&[x, y]).unwrap();
@@ -324,7 +321,7 @@ fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut
     for (mode, precision) in
         [("graph_bf16", Precision::Bf16), ("graph_bf16_bwd_in_autocast", Precision::Bf16BackwardInAutocast)]
     {
-        let mut bf16 = graphed_step(kind, opt, device, &batches[0], false, precision);
+        let mut bf16 = graphed_step(kind, opt, device, &batches[0], false, precision, StepVariant::default());
         let us = time_steps(device, steps, |i| {
             let (x, y) = &batches[i % batches.len()];
             bf16.run(&[x, y]).unwrap();
@@ -357,10 +354,7 @@ fn bytes_per_element(opt: Opt) -> f64 {
 /// The optimizer alone (this crate's kernels, PyTorch's), a copy moving the same bytes, and the
 /// optimizer's cost inside the captured step (grads zeroed in place, with and without it).
 fn bench_optimizer(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut Vec<Row>) {
-    let mut push = |mode: &str, us: f64| {
-        println!("  {:<12} {:<6} {:<22} {:>9.1} µs", kind.name(), opt.name(), mode, us);
-        rows.push(Row { model: kind.name().into(), opt: opt.name().into(), mode: mode.into(), us });
-    };
+    let mut push = |mode: &str, us: f64| push_row(rows, kind, opt, mode, us);
     tch::manual_seed(0);
     let vs = nn::VarStore::new(device);
     let model = Model::new(kind, &vs);
@@ -393,7 +387,7 @@ fn bench_optimizer(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows
         ("step_inplace_no_opt", Kernels::PyTorch, true),
     ] {
         let variant = StepVariant { kernels, no_optimizer, zero_in_place: true };
-        let mut step = graphed_step_with(kind, opt, device, &batches[0], false, Precision::Fp32, variant);
+        let mut step = graphed_step(kind, opt, device, &batches[0], false, Precision::Fp32, variant);
         let us = time_steps(device, steps, |i| {
             let (x, y) = &batches[i % batches.len()];
             step.run(&[x, y]).unwrap();
@@ -431,7 +425,7 @@ fn profile_small(feed: bool, torch_kernels: bool) {
     let kind = ModelKind::SmallMlp;
     let kernels = if torch_kernels { Kernels::PyTorch } else { Kernels::Own };
     let variant = StepVariant { kernels, ..Default::default() };
-    let mut step = graphed_step_with(kind, Opt::Adam, device, &batch(kind, device), true, Precision::Fp32, variant);
+    let mut step = graphed_step(kind, Opt::Adam, device, &batch(kind, device), true, Precision::Fp32, variant);
     let g = step.graph_mut().unwrap();
     println!("small MLP + Adam graph: {} nodes, {:?}", g.node_count().unwrap(), g.node_kinds().unwrap());
     for _ in 0..3 {
@@ -494,6 +488,9 @@ fn main() {
     let mut extras = Vec::new();
     for kind in ModelKind::ALL {
         for opt in Opt::ALL {
+            if args.optimizer_only {
+                continue;
+            }
             let e = bench_one(kind, opt, device, args.steps, &mut rows);
             println!(
                 "  {:<12} {:<6} capture {:.1} ms (warmup 3 + capture + instantiate), replay() host {:.1} µs, pool {:.1} MiB",
@@ -512,7 +509,7 @@ fn main() {
             bench_optimizer(kind, opt, device, args.steps, &mut rows);
         }
     }
-    if args.torch {
+    if args.torch && !args.optimizer_only {
         println!("PyTorch reference (benches/torch_reference.py), same GPU, same run:");
         if let Err(e) = run_torch(args.steps, args.compile, &mut rows) {
             println!("  PyTorch reference not run: {e}");

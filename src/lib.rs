@@ -13,8 +13,9 @@
 //! - [`pool`]: [`PoolId`], [`graph_pool_handle`], [`MemPool`]; [`memory`]: allocator figures.
 //! - [`stream`]: [`Stream`], [`StreamGuard`], capture status; [`device`]: availability, sync.
 //! - [`amp`]: mixed precision: the [`amp::Autocast`] guard and [`amp::GradScaler`] on the device.
-//! - [`optim`]: capturable fused [`optim::Sgd`] and [`optim::Adam`] (Adam/AdamW) with parameter
-//!   groups and learning-rate handles; [`schedule`]: schedules applied from the host or computed
+//! - [`optim`]: capturable fused [`optim::Sgd`] and [`optim::Adam`] (Adam/AdamW) on the crate's
+//!   own kernels (every SM busy whatever the parameter count; PyTorch's fused kernels as the
+//!   fallback, [`optim::Kernels`]) with parameter groups and learning-rate handles; [`schedule`]: schedules applied from the host or computed
 //!   on the device; [`clip`]: on-device gradient clipping; [`checkpoint`]: save and resume.
 //! - [`dist`]: NCCL process groups over libtorch's c10d, from torchrun's environment.
 //! - [`train_step`]: [`TrainStep`], a training step captured per batch shape into one pool, fed

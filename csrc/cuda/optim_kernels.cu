@@ -132,10 +132,12 @@ __device__ __forceinline__ void adam(const Table<5>& t) {
   };
   chunk_loop<T, depth>(args, len, aligned, t.grad_scale != nullptr, math);
 
-  // The last block of this tensor to finish writes its step count and re-arms the counter.
+  // The last block of this tensor to finish writes its step count and re-arms the counter. No
+  // fence is needed before the count: every thread of every block has consumed the step count
+  // it loaded (its updates depend on it) before the barrier, so that load has returned before
+  // thread 0 counts, and the write of the last block to count cannot reach it.
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
     const unsigned int chunks = t.chunk_end[i] - (i == 0 ? 0 : t.chunk_end[i - 1]);
     if (atomicAdd(t.arrivals[i], 1u) == chunks - 1) {
       *t.step[i] = step;

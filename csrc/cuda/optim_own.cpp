@@ -147,6 +147,42 @@ const float* opt_ptr(const std::optional<at::Tensor>& t) {
   return t.has_value() ? t->data_ptr<float>() : nullptr;
 }
 
+// The checks both algorithms make: the lists, the device, the scalars. Returns why not, or "".
+std::string check_common(
+    const std::vector<std::pair<const char*, const std::vector<at::Tensor>*>>& lists,
+    const at::Tensor& lr, const std::optional<at::Tensor>& grad_scale,
+    const std::optional<at::Tensor>& found_inf) {
+  auto why = check_lists(lists);
+  if (!why.empty()) return why;
+  const auto device = (*lists[0].second)[0].device();
+  why = unavailable(device.index());
+  if (why.empty()) why = check_scalar("lr", lr, device);
+  if (why.empty() && grad_scale) why = check_scalar("grad_scale", *grad_scale, device);
+  if (why.empty() && found_inf) why = check_scalar("found_inf", *found_inf, device);
+  return why;
+}
+
+// A table with the scalars both algorithms read set, and the lists' rows for `launch` (padded to
+// `depth` with the parameters: the kernels read only the rows their algorithm has).
+template <int depth>
+Table<depth> table(const at::Tensor& lr, const std::optional<at::Tensor>& grad_scale,
+                   const std::optional<at::Tensor>& found_inf, bool maximize) {
+  Table<depth> t{};
+  t.lr = lr.data_ptr<float>();
+  t.grad_scale = opt_ptr(grad_scale);
+  t.found_inf = opt_ptr(found_inf);
+  t.maximize = maximize ? 1 : 0;
+  return t;
+}
+
+std::vector<const std::vector<at::Tensor>*> rows(
+    const std::vector<std::pair<const char*, const std::vector<at::Tensor>*>>& lists, size_t depth) {
+  std::vector<const std::vector<at::Tensor>*> out;
+  for (const auto& [what, list] : lists) out.push_back(list);
+  while (out.size() < depth) out.push_back(lists[0].second);
+  return out;
+}
+
 // Launches `name` over the tensors of `lists` (depth of them), kMaxTensors per launch, with the
 // scalars of `proto`; Adam also passes its step counts and arrival counters.
 template <int depth>
@@ -218,16 +254,11 @@ bool adam(bool adamw, const std::vector<at::Tensor>& params, const std::vector<a
   std::vector<std::pair<const char*, const std::vector<at::Tensor>*>> lists = {
       {"param", &params}, {"grad", &grads}, {"exp_avg", &exp_avgs}, {"exp_avg_sq", &exp_avg_sqs}};
   if (amsgrad) lists.push_back({"max_exp_avg_sq", &max_exp_avg_sqs});
-  *why = check_lists(lists);
+  *why = check_common(lists, lr, grad_scale, found_inf);
   if (!why->empty()) return false;
   const auto device = params[0].device();
-  *why = unavailable(device.index());
-  if (!why->empty()) return false;
   for (size_t k = 0; k < steps.size() && why->empty(); ++k) *why = check_scalar("a step count", steps[k], device);
   if (steps.size() != params.size()) *why = "one step count per parameter needed";
-  if (why->empty()) *why = check_scalar("lr", lr, device);
-  if (why->empty() && grad_scale) *why = check_scalar("grad_scale", *grad_scale, device);
-  if (why->empty() && found_inf) *why = check_scalar("found_inf", *found_inf, device);
   if (why->empty() && (!arrivals.defined() || arrivals.device() != device ||
                        arrivals.scalar_type() != at::kInt)) {
     *why = "arrival counters must be int32 on the parameters' device";
@@ -238,22 +269,14 @@ bool adam(bool adamw, const std::vector<at::Tensor>& params, const std::vector<a
   if (!why->empty()) return false;
 
   c10::cuda::CUDAGuard guard(device);
-  Table<5> t{};
-  t.lr = lr.data_ptr<float>();
-  t.grad_scale = opt_ptr(grad_scale);
-  t.found_inf = opt_ptr(found_inf);
+  auto t = table<5>(lr, grad_scale, found_inf, maximize);
   t.beta1 = beta1;
   t.beta2 = beta2;
   t.weight_decay = weight_decay;
   t.eps = eps;
-  t.maximize = maximize ? 1 : 0;
-  std::vector<const std::vector<at::Tensor>*> ptrs;
-  for (const auto& [what, list] : lists) ptrs.push_back(list);
-  // Table<5> holds all five lists; without AMSGrad the fifth row stays null.
-  while (ptrs.size() < 5) ptrs.push_back(&params);
   const std::string name = std::string("tcg_adam_") + dtype_name(params[0].scalar_type()) + "_" +
                            (adamw ? "adamw" : "adam") + "_" + (amsgrad ? "1" : "0");
-  launch<5>(name, ptrs, t, &steps, &arrivals, slots);
+  launch<5>(name, rows(lists, 5), t, &steps, &arrivals, slots);
   return true;
 }
 
@@ -265,33 +288,20 @@ bool sgd(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& g
   std::vector<std::pair<const char*, const std::vector<at::Tensor>*>> lists = {
       {"param", &params}, {"grad", &grads}};
   if (!bufs.empty()) lists.push_back({"momentum_buffer", &bufs});
-  *why = check_lists(lists);
-  if (!why->empty()) return false;
-  const auto device = params[0].device();
-  *why = unavailable(device.index());
-  if (why->empty()) *why = check_scalar("lr", lr, device);
-  if (why->empty() && grad_scale) *why = check_scalar("grad_scale", *grad_scale, device);
-  if (why->empty() && found_inf) *why = check_scalar("found_inf", *found_inf, device);
+  *why = check_common(lists, lr, grad_scale, found_inf);
   if (!why->empty()) return false;
 
-  c10::cuda::CUDAGuard guard(device);
-  Table<3> t{};
-  t.lr = lr.data_ptr<float>();
-  t.grad_scale = opt_ptr(grad_scale);
-  t.found_inf = opt_ptr(found_inf);
+  c10::cuda::CUDAGuard guard(params[0].device());
+  auto t = table<3>(lr, grad_scale, found_inf, maximize);
   t.weight_decay = weight_decay;
   t.momentum = momentum;
   t.dampening = dampening;
   t.nesterov = nesterov ? 1 : 0;
-  t.maximize = maximize ? 1 : 0;
   t.is_first_step = is_first_step ? 1 : 0;
-  std::vector<const std::vector<at::Tensor>*> ptrs;
-  for (const auto& [what, list] : lists) ptrs.push_back(list);
   const bool with_momentum = !bufs.empty();
-  while (ptrs.size() < 3) ptrs.push_back(&params);
   const std::string name = std::string("tcg_sgd_") + dtype_name(params[0].scalar_type()) + "_" +
                            (with_momentum ? "3" : "2");
-  launch<3>(name, ptrs, t, nullptr, nullptr, nullptr);
+  launch<3>(name, rows(lists, 3), t, nullptr, nullptr, nullptr);
   return true;
 }
 

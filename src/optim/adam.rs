@@ -237,31 +237,5 @@ impl Optimizer for Adam {
         Ok(())
     }
 
-    fn params(&self) -> &[Tensor] {
-        &self.core.groups.params
-    }
-
-    fn lr_handles(&self) -> Vec<LrHandle> {
-        self.core.groups.lr_handles()
-    }
-
-    fn kernels(&self) -> Kernels {
-        self.core.kernels()
-    }
-
-    fn set_kernels(&mut self, kernels: Kernels) -> Result<()> {
-        self.core.set_kernels(kernels)
-    }
-
-    fn last_step_kernels(&self) -> Option<KernelPath> {
-        self.core.last_step_kernels()
-    }
-
-    fn state(&self) -> Result<Vec<(String, Tensor)>> {
-        self.core.state()
-    }
-
-    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
-        self.core.load_state(state)
-    }
+    delegate_to_core!();
 }

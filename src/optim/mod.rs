@@ -24,6 +24,34 @@
 //!
 //! Both run on CPU too (ATen has CPU kernels), which is how their numerics are tested in CI.
 
+/// The [`Optimizer`] methods that an optimizer answers from its `core` field ([`core::Core`]):
+/// everything but the step itself.
+macro_rules! delegate_to_core {
+    () => {
+        fn params(&self) -> &[Tensor] {
+            &self.core.groups.params
+        }
+        fn lr_handles(&self) -> Vec<LrHandle> {
+            self.core.groups.lr_handles()
+        }
+        fn kernels(&self) -> Kernels {
+            self.core.kernels()
+        }
+        fn set_kernels(&mut self, kernels: Kernels) -> Result<()> {
+            self.core.set_kernels(kernels)
+        }
+        fn last_step_kernels(&self) -> Option<KernelPath> {
+            self.core.last_step_kernels()
+        }
+        fn state(&self) -> Result<Vec<(String, Tensor)>> {
+            self.core.state()
+        }
+        fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
+            self.core.load_state(state)
+        }
+    };
+}
+
 mod adam;
 mod core;
 mod groups;
@@ -148,6 +176,8 @@ pub trait Optimizer {
     /// Loads what [`state`](Self::state) gave, into this optimizer's existing tensors, in
     /// place (so a step already captured continues from it). Everything is validated first
     /// (names, group layout, shapes, dtypes): on error nothing changed.
+    /// State that exists here must be in it (a captured step cannot go back to a first step);
+    /// SGD's momentum buffers that do not exist yet are made from it.
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()>;
 }
 
