@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -77,8 +78,24 @@ Library& library() {
   return *l;
 }
 
+const char* const kNotDuringCapture =
+    "not loaded on this device yet, and a capture is under way (make the optimizer, or run one "
+    "step, outside the capture)";
+
+// Whether the current stream of `device` is capturing.
+bool capturing(int device) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  auto stream = at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+  (void)cudaStreamIsCapturing(stream.stream(), &status);
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// Whether library() has been made (its load is never first tried inside a capture).
+std::atomic<bool> library_made{false};
+
 // Checks (once per device) that every kernel loads on `device`, so that no lazy loading happens
-// later inside a capture. Returns why not, or "".
+// later inside a capture. Returns why not, or "". Never first inside a capture (loading there
+// may be refused, and the refusal must not stick): the optimizers check when they are made.
 std::string check_device(Library& l, int device) {
   std::lock_guard<std::mutex> lock(l.mu);
   if (!l.error.empty()) return l.error;
@@ -86,6 +103,7 @@ std::string check_device(Library& l, int device) {
   if (it != l.device_error.end()) return it->second;
   std::string why;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  if (capturing(device)) return kNotDuringCapture;
   for (const auto& [name, k] : l.kernels) {
     cudaFuncAttributes attr{};
     cudaError_t e = cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(k));
@@ -241,7 +259,10 @@ bool built() {
 std::string unavailable(int device) {
   require_cuda();
   checked_device(device);
-  return check_device(library(), device);
+  if (!library_made.load() && capturing(device)) return kNotDuringCapture;
+  Library& l = library();
+  library_made.store(true);
+  return check_device(l, device);
 }
 
 bool adam(bool adamw, const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,

@@ -51,7 +51,13 @@ impl<C: HyperParams> Core<C> {
     pub(crate) fn new(groups: Groups<C>) -> Result<Self> {
         let device = groups.device();
         let arrivals = match device {
-            Device::Cuda(_) => Some(Tensor::f_zeros([groups.params.len() as i64], (Kind::Int, device))?),
+            Device::Cuda(_) => {
+                // Loads the own kernels on the device now, outside any capture (the answer is
+                // kept; a step asks again and gets it). Where they cannot load, the steps run
+                // PyTorch's kernels: not an error here.
+                let _ = check_device(device);
+                Some(Tensor::f_zeros([groups.params.len() as i64], (Kind::Int, device))?)
+            }
             _ => None,
         };
         Ok(Core { groups, fields: Vec::new(), kernels: Kernels::Auto, last: (0, 0), arrivals })
