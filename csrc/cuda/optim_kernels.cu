@@ -4,12 +4,13 @@
 // the launcher (optim_own.cpp) loads it with the CUDA runtime's library API and launches the
 // extern "C" kernels by name.
 //
-// Numerics: the per-element math is PyTorch's own. Adam calls `adam_math` from the 2.11 header
+// Numerics: Adam calls PyTorch's own `adam_math` from the 2.11 header
 // `ATen/native/cuda/fused_adam_utils.cuh`, with the scalars computed as its
-// `FusedAdamMathFunctor` computes them; SGD's `sgd_math` below does the operations of
-// `FusedSgdKernel.cu`'s, in the same order and types (a mix of float and double). Each element's
+// `FusedAdamMathFunctor` computes them; SGD's `sgd_math` below does the arithmetic of PyTorch
+// 2.11's binary (float opmath, every multiply-add fused; see its comment). Each element's
 // result depends only on its own values and those scalars, so the launch geometry does not
-// change a bit: the tests compare against `at::_fused_adam_` / `_fused_adamw_` / `_fused_sgd_`.
+// change a bit. tests/gpu_optim.rs compares against `at::_fused_adam_` / `_fused_adamw_` /
+// `_fused_sgd_` and states where the two differ (a compiler's rounding choices, not semantics).
 #include <ATen/native/cuda/fused_adam_utils.cuh>
 
 #include "optim_table.h"
