@@ -214,6 +214,23 @@ fn sgd_configs() -> Vec<(String, SgdConfig)> {
     out
 }
 
+/// The cases of a numerics test: every config in float32, unscaled and with a grad scale, then
+/// every third in bfloat16 and float64 (unscaled) and float16 (scaled, as fp16 training is).
+fn cases<C: Copy>(configs: Vec<(String, C)>) -> Vec<(Kind, String, C, bool)> {
+    let mut out = Vec::new();
+    for (name, c) in &configs {
+        for scaled in [false, true] {
+            out.push((Kind::Float, name.clone(), *c, scaled));
+        }
+    }
+    for kind in [Kind::BFloat16, Kind::Half, Kind::Double] {
+        for (name, c) in configs.iter().step_by(3) {
+            out.push((kind, name.clone(), *c, kind == Kind::Half));
+        }
+    }
+    out
+}
+
 /// Adam: bit for bit, except one combination: Adam (not AdamW) with weight decay and no grad
 /// scale, where `grad += param * weight_decay` (the one multiply-add of `adam_math` that is not
 /// an explicit `std::fma`) is rounded differently by the compiler in PyTorch's binary than in
@@ -226,17 +243,7 @@ fn sgd_configs() -> Vec<(String, SgdConfig)> {
 #[ignore = "needs a CUDA device"]
 fn own_adam_equals_pytorch_fused_adam_over_1000_steps() {
     let mut report = Vec::new();
-    let mut cases: Vec<(Kind, String, AdamConfig, bool)> = Vec::new();
-    for (name, c) in adam_configs() {
-        for scaled in [false, true] {
-            cases.push((Kind::Float, name.clone(), c, scaled));
-        }
-    }
-    for kind in [Kind::BFloat16, Kind::Half, Kind::Double] {
-        for (name, c) in adam_configs().into_iter().step_by(3) {
-            cases.push((kind, name, c, kind == Kind::Half));
-        }
-    }
+    let cases = cases(adam_configs());
     for (kind, name, c, scaled) in cases {
         let o = adam_case(kind, c, scaled);
         println!(
@@ -267,17 +274,7 @@ fn own_adam_equals_pytorch_fused_adam_over_1000_steps() {
 fn own_sgd_equals_pytorch_fused_sgd_within_8_ulps_per_step_over_1000_steps() {
     let mut report = Vec::new();
     let mut bitwise = 0;
-    let mut cases: Vec<(Kind, String, SgdConfig, bool)> = Vec::new();
-    for (name, c) in sgd_configs() {
-        for scaled in [false, true] {
-            cases.push((Kind::Float, name.clone(), c, scaled));
-        }
-    }
-    for kind in [Kind::BFloat16, Kind::Half, Kind::Double] {
-        for (name, c) in sgd_configs().into_iter().step_by(3) {
-            cases.push((kind, name, c, kind == Kind::Half));
-        }
-    }
+    let cases = cases(sgd_configs());
     let total = cases.len();
     for (kind, name, c, scaled) in cases {
         let o = sgd_case(kind, c, scaled);
