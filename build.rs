@@ -188,7 +188,14 @@ fn main() {
         .flag("-DGLOG_USE_GLOG_EXPORT")
         // Nothing of the shim is exported from a binary (see csrc/cuda/cudart.cpp).
         .flag("-fvisibility=hidden")
-        .files(["csrc/amp.cpp", "csrc/error.cpp", "csrc/feed.cpp", "csrc/optim.cpp", "csrc/watch.cpp"]);
+        .files([
+            "csrc/amp.cpp",
+            "csrc/autograd.cpp",
+            "csrc/error.cpp",
+            "csrc/feed.cpp",
+            "csrc/optim.cpp",
+            "csrc/watch.cpp",
+        ]);
     if with_cuda {
         let cuda_include = match find_cuda_include(&torch_root) {
             Ok(dir) => dir,
@@ -207,6 +214,7 @@ fn main() {
         build.files([
             "csrc/cuda/device.cpp",
             "csrc/cuda/graph.cpp",
+            "csrc/cuda/graphed.cpp",
             "csrc/cuda/memory.cpp",
             "csrc/cuda/cudart.cpp",
             "csrc/cuda/optim_own.cpp",

@@ -38,6 +38,12 @@ tcg_status tcg_stream_wait_event(tcg_stream, tcg_event*) { return no_cuda(); }
 tcg_status tcg_event_synchronize(tcg_event*) { return no_cuda(); }
 
 tcg_status tcg_graph_new(int, tcg_graph**) { return no_cuda(); }
+tcg_status tcg_graphed_new(tcg_graph*, tcg_graph*, tcg_tensor*, size_t, size_t, tcg_tensor*, size_t,
+                           tcg_tensor*, tcg_tensor*, tcg_graphed**) {
+  return no_cuda();
+}
+void tcg_graphed_free(tcg_graphed*) {}
+tcg_status tcg_graphed_apply(tcg_graphed*, tcg_tensor*, size_t, tcg_tensor*, size_t) { return no_cuda(); }
 void tcg_graph_free(tcg_graph*) {}
 tcg_status tcg_graph_capture_begin(tcg_graph*, tcg_pool_id, int) { return no_cuda(); }
 tcg_status tcg_graph_capture_end(tcg_graph*) { return no_cuda(); }

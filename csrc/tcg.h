@@ -11,7 +11,9 @@
 //   csrc/feed.cpp         copies for feeding batches (CPU and CUDA)
 //   csrc/amp.cpp          autocast guard, GradScaler ops (CPU and CUDA)
 //   csrc/cuda/device.cpp  devices and streams              (CUDA builds)
+//   csrc/autograd.cpp     autograd::grad (CPU and CUDA)
 //   csrc/cuda/graph.cpp   CUDA graphs                      (CUDA builds)
+//   csrc/cuda/graphed.cpp graphed callables: the autograd function over two graphs (CUDA builds)
 //   csrc/cuda/memory.cpp  pools and allocator figures      (CUDA builds)
 //   csrc/cuda/cudart.cpp  CUDA runtime forwarding          (CUDA builds)
 //   csrc/cuda/dist.cpp    process groups over c10d/NCCL  (CUDA builds with NCCL headers)
@@ -49,6 +51,7 @@ typedef struct tcg_event tcg_event;
 typedef struct tcg_autocast_guard tcg_autocast_guard;
 typedef struct tcg_pg tcg_pg;
 typedef struct tcg_buckets tcg_buckets;
+typedef struct tcg_graphed tcg_graphed;
 
 // A CUDA stream as c10::Stream::pack3() gives it: plain data, no ownership.
 typedef struct {
@@ -133,6 +136,15 @@ tcg_status tcg_grads_zero(tcg_tensor* params, size_t n);
 tcg_status tcg_clip_grad_norm(tcg_tensor* grads, size_t n, double max_norm, double norm_type,
                               tcg_tensor* total_out);
 
+// ---------------------------------------------------------------- autograd.cpp (CPU and CUDA)
+// torch::autograd::grad(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused).
+// grad_outputs: n_out tensors, or NULL for none (ones; scalar outputs only). out: n_in slots,
+// each a new tensor handle, or NULL where allow_unused and the input was not used. .grad
+// fields are not touched.
+tcg_status tcg_autograd_grad(tcg_tensor* outputs, size_t n_out, tcg_tensor* inputs, size_t n_in,
+                             tcg_tensor* grad_outputs, int retain_graph, int create_graph,
+                             int allow_unused, tcg_tensor* out);
+
 // ---------------------------------------------------------------- amp.cpp (CPU and CUDA)
 // Turns CUDA autocast on with `dtype` (c10::ScalarType: 5 Half, 15 BFloat16) and the weight-cast
 // cache on or off, as torch.autocast's __enter__ does; freeing the guard restores the previous
@@ -215,6 +227,30 @@ tcg_status tcg_graph_pool(tcg_graph* g, tcg_pool_id* out);
 tcg_status tcg_graph_debug_dump(tcg_graph* g, const char* path);
 tcg_status tcg_graph_node_count(tcg_graph* g, size_t* out);
 tcg_status tcg_graph_node_kinds(tcg_graph* g, tcg_node_kinds* out);
+
+// ---------------------------------------------------------------- cuda/graphed.cpp
+// One graphed callable (PyTorch's make_graphed_callables): the static tensors of a callable whose
+// forward was captured into `fwd` and whose backward (autograd::grad of the outputs that
+// require grad, with respect to the surface entries that do) into `bwd` (NULL if no output
+// requires grad). surface: n_surface static inputs, the n_user user args first, then the
+// parameters. outputs: n_out static outputs. grad_outputs: n_out entries, the static incoming
+// gradient of each output that requires grad, NULL for the others. grad_inputs: n_surface
+// entries, the static gradient of each surface entry, NULL where none. The graphs stay the
+// caller's: keep them alive and untouched until tcg_graphed_free, which cuts the tie (a
+// backward that runs later, through an autograd node still alive, fails with TCG_MISUSE).
+tcg_status tcg_graphed_new(tcg_graph* fwd, tcg_graph* bwd, tcg_tensor* surface, size_t n_surface,
+                           size_t n_user, tcg_tensor* outputs, size_t n_out, tcg_tensor* grad_outputs,
+                           tcg_tensor* grad_inputs, tcg_graphed** out);
+void tcg_graphed_free(tcg_graphed* g);
+// Runs it on `inputs` (n = n_surface: the user args, then the parameters): copies each user arg
+// into its static input unless it is that memory, replays the forward graph on the current
+// stream, and writes n_out new handles to `out`: the static outputs detached (the next call
+// overwrites them). With grad mode on and an input requiring grad, the outputs that required
+// grad at capture are wired into autograd through one node, whose backward copies the incoming
+// gradients into the static ones, replays the backward graph on the stream of this call and
+// returns the static gradients. That backward fails (TCG_MISUSE) if the forward ran again in
+// between (its activations were overwritten) or under create_graph (no double backward).
+tcg_status tcg_graphed_apply(tcg_graphed* g, tcg_tensor* inputs, size_t n, tcg_tensor* out, size_t n_out);
 
 // ---------------------------------------------------------------- cuda/memory.cpp
 // Every function here initializes CUDA lazily (as torch.cuda.memory_stats() does), so any of

@@ -272,7 +272,7 @@ impl Drop for KeepAliveSlot {
 }
 
 /// Synchronizes `device` and returns its capture stream ordered after its current stream.
-fn side_stream(device: Device) -> Result<Stream> {
+pub(crate) fn side_stream(device: Device) -> Result<Stream> {
     synchronize(device)?;
     let side = Stream::capture_stream(device)?;
     side.wait_stream(&Stream::current(device)?)?;
@@ -315,7 +315,7 @@ fn classify(e: Error, invalidated: bool, oom: &OomWatch) -> Error {
 
 /// Records `f` into `graph` on `side`, restoring the previous stream on every path. The caller
 /// holds the device's capture lock.
-fn record<T>(
+pub(crate) fn record<T>(
     graph: &mut CudaGraph,
     options: &CaptureOptions,
     side: &Stream,

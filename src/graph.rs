@@ -302,6 +302,12 @@ impl CudaGraph {
         Ok(kinds)
     }
 
+    /// The shim's handle, for the crate's own users of graphs (graphed callables). Valid while
+    /// `self` lives; the graph stays owned by `self`.
+    pub(crate) fn raw(&self) -> *mut ffi::tcg_graph {
+        self.raw.as_ptr()
+    }
+
     fn require_captured(&self, what: &str) -> Result<()> {
         match self.state {
             State::Captured => Ok(()),

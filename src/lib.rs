@@ -12,6 +12,9 @@
 //! - [`watch`]: [`TensorWatch`], the storage check that keeps replays off replaced tensors.
 //! - [`pool`]: [`PoolId`], [`graph_pool_handle`], [`MemPool`]; [`memory`]: allocator figures.
 //! - [`stream`]: [`Stream`], [`StreamGuard`], capture status; [`device`]: availability, sync.
+//! - [`graphed`]: [`make_graphed_callables`], parts of a model (forward and backward) as graphs
+//!   inside an eager loop (PyTorch's `torch.cuda.make_graphed_callables`); [`autograd`]:
+//!   `autograd::grad` with output gradients.
 //! - [`amp`]: mixed precision: the [`amp::Autocast`] guard and [`amp::GradScaler`] on the device.
 //! - [`optim`]: capturable fused [`optim::Sgd`] and [`optim::Adam`] (Adam/AdamW) on the crate's
 //!   own kernels (every SM busy whatever the parameter count; PyTorch's fused kernels as the
@@ -37,6 +40,7 @@
 #![warn(missing_docs)]
 
 pub mod amp;
+pub mod autograd;
 pub mod bucket;
 pub mod capture;
 pub mod checkpoint;
@@ -47,6 +51,7 @@ pub mod error;
 pub mod feed;
 pub mod ffi;
 pub mod graph;
+pub mod graphed;
 pub mod memory;
 pub mod optim;
 pub mod pool;
@@ -65,6 +70,7 @@ pub use clip::clip_grad_norm;
 pub use device::{built_with_cuda, cuda_device_count, cuda_is_available, synchronize};
 pub use error::{Error, Result};
 pub use graph::{CaptureMode, CudaGraph, NodeKinds};
+pub use graphed::{make_graphed_callables, Callable, GraphedCallable, GraphedOptions};
 pub use memory::{empty_cache, memory_stats, pool_memory, reset_peak_stats, MemoryStats, PoolMemory};
 pub use pool::{graph_pool_handle, MemPool, PoolId};
 pub use stream::{is_current_stream_capturing, CaptureStatus, Event, Stream, StreamGuard};

@@ -639,3 +639,57 @@ fn own_optimizer_kernels_are_built_with_cuda_and_refused_on_the_cpu() {
         assert!(matches!(err, Error::NoCuda(_)), "{err:?}");
     }
 }
+
+/// autograd::grad against tch's backward on the CPU: explicit output gradients, retain_graph,
+/// unused inputs (None with allow_unused, an error without), .grad untouched, argument checks.
+#[test]
+fn autograd_grad_matches_backward_on_the_cpu() {
+    use tch_cuda_graphs::autograd::grad;
+    tch::manual_seed(7);
+    let w = Tensor::randn([5, 3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let x = Tensor::randn([4, 5], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let unused = Tensor::randn([2], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let y = x.matmul(&w).tanh();
+    let gy = Tensor::randn([4, 3], (Kind::Float, Device::Cpu));
+    let g = grad(
+        &[y.shallow_clone()],
+        &[w.shallow_clone(), x.shallow_clone(), unused.shallow_clone()],
+        Some(&[gy.shallow_clone()]),
+        true,
+        true,
+    )
+    .expect("grad");
+    assert!(g[2].is_none(), "an unused input gets None with allow_unused");
+    assert!(!w.grad().defined() && !x.grad().defined(), ".grad untouched");
+    // the same through backward (the graph was retained)
+    (&y * &gy).sum(Kind::Float).backward(); // d/dy of sum(y * gy) is gy, exactly
+    let (dw, dx) = (
+        f64::try_from((g[0].as_ref().unwrap() - w.grad()).abs().max()).unwrap(),
+        f64::try_from((g[1].as_ref().unwrap() - x.grad()).abs().max()).unwrap(),
+    );
+    println!("autograd::grad vs backward on the CPU: dW {dw:e}, dX {dx:e}");
+    assert_eq!((dw, dx), (0.0, 0.0));
+    let y2 = x.matmul(&w).sum(Kind::Float);
+    let e = grad(&[y2.shallow_clone()], &[unused.shallow_clone()], None, false, false)
+        .expect_err("unused without allow_unused");
+    assert!(matches!(e, Error::Libtorch(_)), "{e:?}");
+    let e = grad(&[y2], &[w.shallow_clone()], Some(&[]), false, false).expect_err("grad_outputs count");
+    assert!(matches!(e, Error::Misuse(_)), "{e:?}");
+}
+
+/// make_graphed_callables needs CUDA tensors on a CUDA device: NoCuda without one, Misuse for CPU
+/// tensors or no callable where there is one.
+#[test]
+fn graphed_callables_need_a_cuda_device_and_cuda_tensors() {
+    use tch_cuda_graphs::{make_graphed_callables, Callable, GraphedOptions};
+    let x = Tensor::ones([2, 2], (Kind::Float, Device::Cpu));
+    let r =
+        make_graphed_callables(vec![Callable::new(vec![x], |xs| Ok(vec![xs[0].relu()]))], GraphedOptions::default());
+    match r {
+        Err(Error::NoCuda(msg)) => assert!(!cuda_is_available() && !msg.is_empty()),
+        Err(Error::Misuse(msg)) => assert!(cuda_is_available() && msg.contains("not CUDA"), "{msg}"),
+        other => panic!("expected NoCuda or Misuse, got {other:?}"),
+    }
+    let none = make_graphed_callables(Vec::new(), GraphedOptions::default());
+    assert!(matches!(none, Err(Error::Misuse(_))), "{none:?}");
+}

@@ -98,4 +98,8 @@ inline int capture_status_of(cudaStream_t s) {
   }
 }
 
+// Replays a graph of this shim (graph.cpp) on the current stream; throws TCG_MISUSE before a
+// successful capture. For the shim's own users of graphs (graphed.cpp).
+void replay_graph(tcg_graph* g);
+
 }  // namespace tcg

@@ -147,6 +147,11 @@ struct tcg_graph : at::cuda::CUDAGraph {
   }
 };
 
+void tcg::replay_graph(tcg_graph* g) {
+  if (g == nullptr || !g->captured) misuse("replay before a successful capture");
+  g->replay();
+}
+
 extern "C" {
 
 tcg_status tcg_graph_new(int keep_graph, tcg_graph** out) {

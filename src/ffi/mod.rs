@@ -5,6 +5,7 @@
 #![allow(non_camel_case_types, missing_docs)]
 
 mod amp;
+mod autograd;
 mod cuda;
 mod dist;
 mod error;
@@ -13,6 +14,7 @@ mod optim;
 mod watch;
 
 pub use amp::*;
+pub use autograd::*;
 pub use cuda::*;
 pub use dist::*;
 pub use error::*;

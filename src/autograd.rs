@@ -1,0 +1,81 @@
+//! Gradients of outputs with respect to inputs without touching `.grad`: [`grad`], libtorch's
+//! `torch::autograd::grad` (PyTorch's `torch.autograd.grad`), with what tch's
+//! `Tensor::run_backward` lacks: explicit output gradients and unused inputs.
+
+use crate::error::{check, Error, Result};
+use crate::ffi;
+use tch::Tensor;
+
+/// The gradients of `outputs` with respect to `inputs` (`torch.autograd.grad(outputs, inputs,
+/// grad_outputs, retain_graph, allow_unused=allow_unused)`), one per input. The `.grad` fields
+/// are not touched. `grad_outputs`: one gradient per output, like each output; `None` means
+/// ones, which libtorch allows for scalar outputs only. With `allow_unused`, an input the
+/// outputs do not depend on gets `None`; without it that is an error. No double backward
+/// (`create_graph` is false). Works on the CPU and on CUDA, and inside a capture.
+///
+/// ```
+/// # fn main() -> tch_cuda_graphs::Result<()> {
+/// use tch::{Kind, Tensor};
+/// let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0]).set_requires_grad(true);
+/// let y = (&x * &x).sum(Kind::Float);
+/// let g = tch_cuda_graphs::autograd::grad(&[y], &[x.shallow_clone()], None, false, false)?;
+/// let g = g[0].as_ref().expect("x was used");
+/// assert_eq!(Vec::<f32>::try_from(g).unwrap(), vec![2.0, 4.0, 6.0]); // d(x·x)/dx = 2x
+/// assert!(x.grad().defined() == false); // .grad untouched
+/// # Ok(()) }
+/// ```
+pub fn grad(
+    outputs: &[Tensor],
+    inputs: &[Tensor],
+    grad_outputs: Option<&[Tensor]>,
+    retain_graph: bool,
+    allow_unused: bool,
+) -> Result<Vec<Option<Tensor>>> {
+    grad_refs(
+        &outputs.iter().collect::<Vec<_>>(),
+        &inputs.iter().collect::<Vec<_>>(),
+        grad_outputs,
+        retain_graph,
+        allow_unused,
+    )
+}
+
+/// [`grad`] over borrowed tensors.
+pub(crate) fn grad_refs(
+    outputs: &[&Tensor],
+    inputs: &[&Tensor],
+    grad_outputs: Option<&[Tensor]>,
+    retain_graph: bool,
+    allow_unused: bool,
+) -> Result<Vec<Option<Tensor>>> {
+    if let Some(g) = grad_outputs {
+        if g.len() != outputs.len() {
+            return Err(Error::Misuse(format!(
+                "autograd::grad: {} grad_outputs for {} outputs",
+                g.len(),
+                outputs.len()
+            )));
+        }
+    }
+    let outs = ffi::tensor_ptrs(outputs.iter().copied());
+    let ins = ffi::tensor_ptrs(inputs.iter().copied());
+    let gouts = grad_outputs.map(ffi::tensor_ptrs);
+    let mut out: Vec<ffi::tcg_tensor> = vec![std::ptr::null_mut(); ins.len()];
+    // SAFETY: every pointer array holds live tensor handles borrowed for the call (or is null
+    // for grad_outputs); `out` has one slot per input. On success each non-null slot is a new
+    // heap at::Tensor that we own and hand to tch, which frees it on drop.
+    unsafe {
+        check(ffi::tcg_autograd_grad(
+            outs.as_ptr(),
+            outs.len(),
+            ins.as_ptr(),
+            ins.len(),
+            gouts.as_ref().map_or(std::ptr::null(), |g| g.as_ptr()),
+            i32::from(retain_graph),
+            0,
+            i32::from(allow_unused),
+            out.as_mut_ptr(),
+        ))?;
+        Ok(out.into_iter().map(|p| (!p.is_null()).then(|| Tensor::from_ptr(p))).collect())
+    }
+}
