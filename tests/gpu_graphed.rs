@@ -480,6 +480,14 @@ fn mismatched_inputs_stale_activations_and_double_backward_are_refused() {
     let e = late.f_backward().expect_err("backward after drop");
     println!("backward after the callable was dropped: {e}");
     assert!(e.to_string().contains("dropped"), "{e}");
+    // a parameter whose storage was replaced: the graphs would use the old one
+    let (_vs4, model4, _vs5, _model5) = twin_prenorm(d, w, 1);
+    let graphed4 = graph_blocks(&model4, d, batch, w);
+    let mut p = graphed4[0].params()[0].shallow_clone();
+    tch::no_grad(|| p.set_data(&p.zeros_like()));
+    let e = graphed4[0].forward(&x).expect_err("a replaced parameter");
+    println!("replaced parameter storage: {e}");
+    assert!(matches!(e, Error::StaleGraph { .. }), "{e:?}");
 }
 
 /// A capture that fails (an error, a panic, a host sync) in the second of two callables: the
