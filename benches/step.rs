@@ -83,12 +83,13 @@ struct Args {
     feed: bool,
     torch_kernels: bool,
     optimizer_only: bool,
+    update: bool,
     as_test: bool,
 }
 
 const USAGE: &str = "\
 usage: step [--out DIR] [--steps N] [--no-torch] [--no-compile] [--optimizer-only]
-            [--profile-small [--feed] [--torch-kernels]]
+            [--profile-small [--feed] [--torch-kernels]] [--update]
 
 One training step of three models and optimizers, eager and captured, beside PyTorch.
   --out DIR          where results.json, results.csv and chart.png go (default target/bench)
@@ -98,6 +99,8 @@ One training step of three models and optimizers, eager and captured, beside PyT
   --optimizer-only   only the optimizer rows (alone, copy, in the step), no PyTorch side
   --profile-small    only the small MLP's Adam step, for ncu (--feed: also time run() against replay;
                      --torch-kernels: on PyTorch's fused optimizer kernels instead of the crate's)
+  --update           only instantiate vs update: each model's Adam step captured (kept graph),
+                     cudaGraphInstantiate of it against CudaGraph::update_from of a second capture
   -h, --help         this text";
 
 /// The command line: `None` when it asked for the usage.
@@ -112,6 +115,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
         feed: false,
         torch_kernels: false,
         optimizer_only: false,
+        update: false,
         as_test: false,
     };
     let mut parser = lexopt::Parser::from_env();
@@ -125,6 +129,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
             Long("feed") => a.feed = true,
             Long("torch-kernels") => a.torch_kernels = true,
             Long("optimizer-only") => a.optimizer_only = true,
+            Long("update") => a.update = true,
             Long("bench") => {} // cargo bench passes --bench
             Short('h') | Long("help") => return Ok(None),
             // started as a test binary (cargo test --benches, the GPU runner)
@@ -418,6 +423,52 @@ fn run_torch(steps: usize, compile: bool, rows: &mut Vec<Row>) -> Result<(), Str
     Ok(())
 }
 
+/// Instantiating a captured step against updating an executable from a second capture of it
+/// (`CudaGraph::update_from`), per model, Adam: median over 5 of each, µs, host time (both are
+/// host calls; the device is synchronized before each).
+fn bench_update(device: Device) {
+    println!("instantiate vs update_from (median of 5, µs), Adam step, kept graphs:");
+    println!("| model | nodes | cudaGraphInstantiate | update_from | ratio |");
+    println!("|---|---:|---:|---:|---:|");
+    for kind in ModelKind::ALL {
+        tch::manual_seed(0);
+        let vs = nn::VarStore::new(device);
+        let model = Model::new(kind, &vs);
+        let mut opt = Opt::Adam.ours(&vs);
+        let (x, y) = batch(kind, device);
+        let options = CaptureOptions::default().keep_graph(true);
+        let mut capture = || {
+            capture_with_warmup(1, options, || {
+                opt.zero_grad()?;
+                let loss = model.loss(&x, &y);
+                loss.f_backward()?;
+                opt.step()?;
+                Ok(loss.detach())
+            })
+            .unwrap()
+            .0
+        };
+        let (mut inst, mut upd, mut nodes) = (Vec::new(), Vec::new(), 0);
+        for _ in 0..5 {
+            let mut first = capture();
+            nodes = first.node_count().unwrap();
+            synchronize(device).unwrap();
+            let t = Instant::now();
+            first.instantiate().unwrap();
+            inst.push(t.elapsed().as_secs_f64() * 1e6);
+            let mut second = capture();
+            synchronize(device).unwrap();
+            let t = Instant::now();
+            let updated = first.update_from(&mut second).unwrap();
+            upd.push(t.elapsed().as_secs_f64() * 1e6);
+            assert!(updated, "{}: a second capture of the same step must update", kind.name());
+            first.replay().unwrap();
+        }
+        let (i, u) = (median(inst), median(upd));
+        println!("| {} | {nodes} | {i:.1} | {u:.1} | {:.1}× |", kind.name(), i / u);
+    }
+}
+
 /// For `ncu`: captures the small MLP's Adam step into a kept graph, prints its node counts,
 /// and replays it 3 times (ncu times each kernel of the replays).
 fn profile_small(feed: bool, torch_kernels: bool) {
@@ -482,6 +533,10 @@ fn main() {
         return;
     }
     let device = Device::Cuda(0);
+    if args.update {
+        bench_update(device);
+        return;
+    }
     std::fs::create_dir_all(&args.out).expect("create the output directory");
     println!("benchmark: median µs per training step, {} steps per mode after {WARMUP} warmup steps", args.steps);
     let mut rows = Vec::new();

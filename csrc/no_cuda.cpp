@@ -38,6 +38,7 @@ tcg_status tcg_stream_wait_event(tcg_stream, tcg_event*) { return no_cuda(); }
 tcg_status tcg_event_synchronize(tcg_event*) { return no_cuda(); }
 
 tcg_status tcg_graph_new(int, tcg_graph**) { return no_cuda(); }
+tcg_status tcg_graph_update_from(tcg_graph*, tcg_graph*, int*, int*) { return no_cuda(); }
 tcg_status tcg_graphed_new(tcg_graph*, tcg_graph*, tcg_tensor*, size_t, size_t, tcg_tensor*, size_t,
                            tcg_tensor*, tcg_tensor*, tcg_graphed**) {
   return no_cuda();

@@ -172,6 +172,8 @@ tcg_status tcg_tensor_storage_nbytes(tcg_tensor t, size_t* out);
 void tcg_watch_free(tcg_watch* w);
 tcg_status tcg_watch_add(tcg_watch* w, tcg_tensor* ts, size_t n);
 tcg_status tcg_watch_check(tcg_watch* w, size_t* index);
+// Records what every watched tensor's storage, dtype and shape are now (after a recapture).
+tcg_status tcg_watch_refresh(tcg_watch* w);
 
 // ---------------------------------------------------------------- feed.cpp (CPU and CUDA)
 // dst.copy_(src, non_blocking): from pinned host memory (or device to device) the copy is queued
@@ -222,6 +224,13 @@ tcg_status tcg_graph_capture_abort(tcg_graph* g, int* was_invalidated);
 tcg_status tcg_graph_instantiate(tcg_graph* g);
 tcg_status tcg_graph_replay(tcg_graph* g);
 tcg_status tcg_graph_upload(tcg_graph* g);
+// Makes g's executable run other's captured work (cudaGraphExecUpdate), instead of
+// instantiating other: other must keep its cudaGraph_t and be captured on g's device; g is
+// instantiated first if it was not. Updated (*updated = 1): g takes over other's capture (graph,
+// pool reference, RNG states) and other is reset (empty, its old capture released with g's old
+// one). Not updated (*updated = 0, *result the cudaGraphExecUpdateResult: 2 topology changed,
+// 3 node type changed, 5 parameters changed, ...): nothing changed.
+tcg_status tcg_graph_update_from(tcg_graph* g, tcg_graph* other, int* updated, int* result);
 tcg_status tcg_graph_reset(tcg_graph* g);
 tcg_status tcg_graph_pool(tcg_graph* g, tcg_pool_id* out);
 tcg_status tcg_graph_debug_dump(tcg_graph* g, const char* path);

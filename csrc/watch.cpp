@@ -76,6 +76,19 @@ void tcg_watch_free(tcg_watch* w) {
   }
 }
 
+tcg_status tcg_watch_refresh(tcg_watch* w) {
+  return tcg::guard([&] {
+    for (auto& e : w->entries) {
+      const at::Tensor& t = e.tensor;
+      e.has_storage = t.has_storage();
+      e.data = e.has_storage ? t.unsafeGetTensorImpl()->unsafe_storage().data() : nullptr;
+      e.offset = e.has_storage ? t.storage_offset() : 0;
+      e.dtype = t.dtype();
+      e.sizes = t.sizes().vec();
+    }
+  });
+}
+
 tcg_status tcg_watch_add(tcg_watch* w, tcg_tensor* ts, size_t n) {
   return tcg::guard([&] {
     std::vector<entry> added;

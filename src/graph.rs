@@ -232,6 +232,58 @@ impl CudaGraph {
         check(unsafe { ffi::tcg_graph_upload(self.raw.as_ptr()) })
     }
 
+    /// Makes this graph's executable run `other`'s captured work without instantiating it
+    /// (`cudaGraphExecUpdate`), and returns whether it could. Instantiating a large graph costs
+    /// milliseconds; an update, when the topology matches, a fraction of that. Use it to capture
+    /// the same step again (new tensor addresses after a parameter's storage was replaced, a
+    /// shape captured again after eviction) and keep the executable.
+    ///
+    /// `other` must keep its `cudaGraph_t` ([`CudaGraph::with_keep_graph`]`(true)`) and be captured
+    /// on this graph's device; this graph is instantiated first if it was not yet.
+    ///
+    /// - `Ok(true)`: updated. This graph takes over `other`'s capture (its graph, its pool
+    ///   reference, its RNG state increments, what it [`retain`](Self::retain)s) and replays
+    ///   `other`'s work from now on; its own old capture is released, and `other` is left empty
+    ///   (it can capture again).
+    /// - `Ok(false)`: CUDA refused the update; nothing changed on either side.
+    ///
+    /// What updates: the same nodes with the same dependencies (the same sequence of kernels
+    /// and copies), whose kernel arguments (tensor addresses, sizes, scalars), launch
+    /// dimensions and memcpy/memset addresses may differ. What does not: a different number of
+    /// nodes or other edges (another shape that changes the kernel sequence, an extra op), a node
+    /// of another type, a kernel replaced by another kernel (cuBLAS choosing another algorithm
+    /// for another shape), memory on another device.
+    ///
+    /// ```no_run
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// use tch::{Device, Kind, Tensor};
+    /// use tch_cuda_graphs::{CaptureOptions, CudaGraph};
+    /// let (a, b) = (Tensor::ones([8], (Kind::Float, Device::Cuda(0))), Tensor::ones([8], (Kind::Float, Device::Cuda(0))));
+    /// let mut g = CudaGraph::new()?;
+    /// let _out_a = g.capture(CaptureOptions::default(), || Ok(a.f_mul_scalar(2.0)?))?;
+    /// let mut next = CudaGraph::with_keep_graph(true)?;
+    /// let out_b = next.capture(CaptureOptions::default(), || Ok(b.f_mul_scalar(2.0)?))?;
+    /// assert!(g.update_from(&mut next)?); // same kernel, other addresses: updated in place
+    /// g.replay()?; // writes out_b
+    /// # let _ = out_b; Ok(()) }
+    /// ```
+    pub fn update_from(&mut self, other: &mut CudaGraph) -> Result<bool> {
+        self.require_captured("update_from")?;
+        other.require_captured("update_from (the other graph)")?;
+        let (mut updated, mut result) = (0, 0);
+        // SAFETY: both handles are live and distinct (two `&mut` borrows); out pointers valid.
+        check(unsafe { ffi::tcg_graph_update_from(self.raw.as_ptr(), other.raw.as_ptr(), &mut updated, &mut result) })?;
+        if updated == 0 {
+            return Ok(false);
+        }
+        // This graph now runs other's work: it keeps what other's capture needs alive; its own
+        // old objects go (after the shim released the old capture).
+        let old = std::mem::replace(&mut self.retained, std::mem::take(&mut other.retained));
+        other.state = State::Empty;
+        drop(old);
+        Ok(true)
+    }
+
     /// Frees the captured graph and releases its pool reference; the graph can capture again.
     /// Tensors returned by the capture stay valid (their blocks return to the pool when freed).
     /// What was [`retain`](Self::retain)ed is released too.

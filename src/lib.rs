@@ -74,5 +74,5 @@ pub use graphed::{make_graphed_callables, Callable, GraphedCallable, GraphedOpti
 pub use memory::{empty_cache, memory_stats, pool_memory, reset_peak_stats, MemoryStats, PoolMemory};
 pub use pool::{graph_pool_handle, MemPool, PoolId};
 pub use stream::{is_current_stream_capturing, CaptureStatus, Event, Stream, StreamGuard};
-pub use train_step::{StepOptions, TrainStep, DEFAULT_MAX_GRAPHS};
+pub use train_step::{Recaptured, StepOptions, TrainStep, DEFAULT_MAX_GRAPHS};
 pub use watch::TensorWatch;

@@ -120,6 +120,15 @@ impl StepOptions {
     }
 }
 
+/// What [`TrainStep::recapture`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Recaptured {
+    /// Graphs whose executable was updated in place to the new capture.
+    pub updated: usize,
+    /// Graphs replaced by the new capture (CUDA refused the update: another topology).
+    pub replaced: usize,
+}
+
 /// The static inputs, outputs and graph of one batch shape.
 struct ShapeEntry {
     shape: Vec<Vec<i64>>,
@@ -670,6 +679,68 @@ impl TrainStep {
     /// The graph of the last run's shape, once captured (node counts, upload, ...).
     pub fn graph_mut(&mut self) -> Option<&mut CudaGraph> {
         self.shapes[self.current].graph.as_mut()
+    }
+
+    /// Captures every graph of the step again, on what its tensors are now, after a watched
+    /// tensor's storage was replaced (a parameter's `set_data`, a reloaded buffer: the runs that
+    /// returned [`Error::StaleGraph`]), and accepts the new storage from here on. Each new
+    /// capture updates the old graph's executable in place where CUDA allows it
+    /// ([`CudaGraph::update_from`]: the same kernels on other addresses), which costs less
+    /// than instantiating; otherwise the new graph replaces the old one. Nothing trains: like a
+    /// capture, it only records. The replaced tensors must keep their shapes and dtypes (the
+    /// optimizer's state was made for them). Shapes without a graph yet (still warming up)
+    /// and the eager fallback only accept the new storage.
+    ///
+    /// ```no_run
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// # use tch::{nn, Device, Kind, Tensor};
+    /// # use tch_cuda_graphs::{Error, StepOptions, TrainStep};
+    /// # let vs = nn::VarStore::new(Device::Cuda(0));
+    /// # let x = Tensor::zeros([1], (Kind::Float, Device::Cuda(0)));
+    /// # let mut step = TrainStep::new(&[("x", &x)], StepOptions::default(), |_| Ok(vec![]))?;
+    /// match step.run(&[&x]) {
+    ///     Err(Error::StaleGraph { .. }) => {
+    ///         let r = step.recapture()?;
+    ///         println!("{} graphs updated in place, {} replaced", r.updated, r.replaced);
+    ///         step.run(&[&x])?;
+    ///     }
+    ///     other => drop(other?),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn recapture(&mut self) -> Result<Recaptured> {
+        let mut report = Recaptured::default();
+        if self.graphed {
+            let capture = match &self.pool {
+                Some(pool) => self.options.capture.pool(pool.id()).device(self.device),
+                None => self.options.capture,
+            }
+            .keep_graph(true);
+            let TrainStep { shapes, step_fn, options, captures, .. } = self;
+            for entry in shapes.iter_mut().filter(|e| e.graph.is_some()) {
+                let inputs = &entry.inputs;
+                let (mut graph, outputs) =
+                    capture_with_warmup(0, capture, || compact(call_step(step_fn, options.autocast, inputs)?))?;
+                *captures += 1;
+                let updated = match entry.graph.as_mut() {
+                    Some(old) => old.update_from(&mut graph)?,
+                    None => false,
+                };
+                if updated {
+                    report.updated += 1;
+                } else {
+                    graph.instantiate()?;
+                    entry.graph = Some(graph);
+                    report.replaced += 1;
+                }
+                entry.outputs = outputs;
+            }
+        }
+        self.watch.refresh()?;
+        for entry in &mut self.shapes {
+            entry.watch.refresh()?;
+        }
+        Ok(report)
     }
 
     /// Keeps `tensors` alive as long as the step and checks before every run that each still

@@ -74,6 +74,14 @@ impl TensorWatch {
         self.names.is_empty()
     }
 
+    /// Records what every watched tensor's storage, dtype and shape are now, so that
+    /// [`check`](Self::check) compares with them from here on (after whatever uses the tensors
+    /// was rebuilt on the new storage, e.g. [`crate::TrainStep::recapture`]).
+    pub fn refresh(&mut self) -> Result<()> {
+        // SAFETY: `self.raw` is live and exclusively borrowed; the shim re-reads the tensors it holds.
+        check(unsafe { ffi::tcg_watch_refresh(self.raw.as_ptr()) })
+    }
+
     /// `Ok` when every watched tensor still has the storage, dtype and shape it had when added;
     /// otherwise [`Error::StaleGraph`] naming the first that changed.
     pub fn check(&self) -> Result<()> {

@@ -511,6 +511,25 @@ fn train_step_refuses_to_run_on_replaced_storage() {
     }
 }
 
+/// The eager fallback's recapture only accepts the new storage (there is no graph), and the
+/// step runs again; a watch refreshed after a change passes until the next change.
+#[test]
+fn recapture_on_the_eager_fallback_accepts_the_new_storage() {
+    let (mut step, vs, x, y) = mlp_step(Device::Cpu, StepOptions::default().warmup(1));
+    step.watch_vars(&vs).unwrap();
+    step.run(&[&x, &y]).unwrap();
+    let mut p = vs.trainable_variables().remove(0);
+    let copy = p.copy();
+    tch::no_grad(|| p.set_data(&copy));
+    assert!(matches!(step.run(&[&x, &y]), Err(Error::StaleGraph { .. })));
+    let r = step.recapture().unwrap();
+    assert_eq!((r.updated, r.replaced), (0, 0), "nothing to capture on the CPU");
+    step.run(&[&x, &y]).expect("runs on the new storage");
+    let again = p.copy();
+    tch::no_grad(|| p.set_data(&again));
+    assert!(matches!(step.run(&[&x, &y]), Err(Error::StaleGraph { .. })), "the refreshed watch sees the next change");
+}
+
 #[test]
 fn tensor_watch_sees_storage_dtype_and_shape_changes_only() {
     let a = Tensor::zeros([8], (Kind::Float, Device::Cpu));

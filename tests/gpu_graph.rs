@@ -813,3 +813,87 @@ fn ops_under_an_invalidated_capture_fail_without_panicking() {
     assert!(panicked.is_err(), "tch 0.24's scalar ops panic on failure (if this changed, update the docs)");
     assert_healthy(d);
 }
+
+/// cudaGraphExecUpdate: a capture of the same work on other tensors replaces a graph's work in
+/// its executable; another topology is refused with nothing changed; misuse is an error; memory
+/// is back where it was once the graphs are gone.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn update_from_takes_over_a_capture_of_the_same_topology_and_refuses_another() {
+    let d = cuda();
+    let opts = CaptureOptions::default().device(d);
+    let work = |t: &Tensor| -> tch_cuda_graphs::Result<Tensor> { Ok(t.f_mul_scalar(2.0)?.f_relu()?) };
+    // warm the kernels once, so that nothing lazy lands in the figures
+    drop(work(&full(1.0, 1024, d)).unwrap());
+    synchronize(d).unwrap();
+    empty_cache().unwrap();
+    let start = memory_stats(d).unwrap();
+    {
+        let (a, b) = (full(1.0, 1024, d), full(1.0, 1024, d));
+        let mut g = CudaGraph::new().unwrap();
+        let ya = g.capture(opts, || work(&a)).unwrap();
+        let mut next = CudaGraph::with_keep_graph(true).unwrap();
+        let yb = next.capture(opts, || work(&b)).unwrap();
+        assert!(g.update_from(&mut next).expect("update"), "same kernels on other addresses update");
+        assert!(!next.is_captured(), "the other graph's capture moved into this one");
+        let mut b = b;
+        let _ = b.fill_(3.0);
+        g.replay().unwrap();
+        println!(
+            "after the update, one replay: the other capture's output {} (this one's kept {})",
+            value(&yb),
+            value(&ya)
+        );
+        assert_eq!((value(&yb), value(&ya)), (6.0, 0.0), "the executable now runs the other capture's work");
+        // another topology: refused, nothing changed
+        let mut other = CudaGraph::with_keep_graph(true).unwrap();
+        let yc = other.capture(opts, || Ok(work(&a)?.f_sin()?)).unwrap();
+        assert!(!g.update_from(&mut other).expect("a refused update is not an error"));
+        assert!(other.is_captured() && g.is_captured(), "a refused update changes nothing");
+        let _ = b.fill_(4.0);
+        g.replay().unwrap();
+        other.replay().unwrap();
+        assert_eq!(value(&yb), 8.0);
+        assert!((value(&yc) - 2f64.sin()).abs() < 1e-6);
+        // misuse: a graph that does not keep its cudaGraph_t, an empty one, itself through a reset
+        let mut unkept = CudaGraph::new().unwrap();
+        let _y = unkept.capture(opts, || work(&a)).unwrap();
+        let e = g.update_from(&mut unkept).expect_err("the other graph must keep its graph");
+        println!("{e}");
+        assert!(matches!(e, Error::Misuse(_)), "{e:?}");
+        let mut empty = CudaGraph::with_keep_graph(true).unwrap();
+        assert!(matches!(g.update_from(&mut empty), Err(Error::Misuse(_))));
+        // the emptied graph captures again
+        let _again = next.capture(opts, || work(&a)).unwrap();
+        next.replay().unwrap();
+    }
+    assert_memory_back(d, &start, "update_from, graphs and outputs dropped");
+    assert_healthy(d);
+}
+
+/// RNG: after an update, the executable draws with the adopted capture's offsets: a replay equals
+/// the same op run eagerly from the same seed, and random ops work once the graphs are gone.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn update_from_carries_the_rng_state_of_the_adopted_capture() {
+    let d = cuda();
+    let opts = CaptureOptions::default().device(d);
+    let (x1, x2) = (Tensor::ones([4096], (Kind::Float, d)), Tensor::ones([4096], (Kind::Float, d)) * 3.0);
+    let mut g = CudaGraph::new().unwrap();
+    let _y1 = g.capture(opts, || Ok(x1.f_dropout(0.5, true)?)).unwrap();
+    let mut next = CudaGraph::with_keep_graph(true).unwrap();
+    let y2 = next.capture(opts, || Ok(x2.f_dropout(0.5, true)?)).unwrap();
+    assert!(g.update_from(&mut next).unwrap());
+    tch::manual_seed(11);
+    g.replay().unwrap();
+    let replayed = y2.copy();
+    tch::manual_seed(11);
+    let eager = x2.dropout(0.5, true);
+    let diff = f64::try_from((&replayed - &eager).abs().max()).unwrap();
+    println!("dropout replayed through the updated executable vs eager from the same seed: {diff:e}");
+    assert_eq!(diff, 0.0);
+    drop(g);
+    drop(next);
+    let r = Tensor::rand([16], (Kind::Float, d));
+    assert!(f64::try_from(r.sum(Kind::Double)).unwrap().is_finite(), "random ops work after the graphs are gone");
+}

@@ -322,3 +322,53 @@ fn an_out_of_memory_is_typed_the_same_on_every_path() {
     let r = tch_cuda_graphs::run_on_capture_stream(d, || huge().map(drop).map_err(Error::from));
     expect_oom("run_on_capture_stream", r);
 }
+
+/// Parameters whose storage was replaced (`set_data` with the same values): the step says
+/// StaleGraph, `recapture()` captures it again on the new storage (updating the executable in
+/// place), and training goes on equal to an eager twin whose parameters were replaced alike.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn recapture_after_replaced_parameters_updates_in_place_and_trains_like_eager() {
+    let d = cuda();
+    tch::manual_seed(12);
+    let (vs, model, vs_e, model_e) = twin_mlps(d, 16, 64, 2);
+    let opt = Adam::new(&vs, AdamConfig::default().lr(1e-2)).unwrap();
+    let mut opt_e = Adam::new(&vs_e, AdamConfig::default().lr(1e-2)).unwrap();
+    let batches: Vec<(Tensor, Tensor)> = (0..30).map(|_| batch(d, 32, 16, 2)).collect();
+    let (x0, y0) = &batches[0];
+    let mut step = step_for(model, Box::new(opt), x0, y0, StepOptions::default(), None).unwrap();
+    step.watch_vars(&vs).unwrap();
+    let eager = |opt: &mut Adam, x: &Tensor, y: &Tensor| {
+        opt.zero_grad().unwrap();
+        mse(&model_e, x, y).backward();
+        opt.step().unwrap();
+    };
+    for (x, y) in &batches[..10] {
+        step.run(&[x, y]).unwrap();
+        eager(&mut opt_e, x, y);
+    }
+    assert_eq!(step.graph_count(), 1);
+    // replace every parameter's storage (same values) on both sides
+    for vars in [vs.trainable_variables(), vs_e.trainable_variables()] {
+        for mut p in vars {
+            let copy = p.copy();
+            tch::no_grad(|| p.set_data(&copy));
+        }
+    }
+    let (x, y) = &batches[10];
+    assert!(matches!(step.run(&[x, y]), Err(Error::StaleGraph { .. })), "the step sees the new storage");
+    let captures = step.captures();
+    let r = step.recapture().expect("recapture");
+    println!("recapture: {r:?}, captures {captures} -> {}", step.captures());
+    assert_eq!((r.updated, r.replaced), (1, 0), "the same step on other addresses updates in place");
+    for (x, y) in &batches[10..] {
+        step.run(&[x, y]).unwrap();
+        eager(&mut opt_e, x, y);
+    }
+    synchronize(d).unwrap();
+    let diff = max_param_diff(&vs, &vs_e);
+    println!(
+        "30 steps, parameters replaced after 10 and the step recaptured: max parameter difference vs eager {diff:e}"
+    );
+    assert_eq!(diff, 0.0);
+}

@@ -67,6 +67,8 @@ TCG_FORWARD(cudaStreamIsCapturing, (cudaStream_t s, enum cudaStreamCaptureStatus
 TCG_FORWARD(cudaStreamEndCapture, (cudaStream_t s, cudaGraph_t* g), (s, g))
 TCG_FORWARD(cudaGraphDestroy, (cudaGraph_t g), (g))
 TCG_FORWARD(cudaGraphUpload, (cudaGraphExec_t e, cudaStream_t s), (e, s))
+TCG_FORWARD(cudaGraphExecUpdate, (cudaGraphExec_t e, cudaGraph_t g, cudaGraphExecUpdateResultInfo* info),
+            (e, g, info))
 TCG_FORWARD(cudaGraphDebugDotPrint, (cudaGraph_t g, const char* p, unsigned int f), (g, p, f))
 TCG_FORWARD(cudaGraphGetNodes, (cudaGraph_t g, cudaGraphNode_t* n, size_t* c), (g, n, c))
 TCG_FORWARD(cudaGraphNodeGetType, (cudaGraphNode_t n, enum cudaGraphNodeType* t), (n, t))

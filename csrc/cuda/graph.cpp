@@ -77,6 +77,37 @@ struct tcg_graph : at::cuda::CUDAGraph {
     }
   }
 
+  // After cudaGraphExecUpdate made this graph's executable run `other`'s work: this graph takes
+  // over `other`'s capture (its cudaGraph_t, pool reference, capture stream and RNG generator
+  // states with their whole-graph increments), `other` takes this graph's old one and is reset
+  // (releasing it). The generator states' sets of registered graphs are edited in place, never
+  // through unregister_graph, which frees the states' device seed and offset (still read by
+  // the captured kernels) when its set empties.
+  void adopt_capture_of(tcg_graph* other) {
+    std::swap(graph_, other->graph_);
+    std::swap(has_graph_, other->has_graph_);
+    std::swap(mempool_id_, other->mempool_id_);
+    std::swap(capture_stream_, other->capture_stream_);
+    std::swap(capture_id_, other->capture_id_);
+    std::swap(capture_dev_, other->capture_dev_);
+    std::swap(captured_generator_states_, other->captured_generator_states_);
+    for (auto& entry : captured_generator_states_) entry.first->registered_graphs_.insert(this);
+    for (auto& entry : other->captured_generator_states_) entry.first->registered_graphs_.insert(other);
+    for (auto& entry : other->captured_generator_states_) {
+      if (captured_generator_states_.count(entry.first) == 0) entry.first->registered_graphs_.erase(this);
+    }
+    for (auto& entry : captured_generator_states_) {
+      if (other->captured_generator_states_.count(entry.first) == 0) entry.first->registered_graphs_.erase(other);
+    }
+    if (!keep && has_graph_) {  // this graph does not keep a cudaGraph_t: drop the adopted one
+      check_cuda(cudaGraphDestroy(graph_), "cudaGraphDestroy");
+      graph_ = nullptr;
+      has_graph_ = false;
+    }
+    other->reset();
+    other->captured = false;
+  }
+
   // Tears down everything a started capture holds, and the graph and executable it made.
   // Never throws. Returns whether CUDA had invalidated the capture; libtorch warnings raised on
   // the way are appended to *warnings.
@@ -274,6 +305,35 @@ tcg_status tcg_graph_upload(tcg_graph* g) {
     }
     check_cuda(cudaGraphUpload(exec, c10::cuda::getCurrentCUDAStream(dev).stream()),
                "cudaGraphUpload");
+  });
+}
+
+tcg_status tcg_graph_update_from(tcg_graph* g, tcg_graph* other, int* updated, int* result) {
+  return guard([&] {
+    *updated = 0;
+    *result = 0;
+    if (g == other) misuse("update_from: a graph cannot update from itself");
+    if (!g->captured || !other->captured) misuse("update_from: both graphs must hold a successful capture");
+    if (!other->keep) {
+      misuse("update_from: the other graph must keep its cudaGraph_t (CudaGraph::with_keep_graph(true))");
+    }
+    if (g->capture_device() != other->capture_device()) misuse("update_from: the graphs were captured on different devices");
+    c10::cuda::CUDAGuard device(g->capture_device());
+    try {
+      (void)g->raw_cuda_graph_exec();
+    } catch (const c10::Error&) {
+      g->instantiate();  // a kept graph not replayed yet: nothing to update without an executable
+    }
+    cudaGraphExecUpdateResultInfo info{};
+    cudaError_t err = cudaGraphExecUpdate(g->raw_cuda_graph_exec(), other->raw_cuda_graph(), &info);
+    *result = static_cast<int>(info.result);
+    if (err == cudaErrorGraphExecUpdateFailure) {
+      (void)cudaGetLastError();  // not performed: the executable is unchanged
+      return;
+    }
+    check_cuda(err, "cudaGraphExecUpdate");
+    g->adopt_capture_of(other);
+    *updated = 1;
   });
 }
 

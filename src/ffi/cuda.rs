@@ -114,6 +114,12 @@ extern "C" {
     pub fn tcg_graph_instantiate(g: *mut tcg_graph) -> tcg_status;
     pub fn tcg_graph_replay(g: *mut tcg_graph) -> tcg_status;
     pub fn tcg_graph_upload(g: *mut tcg_graph) -> tcg_status;
+    pub fn tcg_graph_update_from(
+        g: *mut tcg_graph,
+        other: *mut tcg_graph,
+        updated: *mut c_int,
+        result: *mut c_int,
+    ) -> tcg_status;
     pub fn tcg_graph_reset(g: *mut tcg_graph) -> tcg_status;
     pub fn tcg_graph_pool(g: *mut tcg_graph, out: *mut tcg_pool_id) -> tcg_status;
     pub fn tcg_graph_debug_dump(g: *mut tcg_graph, path: *const c_char) -> tcg_status;

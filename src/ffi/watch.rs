@@ -11,5 +11,6 @@ extern "C" {
     pub fn tcg_tensor_storage_nbytes(t: tcg_tensor, out: *mut usize) -> tcg_status;
     pub fn tcg_watch_free(w: *mut tcg_watch);
     pub fn tcg_watch_add(w: *mut tcg_watch, ts: *const tcg_tensor, n: usize) -> tcg_status;
+    pub fn tcg_watch_refresh(w: *mut tcg_watch) -> tcg_status;
     pub fn tcg_watch_check(w: *mut tcg_watch, index: *mut usize) -> tcg_status;
 }
