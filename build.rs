@@ -213,6 +213,7 @@ fn main() {
         }
         build.files([
             "csrc/cuda/device.cpp",
+            "csrc/cuda/conditional.cpp",
             "csrc/cuda/graph.cpp",
             "csrc/cuda/graphed.cpp",
             "csrc/cuda/memory.cpp",

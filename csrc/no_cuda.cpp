@@ -39,6 +39,11 @@ tcg_status tcg_event_synchronize(tcg_event*) { return no_cuda(); }
 
 tcg_status tcg_graph_new(int, tcg_graph**) { return no_cuda(); }
 tcg_status tcg_graph_update_from(tcg_graph*, tcg_graph*, int*, int*) { return no_cuda(); }
+tcg_status tcg_cond_begin(int, tcg_tensor, tcg_pool_id, int64_t, tcg_tensor, tcg_tensor, tcg_cond**) {
+  return no_cuda();
+}
+tcg_status tcg_cond_end(tcg_cond*) { return no_cuda(); }
+void tcg_cond_free(tcg_cond*) {}
 tcg_status tcg_graphed_new(tcg_graph*, tcg_graph*, tcg_tensor*, size_t, size_t, tcg_tensor*, size_t,
                            tcg_tensor*, tcg_tensor*, tcg_graphed**) {
   return no_cuda();

@@ -14,6 +14,7 @@
 //   csrc/autograd.cpp     autograd::grad (CPU and CUDA)
 //   csrc/cuda/graph.cpp   CUDA graphs                      (CUDA builds)
 //   csrc/cuda/graphed.cpp graphed callables: the autograd function over two graphs (CUDA builds)
+//   csrc/cuda/conditional.cpp  conditional IF / WHILE nodes inside a capture (CUDA builds)
 //   csrc/cuda/memory.cpp  pools and allocator figures      (CUDA builds)
 //   csrc/cuda/cudart.cpp  CUDA runtime forwarding          (CUDA builds)
 //   csrc/cuda/dist.cpp    process groups over c10d/NCCL  (CUDA builds with NCCL headers)
@@ -52,6 +53,7 @@ typedef struct tcg_autocast_guard tcg_autocast_guard;
 typedef struct tcg_pg tcg_pg;
 typedef struct tcg_buckets tcg_buckets;
 typedef struct tcg_graphed tcg_graphed;
+typedef struct tcg_cond tcg_cond;
 
 // A CUDA stream as c10::Stream::pack3() gives it: plain data, no ownership.
 typedef struct {
@@ -260,6 +262,25 @@ void tcg_graphed_free(tcg_graphed* g);
 // returns the static gradients. That backward fails (TCG_MISUSE) if the forward ran again in
 // between (its activations were overwritten) or under create_graph (no double backward).
 tcg_status tcg_graphed_apply(tcg_graphed* g, tcg_tensor* inputs, size_t n, tcg_tensor* out, size_t n_out);
+
+// ---------------------------------------------------------------- cuda/conditional.cpp
+// Inside a capture under way on the current stream: adds an IF (type 0) or WHILE (type 1) node
+// whose condition is `cond` (one bool/uint8/int32/int64/float32/float64 value on the device, true
+// when non-zero), set on the device by a kernel captured just before the node, and starts
+// capturing its body on a body stream, current until tcg_cond_end; the body's allocations go to
+// `body_pool` (a pool the caller holds until the graph is gone; not the capture's own). WHILE:
+// `counter` and `hit` (int32 on the device) count the iterations of each launch and flag a
+// stop at `max_iters`; the body runs while cond is true after each iteration, at most max_iters
+// times. TCG_UNSUPPORTED without a CUDA 12.3 driver or the own kernels; TCG_MISUSE outside a
+// capture. The body may hold kernels, memsets and memcopies only (no event nodes).
+tcg_status tcg_cond_begin(int type, tcg_tensor cond, tcg_pool_id body_pool, int64_t max_iters, tcg_tensor counter,
+                          tcg_tensor hit, tcg_cond** out);
+// Ends the body's capture (WHILE: after capturing the condition's re-evaluation) and makes the
+// capturing stream current again. On failure everything begin started is undone too.
+tcg_status tcg_cond_end(tcg_cond* c);
+// Undoes what is still open (a body capture after an error or panic: ended and discarded,
+// allocation routing ended, the capturing stream current again) and frees the handle.
+void tcg_cond_free(tcg_cond* c);
 
 // ---------------------------------------------------------------- cuda/memory.cpp
 // Every function here initializes CUDA lazily (as torch.cuda.memory_stats() does), so any of

@@ -48,7 +48,7 @@
 
 use crate::amp::Autocast;
 use crate::device::{current_device, synchronize};
-use crate::error::{Error, Result};
+use crate::error::{check, Error, Result};
 use crate::graph::{CaptureMode, CudaGraph};
 use crate::memory::{empty_cache, empty_host_cache, OomWatch};
 use crate::pool::PoolId;
@@ -248,6 +248,13 @@ pub fn retain_in_capture<T: Send + 'static>(device: Device, object: T) -> bool {
     }
 }
 
+/// Whether one of this crate's captures is being recorded on `device` (so that
+/// [`retain_in_capture`] keeps what it is given).
+pub(crate) fn recording(device: Device) -> bool {
+    let Device::Cuda(i) = device else { return false };
+    keep_alive().lock().unwrap_or_else(|p| p.into_inner()).contains_key(&i)
+}
+
 /// The keep-alive slot of one capture: open while it records, emptied into the graph on
 /// success, and closed (its objects dropped, outside the lock) on every path.
 struct KeepAliveSlot(usize);
@@ -340,6 +347,12 @@ pub(crate) fn record<T>(
         return Err(Error::Misuse(format!("capture device must be a CUDA device, got {device:?}")));
     };
     let keep = KeepAliveSlot::open(index);
+    // The crate's own kernels (optimizers, conditional nodes) load outside the capture, where a
+    // load is allowed; without them (not built, no code for this GPU) the capture goes on and
+    // what needs them says so.
+    // SAFETY: a plain device index; the shim only loads and checks. `check` reads (and clears)
+    // the message of a refusal.
+    let _ = check(unsafe { crate::ffi::tcg_own_kernels_check(index as i32) });
     graph.capture_begin(options.pool, options.mode)?;
     let mut guard = AbortOnDrop { graph, armed: true };
     match catch_unwind(AssertUnwindSafe(f)) {

@@ -15,6 +15,7 @@
 //! - [`graphed`]: [`make_graphed_callables`], parts of a model (forward and backward) as graphs
 //!   inside an eager loop (PyTorch's `torch.cuda.make_graphed_callables`); [`autograd`]:
 //!   `autograd::grad` with output gradients.
+//! - [`control`]: conditional IF and WHILE nodes inside a capture (decisions on the device).
 //! - [`amp`]: mixed precision: the [`amp::Autocast`] guard and [`amp::GradScaler`] on the device.
 //! - [`optim`]: capturable fused [`optim::Sgd`] and [`optim::Adam`] (Adam/AdamW) on the crate's
 //!   own kernels (every SM busy whatever the parameter count; PyTorch's fused kernels as the
@@ -45,6 +46,7 @@ pub mod bucket;
 pub mod capture;
 pub mod checkpoint;
 pub mod clip;
+pub mod control;
 pub mod device;
 pub mod dist;
 pub mod error;

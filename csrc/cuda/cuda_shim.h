@@ -98,6 +98,13 @@ inline int capture_status_of(cudaStream_t s) {
   }
 }
 
+namespace optim {
+// A kernel of the crate's own fat binary by name (optim_own.cpp), loaded and checked on
+// `device`; throws TCG_UNSUPPORTED with the reason where it cannot run (also when first asked
+// during a capture: load it before, see tcg_own_kernels_check).
+cudaKernel_t kernel(const char* name, int device);
+}  // namespace optim
+
 // Replays a graph of this shim (graph.cpp) on the current stream; throws TCG_MISUSE before a
 // successful capture. For the shim's own users of graphs (graphed.cpp).
 void replay_graph(tcg_graph* g);

@@ -72,6 +72,25 @@ TCG_FORWARD(cudaGraphExecUpdate, (cudaGraphExec_t e, cudaGraph_t g, cudaGraphExe
 TCG_FORWARD(cudaGraphDebugDotPrint, (cudaGraph_t g, const char* p, unsigned int f), (g, p, f))
 TCG_FORWARD(cudaGraphGetNodes, (cudaGraph_t g, cudaGraphNode_t* n, size_t* c), (g, n, c))
 TCG_FORWARD(cudaGraphNodeGetType, (cudaGraphNode_t n, enum cudaGraphNodeType* t), (n, t))
+// conditional nodes (conditional.cpp)
+TCG_FORWARD(cudaDriverGetVersion, (int* v), (v))
+TCG_FORWARD(cudaStreamGetCaptureInfo,
+            (cudaStream_t s, enum cudaStreamCaptureStatus* st, unsigned long long* id, cudaGraph_t* g,
+             const cudaGraphNode_t** deps, const cudaGraphEdgeData** edges, size_t* n),
+            (s, st, id, g, deps, edges, n))
+TCG_FORWARD(cudaGraphConditionalHandleCreate,
+            (cudaGraphConditionalHandle * h, cudaGraph_t g, unsigned int v, unsigned int f), (h, g, v, f))
+TCG_FORWARD(cudaGraphAddNode,
+            (cudaGraphNode_t * node, cudaGraph_t g, const cudaGraphNode_t* deps, const cudaGraphEdgeData* edges,
+             size_t n, struct cudaGraphNodeParams* p),
+            (node, g, deps, edges, n, p))
+TCG_FORWARD(cudaStreamUpdateCaptureDependencies,
+            (cudaStream_t s, cudaGraphNode_t* deps, const cudaGraphEdgeData* edges, size_t n, unsigned int f),
+            (s, deps, edges, n, f))
+TCG_FORWARD(cudaStreamBeginCaptureToGraph,
+            (cudaStream_t s, cudaGraph_t g, const cudaGraphNode_t* deps, const cudaGraphEdgeData* edges, size_t n,
+             enum cudaStreamCaptureMode m),
+            (s, g, deps, edges, n, m))
 // the own optimizer kernels (optim_own.cpp)
 TCG_FORWARD(cudaLibraryLoadData,
             (cudaLibrary_t * lib, const void* code, enum cudaJitOption* jo, void** jv,

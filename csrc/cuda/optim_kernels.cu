@@ -226,3 +226,6 @@ TCG_KERNELS(float, f32)
 TCG_KERNELS(double, f64)
 TCG_KERNELS(at::Half, f16)
 TCG_KERNELS(at::BFloat16, bf16)
+
+// The fat binary holds the crate's other own kernel too: the conditional nodes' setter.
+#include "cond_kernels.cuh"

@@ -35,6 +35,7 @@ std::vector<std::string> kernel_names() {
     }
     for (const char* depth : {"2", "3"}) names.push_back(std::string("tcg_sgd_") + t + "_" + depth);
   }
+  names.push_back("tcg_cond_set");  // cond_kernels.cuh
   return names;
 }
 
@@ -263,6 +264,16 @@ std::string unavailable(int device) {
   Library& l = library();
   library_made.store(true);
   return check_device(l, device);
+}
+
+cudaKernel_t kernel(const char* name, int device) {
+  std::string why = unavailable(device);
+  if (!why.empty()) throw exception(TCG_UNSUPPORTED, std::string("the crate's own kernels: ") + why);
+  Library& l = library();
+  std::lock_guard<std::mutex> lock(l.mu);
+  auto it = l.kernels.find(name);
+  if (it == l.kernels.end()) throw exception(TCG_UNSUPPORTED, std::string("own kernel ") + name + " missing");
+  return it->second;
 }
 
 bool adam(bool adamw, const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,

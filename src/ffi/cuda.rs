@@ -18,6 +18,10 @@ pub struct tcg_mempool {
 pub struct tcg_event {
     _private: [u8; 0],
 }
+#[repr(C)]
+pub struct tcg_cond {
+    _private: [u8; 0],
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -125,6 +129,19 @@ extern "C" {
     pub fn tcg_graph_debug_dump(g: *mut tcg_graph, path: *const c_char) -> tcg_status;
     pub fn tcg_graph_node_count(g: *mut tcg_graph, out: *mut usize) -> tcg_status;
     pub fn tcg_graph_node_kinds(g: *mut tcg_graph, out: *mut NodeKinds) -> tcg_status;
+
+    // cuda/conditional.cpp
+    pub fn tcg_cond_begin(
+        kind: c_int,
+        cond: super::tcg_tensor,
+        body_pool: tcg_pool_id,
+        max_iters: i64,
+        counter: super::tcg_tensor,
+        hit: super::tcg_tensor,
+        out: *mut *mut tcg_cond,
+    ) -> tcg_status;
+    pub fn tcg_cond_end(c: *mut tcg_cond) -> tcg_status;
+    pub fn tcg_cond_free(c: *mut tcg_cond);
 
     // cuda/memory.cpp
     pub fn tcg_graph_pool_handle(out: *mut tcg_pool_id) -> tcg_status;

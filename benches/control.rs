@@ -1,0 +1,128 @@
+//! Benchmark: K training steps in one graph launch (a WHILE node over a device-resident dataset)
+//! against one replay per step. Replays queued back to back already hide the launch, so K steps
+//! per launch buy no GPU time by themselves: what they buy is the host. Per model (Adam, fp32,
+//! batch from a device dataset of 64 batches, the batch index advanced inside the graph):
+//! - GPU time per step: median over blocks of (block time / steps), the device synchronized
+//!   around each block of 200 steps, for single replays and for K = 1, 10, 100 steps a launch;
+//! - host time per step: the time the host spends in the launch calls (`replay()`), per step.
+//!
+//! `cargo bench --bench control -- [--blocks N]`
+
+use std::time::Instant;
+use tch::{nn, nn::Module, Device, Kind, Tensor};
+use tch_cuda_graphs::control::capture_while;
+use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
+use tch_cuda_graphs::{cuda_is_available, synchronize, CaptureOptions, CudaGraph, Result};
+
+const DATASET: i64 = 64;
+const STEPS_PER_BLOCK: usize = 200;
+
+fn mlp(vs: &nn::VarStore, width: i64, layers: usize) -> nn::Sequential {
+    let mut s = nn::seq();
+    for l in 0..layers {
+        s = s.add(nn::linear(vs.root() / format!("l{l}"), width, width, Default::default()));
+        if l + 1 < layers {
+            s = s.add_fn(|x| x.relu());
+        }
+    }
+    s
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// A graph of `k` training steps (k = 0: one plain step, no WHILE node), each on batch i of the
+/// dataset, i advanced modulo the dataset inside the graph.
+fn capture_steps(
+    device: Device,
+    (width, layers, batch): (i64, usize, i64),
+    k: i64,
+) -> Result<(CudaGraph, nn::VarStore, Vec<Tensor>)> {
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(device);
+    let model = mlp(&vs, width, layers);
+    let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-4))?;
+    let xs = Tensor::randn([DATASET, batch, width], (Kind::Float, device));
+    let ys = Tensor::randn([DATASET, batch, width], (Kind::Float, device));
+    let mut i = Tensor::zeros([1], (Kind::Int64, device));
+    let always = Tensor::ones([], (Kind::Bool, device));
+    let step = |i: &mut Tensor, opt: &mut Adam| -> Result<()> {
+        let x = xs.f_index_select(0, i)?.f_squeeze_dim(0)?;
+        let y = ys.f_index_select(0, i)?.f_squeeze_dim(0)?;
+        opt.zero_grad()?;
+        model.forward(&x).f_mse_loss(&y, tch::Reduction::Mean)?.f_backward()?;
+        opt.step()?;
+        let next = i.f_add_scalar(1)?.f_remainder(DATASET)?;
+        i.f_copy_(&next)?;
+        Ok(())
+    };
+    for _ in 0..3 {
+        step(&mut i, &mut opt)?; // eager warmup: optimizer state, cuBLAS
+    }
+    synchronize(device)?;
+    let mut g = CudaGraph::new()?;
+    g.capture(CaptureOptions::default(), || {
+        if k == 0 {
+            step(&mut i, &mut opt)
+        } else {
+            let mut i2 = i.shallow_clone();
+            capture_while(&always, k, || step(&mut i2, &mut opt)).map(drop)
+        }
+    })?;
+    g.upload()?;
+    Ok((g, vs, vec![xs, ys, i, always]))
+}
+
+/// (GPU µs per step, host µs per step) of replaying `g`, which runs `per_launch` steps.
+fn time(device: Device, g: &mut CudaGraph, per_launch: usize, blocks: usize) -> (f64, f64) {
+    let launches = STEPS_PER_BLOCK.div_ceil(per_launch).max(1);
+    for _ in 0..launches.min(20) {
+        g.replay().unwrap();
+    }
+    let (mut gpu, mut host) = (Vec::new(), Vec::new());
+    for _ in 0..blocks {
+        synchronize(device).unwrap();
+        let t = Instant::now();
+        let mut in_calls = 0f64;
+        for _ in 0..launches {
+            let c = Instant::now();
+            g.replay().unwrap();
+            in_calls += c.elapsed().as_secs_f64();
+        }
+        synchronize(device).unwrap();
+        let steps = (launches * per_launch) as f64;
+        gpu.push(t.elapsed().as_secs_f64() * 1e6 / steps);
+        host.push(in_calls * 1e6 / steps);
+    }
+    (median(gpu), median(host))
+}
+
+fn main() {
+    let mut blocks = 20usize;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--blocks" {
+            blocks = args.next().and_then(|v| v.parse().ok()).unwrap_or(blocks);
+        }
+    }
+    if !cuda_is_available() {
+        println!("control bench: no CUDA device; nothing to measure");
+        return;
+    }
+    let device = Device::Cuda(0);
+    println!("K training steps per launch (WHILE node) vs one replay per step; Adam, fp32; µs per step");
+    println!("| model | single replays GPU | host | K=1 GPU | host | K=10 GPU | host | K=100 GPU | host |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (name, shape) in [("2 x 64, b32", (64, 2, 32)), ("3 x 256, b32", (256, 3, 32)), ("4 x 512, b64", (512, 4, 64))]
+    {
+        let mut cells = Vec::new();
+        for k in [0i64, 1, 10, 100] {
+            let (mut g, _vs, _keep) = capture_steps(device, shape, k).expect("capture");
+            let (gpu, host) = time(device, &mut g, k.max(1) as usize, blocks);
+            cells.push(format!("{gpu:.1} | {host:.2}"));
+        }
+        println!("| {name} | {} |", cells.join(" | "));
+    }
+}
