@@ -242,3 +242,61 @@ fn conditional_failures_leave_the_process_usable() {
     g.replay().unwrap();
     assert_eq!(value(&x) / 16.0, 2.0, "captures and replays after the failures");
 }
+
+/// Gradient accumulation as a loop in one graph: a WHILE node runs M micro-batches (forward and
+/// backward, the gradients accumulating in place), then the optimizer steps once. Equal to M
+/// eager backwards and one step, bit for bit; and a loop stopped early by a device flag (a
+/// NaN-guard style stop after 2 micro-batches) reports how far it got.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gradient_accumulation_as_a_loop_in_one_graph_equals_eager_accumulation() {
+    let d = cuda();
+    tch::manual_seed(23);
+    let (vs, model, vs_e, model_e) = twin_mlps(d, 16, 64, 4);
+    let m = 4i64;
+    let xs = Tensor::randn([m, 8, 16], (Kind::Float, d));
+    let ys = Tensor::randn([m, 8, 4], (Kind::Float, d));
+    let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-3)).unwrap();
+    let mut opt_e = Adam::new(&vs_e, AdamConfig::default().lr(1e-3)).unwrap();
+    for (o, md) in [(&mut opt, &model), (&mut opt_e, &model_e)] {
+        o.zero_grad().unwrap();
+        mse(md, &xs.get(0), &ys.get(0)).backward();
+        o.step().unwrap(); // state and grads exist: zero_grad_in_place keeps the grads' memory
+    }
+    let mut i = Tensor::zeros([1], (Kind::Int64, d));
+    let mut more = Tensor::ones([], (Kind::Bool, d));
+    let mut stop_after = Tensor::full([], m, (Kind::Int64, d));
+    let mut more_w = more.shallow_clone();
+    let mut g = CudaGraph::new().unwrap();
+    let lp = g
+        .capture(CaptureOptions::default(), || {
+            opt.zero_grad_in_place()?;
+            let _ = i.f_zero_()?;
+            let _ = more.f_fill_(1)?;
+            let lp = capture_while(&more, m, || {
+                let x = xs.f_index_select(0, &i)?.f_squeeze_dim(0)?;
+                let y = ys.f_index_select(0, &i)?.f_squeeze_dim(0)?;
+                mse(&model, &x, &y).f_backward()?;
+                let _ = i.f_add_scalar_(1)?;
+                more_w.f_copy_(&i.f_lt_tensor(&stop_after)?.f_squeeze()?)?;
+                Ok(())
+            })?;
+            opt.step()?;
+            Ok(lp)
+        })
+        .unwrap();
+    for (round, micro) in [(0, m), (1, 2)] {
+        let _ = stop_after.fill_(micro);
+        g.replay().unwrap();
+        opt_e.zero_grad_in_place().unwrap();
+        for b in 0..micro {
+            mse(&model_e, &xs.get(b), &ys.get(b)).backward();
+        }
+        opt_e.step().unwrap();
+        synchronize(d).unwrap();
+        let n = i64::try_from(lp.iterations()).unwrap();
+        let diff = max_param_diff(&vs, &vs_e);
+        println!("round {round}: {n} micro-batches accumulated in one launch, then a step: max parameter difference vs eager {diff:e}");
+        assert_eq!((n, diff), (micro, 0.0));
+    }
+}
