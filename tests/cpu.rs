@@ -712,3 +712,25 @@ fn graphed_callables_need_a_cuda_device_and_cuda_tensors() {
     let none = make_graphed_callables(Vec::new(), GraphedOptions::default());
     assert!(matches!(none, Err(Error::Misuse(_))), "{none:?}");
 }
+
+/// Conditional nodes exist only inside a capture of this crate: on the CPU (and outside any
+/// capture) they are refused with Misuse, before anything is recorded.
+#[test]
+fn conditional_nodes_outside_a_capture_are_misuse() {
+    use tch_cuda_graphs::control::{capture_if, capture_while};
+    let cond = Tensor::ones([], (Kind::Bool, Device::Cpu));
+    let ran = std::cell::Cell::new(false);
+    let e = capture_if(&cond, || {
+        ran.set(true);
+        Ok(())
+    })
+    .expect_err("no capture");
+    assert!(matches!(e, Error::Misuse(_)), "{e:?}");
+    let e = capture_while(&cond, 3, || {
+        ran.set(true);
+        Ok(())
+    })
+    .expect_err("no capture");
+    assert!(matches!(e, Error::Misuse(_)), "{e:?}");
+    assert!(!ran.get(), "the body is not run when refused");
+}
