@@ -17,6 +17,7 @@
 
 #[path = "../tests/common/prenorm.rs"]
 mod prenorm;
+mod timing;
 
 use prenorm::PreLnModel;
 use std::process::Command;
@@ -24,12 +25,10 @@ use std::time::Instant;
 use tch::{nn, nn::Module, Device, Kind, Reduction, Tensor};
 use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
 use tch_cuda_graphs::{
-    cuda_is_available, make_graphed_callables, synchronize, Callable, GraphedCallable, GraphedOptions, StepOptions,
-    TrainStep,
+    cuda_is_available, make_graphed_callables, Callable, GraphedCallable, GraphedOptions, StepOptions, TrainStep,
 };
+use timing::time_steps;
 
-const BLOCK: usize = 50;
-const WARMUP: usize = 20;
 const PHASES: [&str; 6] = ["zero_grad", "blocks", "head+loss", "backward", "optimizer", "host read"];
 
 struct Args {
@@ -78,31 +77,6 @@ fn parse_row(r: &str) -> Option<(i64, usize, i64)> {
     let mut v = r.split(':');
     let row = (v.next()?.parse().ok()?, v.next()?.parse().ok()?, v.next()?.parse().ok()?);
     v.next().is_none().then_some(row)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
-/// Median µs per step of `step(i)`.
-fn time_steps(device: Device, steps: usize, mut step: impl FnMut(usize)) -> f64 {
-    for i in 0..WARMUP {
-        step(i);
-    }
-    let mut per_step = Vec::new();
-    let mut i = 0;
-    for _ in 0..steps.div_ceil(BLOCK) {
-        synchronize(device).unwrap();
-        let t = Instant::now();
-        for _ in 0..BLOCK {
-            step(i);
-            i += 1;
-        }
-        synchronize(device).unwrap();
-        per_step.push(t.elapsed().as_secs_f64() * 1e6 / BLOCK as f64);
-    }
-    median(per_step)
 }
 
 /// Host time per phase of one eager-loop step, accumulated.

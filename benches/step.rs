@@ -22,6 +22,7 @@
 //! each block. Inputs rotate over 8 pre-made batches. fp32, TF32 off on both sides.
 
 mod models;
+mod timing;
 
 use models::{batch, Model, ModelKind};
 use std::fmt::Write as _;
@@ -32,6 +33,7 @@ use tch_cuda_graphs::optim::{Adam, AdamConfig, Kernels, Optimizer, Sgd, SgdConfi
 use tch_cuda_graphs::{
     capture_with_warmup, cuda_is_available, feed, pool_memory, synchronize, CaptureOptions, StepOptions, TrainStep,
 };
+use timing::{median, time_steps, WARMUP};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Opt {
@@ -143,34 +145,6 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
     }
     a.steps = a.steps.max(100);
     Ok(Some(a))
-}
-
-const BLOCK: usize = 50;
-const WARMUP: usize = 20;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
-/// Median µs per step of `step(i)`.
-fn time_steps(device: Device, steps: usize, mut step: impl FnMut(usize)) -> f64 {
-    for i in 0..WARMUP {
-        step(i);
-    }
-    let mut per_step = Vec::new();
-    let mut i = 0;
-    for _ in 0..steps.div_ceil(BLOCK) {
-        synchronize(device).unwrap();
-        let t = Instant::now();
-        for _ in 0..BLOCK {
-            step(i);
-            i += 1;
-        }
-        synchronize(device).unwrap();
-        per_step.push(t.elapsed().as_secs_f64() * 1e6 / BLOCK as f64);
-    }
-    median(per_step)
 }
 
 /// How a benchmarked step runs.

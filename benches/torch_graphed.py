@@ -12,13 +12,13 @@ Modes per (width, blocks, batch):
 Prints `ROW,width,blocks,batch,mode,us` lines.
 """
 import argparse
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BLOCK, WARMUP = 50, 20
+from torch_reference import time_steps  # the same timing method as the other benchmarks
+
 
 
 class PreLnBlock(nn.Module):
@@ -29,22 +29,6 @@ class PreLnBlock(nn.Module):
 
     def forward(self, x):
         return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
-
-
-def timed(steps, step):
-    for i in range(WARMUP):
-        step(i)
-    per_step, i = [], 0
-    for _ in range((steps + BLOCK - 1) // BLOCK):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(BLOCK):
-            step(i)
-            i += 1
-        torch.cuda.synchronize()
-        per_step.append((time.perf_counter() - t) * 1e6 / BLOCK)
-    per_step.sort()
-    return per_step[len(per_step) // 2]
 
 
 def model(w, n, dev):
@@ -81,7 +65,7 @@ def bench_row(w, n, batch, steps, dev):
             opt.step()
             loss.item()
 
-        out[mode] = timed(steps, step)
+        out[mode] = time_steps(steps, step)
 
     # the whole step captured, no host read
     blocks, head = model(w, n, dev)
@@ -116,7 +100,7 @@ def bench_row(w, n, batch, steps, dev):
         sy.copy_(y)
         g.replay()
 
-    out["torch_whole_step"] = timed(steps, replay)
+    out["torch_whole_step"] = time_steps(steps, replay)
     return out
 
 

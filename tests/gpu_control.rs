@@ -131,25 +131,43 @@ fn an_optimizer_step_behind_an_if_node_is_skipped_bit_identically() {
     println!("6 replays, steps 1 and 4 skipped: parameters equal to the eager twin that took the other steps");
 }
 
+/// Twin MLPs 16 → 64 → 4 with Adam, and a dataset of `n` batches of `batch` on the device; each
+/// twin has taken one eager step on batch 0 (optimizer state and gradients exist).
+struct Twins {
+    vs: tch::nn::VarStore,
+    model: tch::nn::Sequential,
+    opt: Adam,
+    vs_e: tch::nn::VarStore,
+    model_e: tch::nn::Sequential,
+    opt_e: Adam,
+    xs: Tensor,
+    ys: Tensor,
+}
+
+fn stepped_twins(seed: i64, n: i64, batch: i64) -> Twins {
+    let d = cuda();
+    tch::manual_seed(seed);
+    let (vs, model, vs_e, model_e) = twin_mlps(d, 16, 64, 4);
+    let xs = Tensor::randn([n, batch, 16], (Kind::Float, d));
+    let ys = Tensor::randn([n, batch, 4], (Kind::Float, d));
+    let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-3)).unwrap();
+    let mut opt_e = Adam::new(&vs_e, AdamConfig::default().lr(1e-3)).unwrap();
+    for (o, m) in [(&mut opt, &model), (&mut opt_e, &model_e)] {
+        o.zero_grad().unwrap();
+        mse(m, &xs.get(0), &ys.get(0)).backward();
+        o.step().unwrap();
+    }
+    Twins { vs, model, opt, vs_e, model_e, opt_e, xs, ys }
+}
+
 /// K training steps in one launch: a WHILE node whose body takes batch i of a device-resident
 /// dataset, trains on it and moves on, stopping early when the loss falls below a bound.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn k_training_steps_in_one_launch_equal_k_single_steps() {
     let d = cuda();
-    tch::manual_seed(22);
-    let (vs, model, vs_e, model_e) = twin_mlps(d, 16, 64, 4);
     let k = 10i64;
-    let xs = Tensor::randn([k, 32, 16], (Kind::Float, d));
-    let ys = Tensor::randn([k, 32, 4], (Kind::Float, d));
-    let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-3)).unwrap();
-    let mut opt_e = Adam::new(&vs_e, AdamConfig::default().lr(1e-3)).unwrap();
-    // one eager step each on batch 0 first (state exists), then the same on both sides
-    for (o, m) in [(&mut opt, &model), (&mut opt_e, &model_e)] {
-        o.zero_grad().unwrap();
-        mse(m, &xs.get(0), &ys.get(0)).backward();
-        o.step().unwrap();
-    }
+    let Twins { vs, model, mut opt, vs_e, model_e, mut opt_e, xs, ys } = stepped_twins(22, k, 32);
     let mut i = Tensor::zeros([1], (Kind::Int64, d));
     let mut more = Tensor::ones([], (Kind::Bool, d));
     let bound = Tensor::full([], -1.0, (Kind::Float, d)); // loss never below: all K steps
@@ -251,18 +269,8 @@ fn conditional_failures_leave_the_process_usable() {
 #[ignore = "needs a CUDA device"]
 fn gradient_accumulation_as_a_loop_in_one_graph_equals_eager_accumulation() {
     let d = cuda();
-    tch::manual_seed(23);
-    let (vs, model, vs_e, model_e) = twin_mlps(d, 16, 64, 4);
     let m = 4i64;
-    let xs = Tensor::randn([m, 8, 16], (Kind::Float, d));
-    let ys = Tensor::randn([m, 8, 4], (Kind::Float, d));
-    let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-3)).unwrap();
-    let mut opt_e = Adam::new(&vs_e, AdamConfig::default().lr(1e-3)).unwrap();
-    for (o, md) in [(&mut opt, &model), (&mut opt_e, &model_e)] {
-        o.zero_grad().unwrap();
-        mse(md, &xs.get(0), &ys.get(0)).backward();
-        o.step().unwrap(); // state and grads exist: zero_grad_in_place keeps the grads' memory
-    }
+    let Twins { vs, model, mut opt, vs_e, model_e, mut opt_e, xs, ys } = stepped_twins(23, m, 8);
     let mut i = Tensor::zeros([1], (Kind::Int64, d));
     let mut more = Tensor::ones([], (Kind::Bool, d));
     let mut stop_after = Tensor::full([], m, (Kind::Int64, d));

@@ -1,0 +1,36 @@
+//! The benchmarks' timing method: the median over blocks of `BLOCK` steps of (block time /
+//! `BLOCK`), after `WARMUP` steps, the device synchronized before and after each block
+//! (`torch_reference.py`'s `time_steps` is the same on PyTorch's side).
+#![allow(dead_code)]
+
+use std::time::Instant;
+use tch::Device;
+use tch_cuda_graphs::synchronize;
+
+pub const BLOCK: usize = 50;
+pub const WARMUP: usize = 20;
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Median µs per step of `step(i)` over at least `steps` steps.
+pub fn time_steps(device: Device, steps: usize, mut step: impl FnMut(usize)) -> f64 {
+    for i in 0..WARMUP {
+        step(i);
+    }
+    let mut per_step = Vec::new();
+    let mut i = 0;
+    for _ in 0..steps.div_ceil(BLOCK) {
+        synchronize(device).unwrap();
+        let t = Instant::now();
+        for _ in 0..BLOCK {
+            step(i);
+            i += 1;
+        }
+        synchronize(device).unwrap();
+        per_step.push(t.elapsed().as_secs_f64() * 1e6 / BLOCK as f64);
+    }
+    median(per_step)
+}
