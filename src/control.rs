@@ -89,6 +89,9 @@ fn conditional(
     counters: Option<(&Tensor, &Tensor)>,
     body: impl FnOnce() -> Result<()>,
 ) -> Result<()> {
+    if !cond.defined() {
+        return Err(Error::Misuse("conditional node: the condition is an undefined tensor".into()));
+    }
     let device = cond.device();
     if !matches!(device, Device::Cuda(_)) {
         return Err(Error::Misuse(format!("conditional node: the condition is on {device:?}, not a CUDA device")));
@@ -145,6 +148,9 @@ pub fn capture_if(cond: &Tensor, body: impl FnOnce() -> Result<()>) -> Result<()
 /// `cond` (one device value the body updates) is non-zero, at most `max_iterations` times.
 /// Returns where the replays report what they did. Errors as [`capture_if`].
 pub fn capture_while(cond: &Tensor, max_iterations: i64, body: impl FnOnce() -> Result<()>) -> Result<WhileLoop> {
+    if !cond.defined() {
+        return Err(Error::Misuse("conditional node: the condition is an undefined tensor".into()));
+    }
     let device = cond.device();
     // Written by the node's kernels at every replay; made here, inside the capture, so they live
     // in the graph's pool (no kernel: nothing to record).

@@ -207,6 +207,9 @@ struct Meta {
 
 impl Meta {
     fn of(t: &Tensor) -> Result<Self> {
+        if !t.defined() {
+            return Err(Error::Misuse("graphed callable: an undefined tensor".into()));
+        }
         Ok(Meta { size: t.size(), kind: t.f_kind()?, device: t.device(), requires_grad: t.requires_grad() })
     }
 
@@ -353,6 +356,9 @@ fn common_device(callables: &[Callable<'_>]) -> Result<Device> {
     let mut device = None;
     for (k, c) in callables.iter().enumerate() {
         for t in c.samples.iter().chain(&c.params) {
+            if !t.defined() {
+                return Err(Error::Misuse(format!("graphed callable #{k}: an undefined sample or parameter")));
+            }
             let d = t.device();
             if !matches!(d, Device::Cuda(_)) {
                 return Err(Error::Misuse(format!(

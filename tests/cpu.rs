@@ -711,6 +711,12 @@ fn graphed_callables_need_a_cuda_device_and_cuda_tensors() {
     }
     let none = make_graphed_callables(Vec::new(), GraphedOptions::default());
     assert!(matches!(none, Err(Error::Misuse(_))), "{none:?}");
+    // an undefined sample is an error (NoCuda first without a device), never a panic
+    let undefined = make_graphed_callables(
+        vec![Callable::new(vec![Tensor::new()], |xs| Ok(xs.iter().map(Tensor::shallow_clone).collect()))],
+        GraphedOptions::default(),
+    );
+    assert!(matches!(undefined, Err(Error::Misuse(_) | Error::NoCuda(_))), "{undefined:?}");
 }
 
 /// Conditional nodes exist only inside a capture of this crate: on the CPU (and outside any
@@ -733,4 +739,6 @@ fn conditional_nodes_outside_a_capture_are_misuse() {
     .expect_err("no capture");
     assert!(matches!(e, Error::Misuse(_)), "{e:?}");
     assert!(!ran.get(), "the body is not run when refused");
+    let e = capture_if(&Tensor::new(), || Ok(())).expect_err("an undefined condition");
+    assert!(matches!(e, Error::Misuse(_)), "{e:?}");
 }
