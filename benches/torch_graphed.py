@@ -31,6 +31,18 @@ class PreLnBlock(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
 
 
+def train_step(blocks, head, opt, x, y):
+    """zero_grad, the blocks and the head, MSE loss, backward, step; returns the loss, detached."""
+    opt.zero_grad(set_to_none=True)
+    h = x
+    for b in blocks:
+        h = b(h)
+    loss = F.mse_loss(head(h), y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
 def model(w, n, dev):
     torch.manual_seed(0)
     blocks = nn.ModuleList(PreLnBlock(w) for _ in range(n)).to(dev)
@@ -56,14 +68,7 @@ def bench_row(w, n, batch, steps, dev):
 
         def step(i, run_blocks=run_blocks, head=head, opt=opt):
             x, y = data[i % len(data)]
-            opt.zero_grad(set_to_none=True)
-            h = x
-            for b in run_blocks:
-                h = b(h)
-            loss = F.mse_loss(head(h), y)
-            loss.backward()
-            opt.step()
-            loss.item()
+            train_step(run_blocks, head, opt, x, y).item()
 
         out[mode] = time_steps(steps, step)
 
@@ -74,14 +79,7 @@ def bench_row(w, n, batch, steps, dev):
     sx, sy = data[0][0].clone(), data[0][1].clone()
 
     def whole():
-        opt.zero_grad(set_to_none=True)
-        h = sx
-        for b in blocks:
-            h = b(h)
-        loss = F.mse_loss(head(h), sy)
-        loss.backward()
-        opt.step()
-        return loss.detach()
+        return train_step(blocks, head, opt, sx, sy)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -160,6 +160,15 @@ fn stepped_twins(seed: i64, n: i64, batch: i64) -> Twins {
     Twins { vs, model, opt, vs_e, model_e, opt_e, xs, ys }
 }
 
+/// A WHILE loop's state on the device: the batch index `i`, the condition `more`, and a second
+/// handle of `more` for the body to write (the node borrows the first).
+fn loop_state(d: Device) -> (Tensor, Tensor, Tensor) {
+    let i = Tensor::zeros([1], (Kind::Int64, d));
+    let more = Tensor::ones([], (Kind::Bool, d));
+    let more_w = more.shallow_clone();
+    (i, more, more_w)
+}
+
 /// K training steps in one launch: a WHILE node whose body takes batch i of a device-resident
 /// dataset, trains on it and moves on, stopping early when the loss falls below a bound.
 #[test]
@@ -168,11 +177,9 @@ fn k_training_steps_in_one_launch_equal_k_single_steps() {
     let d = cuda();
     let k = 10i64;
     let Twins { vs, model, mut opt, vs_e, model_e, mut opt_e, xs, ys } = stepped_twins(22, k, 32);
-    let mut i = Tensor::zeros([1], (Kind::Int64, d));
-    let mut more = Tensor::ones([], (Kind::Bool, d));
+    let (mut i, mut more, mut more_w) = loop_state(d);
     let bound = Tensor::full([], -1.0, (Kind::Float, d)); // loss never below: all K steps
     let mut last_loss = Tensor::zeros([], (Kind::Float, d));
-    let mut more_w = more.shallow_clone(); // the body writes the condition
     let mut g = CudaGraph::new().unwrap();
     let lp = g
         .capture(CaptureOptions::default(), || {
@@ -271,10 +278,8 @@ fn gradient_accumulation_as_a_loop_in_one_graph_equals_eager_accumulation() {
     let d = cuda();
     let m = 4i64;
     let Twins { vs, model, mut opt, vs_e, model_e, mut opt_e, xs, ys } = stepped_twins(23, m, 8);
-    let mut i = Tensor::zeros([1], (Kind::Int64, d));
-    let mut more = Tensor::ones([], (Kind::Bool, d));
+    let (mut i, mut more, mut more_w) = loop_state(d);
     let mut stop_after = Tensor::full([], m, (Kind::Int64, d));
-    let mut more_w = more.shallow_clone();
     let mut g = CudaGraph::new().unwrap();
     let lp = g
         .capture(CaptureOptions::default(), || {

@@ -70,7 +70,7 @@ struct tcg_cond {
                "conditional setter launch");
   }
 
-  // Ends what begin started, in reverse; never throws. `ok`: the body capture ended normally.
+  // Ends what begin started that is still open, in reverse; never throws. Idempotent.
   void close() noexcept {
     if (capturing) {
       cudaGraph_t g = nullptr;
