@@ -264,9 +264,9 @@ void tcg_graphed_free(tcg_graphed* g);
 tcg_status tcg_graphed_apply(tcg_graphed* g, tcg_tensor* inputs, size_t n, tcg_tensor* out, size_t n_out);
 
 // ---------------------------------------------------------------- cuda/conditional.cpp
-// Inside a capture under way on the current stream: adds an IF (type 0) or WHILE (type 1) node
-// whose condition is `cond` (one bool/uint8/int32/int64/float32/float64 value on the device, true
-// when non-zero), set on the device by a kernel captured just before the node, and starts
+// Inside a capture under way on the current stream: adds an IF (type 0; type 2: an IF whose body
+// runs when `cond` is zero) or WHILE (type 1) node whose condition is `cond` (one
+// bool/uint8/int32/int64/float32/float64 value on the device, true when non-zero), set on the device by a kernel captured just before the node, and starts
 // capturing its body on a body stream, current until tcg_cond_end; the body's allocations go to
 // `body_pool` (a pool the caller holds until the graph is gone; not the capture's own). WHILE:
 // `counter` and `hit` (int32 on the device) count the iterations of each launch and flag a

@@ -5,7 +5,9 @@
 //! a [`crate::TrainStep`]'s closure), [`capture_if`] and [`capture_while`] record their body
 //! closure once, into the body of a conditional node; every replay then decides on the device:
 //! - `capture_if(&cond, body)`: the body runs when `cond` (one value on the device: bool, uint8,
-//!   int32, int64, float32, float64) is non-zero at that point of the replay.
+//!   int32, int64, float32, float64) is non-zero at that point of the replay; `capture_unless`
+//!   when it is zero (e.g. [`crate::amp::GradScaler`]'s found-inf flag: see its
+//!   `skip_with_if_node`).
 //! - `capture_while(&cond, max, body)`: the body runs while `cond` is non-zero, checked before
 //!   the first iteration and after each (the body updates `cond`), at most `max` times per
 //!   replay. The returned [`WhileLoop`] holds, on the device, how many iterations the last
@@ -142,6 +144,13 @@ fn conditional(
 /// returns (the body's capture is undone; the enclosing capture then fails as usual).
 pub fn capture_if(cond: &Tensor, body: impl FnOnce() -> Result<()>) -> Result<()> {
     conditional(0, cond, 0, None, body)
+}
+
+/// Inside a capture: records `body` into an IF node that runs it, at each replay, when `cond`
+/// is zero at that point (the negation of [`capture_if`], with no kernel to negate `cond`).
+/// Errors as [`capture_if`].
+pub fn capture_unless(cond: &Tensor, body: impl FnOnce() -> Result<()>) -> Result<()> {
+    conditional(2, cond, 0, None, body)
 }
 
 /// Inside a capture: records `body` into a WHILE node that, at each replay, runs it while

@@ -249,10 +249,13 @@ impl CudaGraph {
     ///
     /// What updates: the same nodes with the same dependencies (the same sequence of kernels
     /// and copies), whose kernel arguments (tensor addresses, sizes, scalars), launch
-    /// dimensions and memcpy/memset addresses may differ. What does not: a different number of
-    /// nodes or other edges (another shape that changes the kernel sequence, an extra op), a node
-    /// of another type, a kernel replaced by another kernel (cuBLAS choosing another algorithm
-    /// for another shape), memory on another device.
+    /// dimensions, kernel functions (cuBLAS choosing another kernel for another shape) and
+    /// memcpy/memset addresses may differ. What does not: a different number of nodes or other
+    /// edges (a shape that changes the kernel sequence, e.g. a split-K GEMM with an extra
+    /// reduction kernel; an extra op), a node of another type, memory on another device. A
+    /// graph with [`crate::control`] nodes updates too when both captures have the same nodes
+    /// (seen on driver 580: an IF node's graph captured again on other tensors updated and
+    /// replayed the new capture's work).
     ///
     /// ```no_run
     /// # fn main() -> tch_cuda_graphs::Result<()> {

@@ -172,8 +172,10 @@ impl ShapeEntry {
 /// - At most [`StepOptions::max_graphs`] graphs are kept: capturing one more evicts the least
 ///   recently used graph (a shape still in its warmup never evicts one). The step holds its pool
 ///   ([`MemPool`]), so a shape captured after every other graph was evicted still reuses the
-///   pool's memory. For sequences, pad to a few [`crate::Buckets`] to keep the number of shapes
-///   small.
+///   pool's memory. The evicted graph's executable is kept (one, the last evicted): the next
+///   capture updates it in place ([`CudaGraph::update_from`]) instead of instantiating a new
+///   one where CUDA allows, which is cheaper ([`updates`](Self::updates) counts them). For
+///   sequences, pad to a few [`crate::Buckets`] to keep the number of shapes small.
 /// - CPU batches are copied without blocking the host (see [`StepOptions::copy_stream`]); a
 ///   pinned batch must not be overwritten before the step that used it has run.
 ///
@@ -241,6 +243,12 @@ pub struct TrainStep {
     watch: TensorWatch,
     runs: u64,
     captures: u64,
+    /// Captures that updated a kept executable in place instead of instantiating a new one.
+    updates: u64,
+    /// The last evicted graph, kept for its executable: the next capture of a shape updates it
+    /// in place ([`CudaGraph::update_from`]) where CUDA allows. It is never replayed as it is
+    /// (its outputs are gone). Before `pool`, so it is released first.
+    spare: Option<CudaGraph>,
     /// Shapes given to [`declare_shapes`](Self::declare_shapes); an entry made for one of them
     /// is marked `declared`.
     declared: Vec<Vec<Vec<i64>>>,
@@ -340,6 +348,8 @@ impl TrainStep {
             watch: TensorWatch::new()?,
             runs: 0,
             captures: 0,
+            updates: 0,
+            spare: None,
             declared: Vec::new(),
             pool,
         };
@@ -433,7 +443,10 @@ impl TrainStep {
     /// Drops entry `j` (its graph, static inputs, outputs, staging buffers); returns where the
     /// entry at index `i` is now.
     fn evict(&mut self, j: usize, i: usize) -> usize {
-        self.shapes.remove(j);
+        let entry = self.shapes.remove(j);
+        if let Some(graph) = entry.graph {
+            self.spare = Some(graph); // its executable serves the next capture (capture_entry)
+        }
         if self.current > j {
             self.current -= 1;
         } else if self.current == j {
@@ -542,20 +555,34 @@ impl TrainStep {
             && self.shapes.iter().any(|o| o.declared && o.graph.is_none() && o.warmed > 0 && o.numel() > e.numel())
     }
 
-    /// Captures entry `j`'s graph (recording only; nothing trains).
+    /// Captures entry `j`'s graph (recording only; nothing trains). With a spare executable (an
+    /// evicted graph's), the capture keeps its `cudaGraph_t` and updates the spare in place when
+    /// CUDA allows (the same kernel sequence on other addresses and sizes), which costs less
+    /// than instantiating; otherwise it is instantiated as usual and the spare is kept.
     fn capture_entry(&mut self, j: usize) -> Result<()> {
         let capture = match &self.pool {
             Some(pool) => self.options.capture.pool(pool.id()).device(self.device),
             None => self.options.capture,
         };
+        let capture = if self.spare.is_some() { capture.keep_graph(true) } else { capture };
         let TrainStep { shapes, step_fn, options, captures, .. } = self;
         let entry = &mut shapes[j];
         let inputs = &entry.inputs;
-        let (graph, outputs) =
+        let (mut graph, outputs) =
             capture_with_warmup(0, capture, || compact(call_step(step_fn, options.autocast, inputs)?))?;
+        *captures += 1;
+        if let Some(mut spare) = self.spare.take() {
+            if spare.update_from(&mut graph)? {
+                graph = spare;
+                self.updates += 1;
+            } else {
+                graph.instantiate()?;
+                self.spare = Some(spare);
+            }
+        }
+        let entry = &mut self.shapes[j];
         entry.graph = Some(graph);
         entry.outputs = outputs;
-        *captures += 1;
         Ok(())
     }
 
@@ -653,6 +680,13 @@ impl TrainStep {
         self.runs
     }
 
+    /// How many captures updated a kept executable in place instead of instantiating one: a
+    /// shape captured after an eviction (the evicted graph's executable is kept for it) and
+    /// [`recapture`](Self::recapture)'s updates.
+    pub fn updates(&self) -> u64 {
+        self.updates
+    }
+
     /// How many graphs were captured so far (re-captures after eviction included).
     pub fn captures(&self) -> u64 {
         self.captures
@@ -716,7 +750,7 @@ impl TrainStep {
                 None => self.options.capture,
             }
             .keep_graph(true);
-            let TrainStep { shapes, step_fn, options, captures, .. } = self;
+            let TrainStep { shapes, step_fn, options, captures, updates, .. } = self;
             for entry in shapes.iter_mut().filter(|e| e.graph.is_some()) {
                 let inputs = &entry.inputs;
                 let (mut graph, outputs) =
@@ -728,6 +762,7 @@ impl TrainStep {
                 };
                 if updated {
                     report.updated += 1;
+                    *updates += 1;
                 } else {
                     graph.instantiate()?;
                     entry.graph = Some(graph);

@@ -93,6 +93,18 @@ fn a_captured_bf16_forward_sees_updated_weights() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn fp16_with_the_device_scaler_captured_skips_inf_batches() {
+    fp16_scaler_run(false);
+}
+
+/// The same run with the optimizer behind an IF node (`skip_with_if_node`): inf batches skip
+/// the optimizer's kernels, and the result is still the eager run's, bit for bit.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn fp16_scaler_skipping_with_an_if_node_equals_eager() {
+    fp16_scaler_run(true);
+}
+
+fn fp16_scaler_run(if_node: bool) {
     let d = cuda();
     let batches = on(d, &cpu_batches(62, &[64; 40], D, O));
     let poisoned = [20usize, 30];
@@ -103,7 +115,7 @@ fn fp16_with_the_device_scaler_captured_skips_inf_batches() {
     let config = ScalerConfig { growth_interval: 5, ..ScalerConfig::default() };
     let make = |vs: &nn::VarStore, model: nn::Sequential, eager: bool| -> (TrainStep, Tensor, Tensor, Tensor) {
         let mut opt = Adam::new(vs, AdamConfig::adamw().lr(1e-3)).unwrap();
-        let mut scaler = GradScaler::with_config(d, config).unwrap();
+        let mut scaler = GradScaler::with_config(d, config).unwrap().skip_with_if_node(if_node);
         let (scale, found, step0) = (
             scaler.scale_tensor().shallow_clone(),
             scaler.found_inf().shallow_clone(),
@@ -111,7 +123,7 @@ fn fp16_with_the_device_scaler_captured_skips_inf_batches() {
         );
         let x0 = Tensor::zeros([64, D], (Kind::Float, d));
         let y0 = Tensor::zeros([64, O], (Kind::Float, d));
-        let options = StepOptions::default().autocast(Kind::Half).eager(eager);
+        let options = StepOptions::default().autocast(Kind::Half).eager(eager).keep_graph(true);
         let step = TrainStep::new(&[("x", &x0), ("y", &y0)], options, move |inp| {
             opt.zero_grad()?;
             let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
@@ -146,11 +158,18 @@ fn fp16_with_the_device_scaler_captured_skips_inf_batches() {
     }
     synchronize(d).unwrap();
     assert_eq!(graphed.graph_count(), 1);
+    let kinds = graphed.graph_mut().unwrap().node_kinds().unwrap();
+    log.push(format!("graph nodes: {} kernels, {} conditional", kinds.kernel, kinds.other));
+    assert_eq!(kinds.other, usize::from(if_node), "the optimizer behind an IF node only when asked");
     // 40 steps, 2 skipped, growth every 5 clean steps: 65536 -> ... ends above the backoffs
     let final_scale = value(&scale);
     log.push(format!("final scale {final_scale} after 40 steps (2 skipped, growth interval 5)"));
     assert!(final_scale > 65536.0, "the scale grows after clean intervals: {final_scale}");
     let diff = max_param_diff(&vs_g, &vs_e);
-    println!("fp16 + GradScaler: {}; graphed vs eager max param diff {diff:e}", log.join("; "));
+    println!(
+        "fp16 + GradScaler (skip with {}): {}; graphed vs eager max param diff {diff:e}",
+        if if_node { "an IF node" } else { "the kernels' flag" },
+        log.join("; ")
+    );
     assert_eq!(diff, 0.0);
 }

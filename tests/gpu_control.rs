@@ -7,7 +7,7 @@ mod common;
 use common::{cuda, max_param_diff, mse, twin_mlps};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use tch::{Device, Kind, Tensor};
-use tch_cuda_graphs::control::{capture_if, capture_while};
+use tch_cuda_graphs::control::{capture_if, capture_unless, capture_while};
 use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
 use tch_cuda_graphs::{empty_cache, memory_stats, synchronize, CaptureOptions, CudaGraph, Error};
 
@@ -39,6 +39,47 @@ fn an_if_node_runs_its_body_only_when_the_device_condition_holds() {
     }
     println!("IF node, flags 1 0 1 1 0: (x, y) per replay {seen:?}");
     assert_eq!(seen, vec![(1.0, 2.0), (1.0, 2.0), (2.0, 4.0), (3.0, 6.0), (3.0, 6.0)]);
+}
+
+/// `capture_unless` runs its body when the condition is zero; a graph holding a conditional
+/// node, captured again, is updated in place or refused (CUDA's docs allow no change of a
+/// conditional node's parameters; driver 580 updates it), and the graph that replays afterwards
+/// does the right work either way.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn an_unless_node_runs_on_zero_and_graphs_with_conditionals_update_or_are_refused() {
+    let d = cuda();
+    let mut x = Tensor::zeros([16], (Kind::Float, d));
+    let mut x2 = Tensor::zeros([16], (Kind::Float, d));
+    let mut found = Tensor::zeros([], (Kind::Float, d));
+    let capture = |g: &mut CudaGraph, t: &mut Tensor, found: &Tensor| {
+        g.capture(CaptureOptions::default(), || {
+            capture_unless(found, || {
+                let _ = t.f_add_scalar_(1.0)?;
+                Ok(())
+            })
+        })
+        .unwrap()
+    };
+    let mut g = CudaGraph::new().unwrap();
+    capture(&mut g, &mut x, &found);
+    let mut seen = Vec::new();
+    for f in [0.0, 1.0, 0.0, f64::NAN] {
+        let _ = found.fill_(f);
+        g.replay().unwrap();
+        seen.push(value(&x) / 16.0);
+    }
+    println!("UNLESS node, found 0 1 0 NaN: x per replay {seen:?}");
+    assert_eq!(seen, vec![1.0, 1.0, 2.0, 2.0], "runs on zero only (NaN is non-zero)");
+    let mut next = CudaGraph::with_keep_graph(true).unwrap();
+    capture(&mut next, &mut x2, &found);
+    let updated = g.update_from(&mut next).unwrap();
+    let _ = found.fill_(0.0);
+    let target = if updated { &mut g } else { &mut next };
+    target.replay().unwrap();
+    let (a, b) = (value(&x) / 16.0, value(&x2) / 16.0);
+    println!("a graph with a conditional node, captured again on other tensors: updated in place {updated}; after one replay x {a}, x2 {b}");
+    assert_eq!((a, b), (2.0, 1.0), "the replayed graph works on the new capture's tensors");
 }
 
 #[test]

@@ -58,7 +58,8 @@ fn mixed_shapes_graphed_equal_the_same_run_eager() {
 }
 
 /// The bound on kept graphs: with 2 graphs for 3 shapes, the least recently used goes and is
-/// captured again when it returns; training is still the eager run.
+/// captured again when it returns, updating the evicted graph's executable in place; training
+/// is still the eager run.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn evicted_shapes_are_captured_again_and_training_is_unchanged() {
@@ -80,11 +81,14 @@ fn evicted_shapes_are_captured_again_and_training_is_unchanged() {
     plain_loop(&e, &mut opt_e, &batches, d);
     let diff = max_param_diff(&vs_g, &vs_e);
     println!(
-        "3 shapes, max_graphs 2: {} captures over {} runs, max param diff vs eager {diff:e}",
+        "3 shapes, max_graphs 2: {} captures over {} runs ({} updated an evicted graph's executable in place), max \
+         param diff vs eager {diff:e}",
         step.captures(),
-        step.runs()
+        step.runs(),
+        step.updates()
     );
     assert!(step.captures() > 3, "evicted shapes are captured again");
+    assert!(step.updates() > 0, "a capture after an eviction updates the kept executable");
     assert_eq!(diff, 0.0);
 }
 

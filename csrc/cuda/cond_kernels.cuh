@@ -4,8 +4,8 @@
 #include <cuda_runtime.h>
 
 // cond: a 0-d tensor's data, dtype 0 bool/uint8, 1 int32, 2 int64, 3 float32, 4 float64; true
-// when non-zero. Without a counter (IF): the handle is set to cond. With one (WHILE), `mode` 0
-// (before the node): the counter and *hit are reset, the handle set to cond (false if
+// when non-zero. Without a counter (IF): the handle is set to cond (`mode` 2: to !cond). With
+// one (WHILE), `mode` 0 (before the node): the counter and *hit are reset, the handle set to cond (false if
 // max_iters <= 0); `mode` 1 (end of the body): the counter counts the iteration just done, and
 // the handle is set to cond, or to false with *hit = 1 when max_iters iterations are done.
 extern "C" __global__ void tcg_cond_set(cudaGraphConditionalHandle handle, const void* cond,
@@ -19,6 +19,7 @@ extern "C" __global__ void tcg_cond_set(cudaGraphConditionalHandle handle, const
     case 3: v = *static_cast<const float*>(cond) != 0.0f; break;
     default: v = *static_cast<const double*>(cond) != 0.0; break;
   }
+  if (counter == nullptr && mode == 2) v = !v;
   if (counter != nullptr) {
     if (mode == 0) {
       *counter = 0;

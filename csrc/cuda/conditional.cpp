@@ -45,7 +45,7 @@ void require_driver() {
 }  // namespace
 
 struct tcg_cond {
-  int type = 0;  // 0 IF, 1 WHILE
+  int type = 0;  // 0 IF, 1 WHILE, 2 IF on zero
   c10::DeviceIndex device = 0;
   CUDAStream outer;
   CUDAStream body;
@@ -100,7 +100,7 @@ tcg_status tcg_cond_begin(int type, tcg_tensor cond, tcg_pool_id body_pool, int6
   return guard([&] {
     *out = nullptr;
     require_cuda();
-    if (type != 0 && type != 1) misuse("conditional node: type must be 0 (IF) or 1 (WHILE)");
+    if (type < 0 || type > 2) misuse("conditional node: type must be 0 (IF), 1 (WHILE) or 2 (IF on zero)");
     const at::Tensor& c = tensor_ref(cond);
     if (!c.is_cuda() || c.numel() != 1) misuse("conditional node: the condition must be one value on a CUDA device");
     (void)dtype_code(c);
@@ -137,7 +137,7 @@ tcg_status tcg_cond_begin(int type, tcg_tensor cond, tcg_pool_id body_pool, int6
     check_cuda(cudaStreamGetCaptureInfo(outer.stream(), &status, nullptr, &graph, nullptr, nullptr, nullptr),
                "cudaStreamGetCaptureInfo");
     check_cuda(cudaGraphConditionalHandleCreate(&st->handle, graph, 0, 0), "cudaGraphConditionalHandleCreate");
-    st->launch_setter(0, outer.stream());  // captured: assigns the handle at every launch
+    st->launch_setter(type == 2 ? 2 : 0, outer.stream());  // captured: assigns the handle at every launch
     const cudaGraphNode_t* deps = nullptr;
     const cudaGraphEdgeData* edges = nullptr;
     size_t n = 0;
@@ -146,7 +146,7 @@ tcg_status tcg_cond_begin(int type, tcg_tensor cond, tcg_pool_id body_pool, int6
     cudaGraphNodeParams params{};
     params.type = cudaGraphNodeTypeConditional;
     params.conditional.handle = st->handle;
-    params.conditional.type = type == 0 ? cudaGraphCondTypeIf : cudaGraphCondTypeWhile;
+    params.conditional.type = type == 1 ? cudaGraphCondTypeWhile : cudaGraphCondTypeIf;
     params.conditional.size = 1;
     cudaGraphNode_t node = nullptr;
     check_cuda(cudaGraphAddNode(&node, graph, deps, edges, n, &params), "cudaGraphAddNode (conditional)");

@@ -1,8 +1,11 @@
 //! [`GradScaler`]: PyTorch's `torch.amp.GradScaler`, with every piece of state on the device.
 
+use crate::capture::recording;
+use crate::control::capture_unless;
 use crate::error::{check, Error, Result};
 use crate::ffi;
 use crate::optim::Optimizer;
+use crate::stream::is_current_stream_capturing;
 use std::collections::HashMap;
 use tch::{Device, Kind, Tensor};
 
@@ -63,6 +66,8 @@ pub struct GradScaler {
     config: ScalerConfig,
     /// `unscale` ran in this step: the grads are unscaled already.
     unscaled: bool,
+    /// Inside a capture, skip the optimizer with an IF node instead of the kernels' flag.
+    if_node: bool,
 }
 
 impl GradScaler {
@@ -88,7 +93,21 @@ impl GradScaler {
             ones: Tensor::f_ones([], (Kind::Float, device))?,
             config,
             unscaled: false,
+            if_node: false,
         })
+    }
+
+    /// Inside a capture, puts the optimizer step behind an IF node ([`crate::control`], CUDA
+    /// 12.3+ drivers) that runs it only when no inf/NaN was found, instead of running the
+    /// optimizer's kernels with the found-inf flag (which then leave every value as it was).
+    /// The same results bit for bit either way (the same kernels, with or without the flag);
+    /// a step with inf skips the optimizer's kernels. The node costs about as much as it saves
+    /// unless inf steps are frequent (see the README's "Conditional nodes"). Outside a capture
+    /// (eager steps, warmup) the flag is used. Without a CUDA 12.3 driver the capture fails
+    /// with [`Error::Unsupported`]. Default off.
+    pub fn skip_with_if_node(mut self, yes: bool) -> Self {
+        self.if_node = yes;
+        self
     }
 
     /// `loss` times the scale (on the device).
@@ -137,13 +156,18 @@ impl GradScaler {
     /// did), then runs the fused update with the scale and the found-inf flag: skipped on the
     /// device where inf/NaN was found.
     pub fn step(&mut self, opt: &mut dyn Optimizer) -> Result<()> {
-        if self.unscaled {
+        let scale = if self.unscaled {
             self.unscaled = false;
-            return opt.step_scaled(None, Some(&self.found_inf));
+            None
+        } else {
+            let ones = self.ones.shallow_clone();
+            self.check_unscale(opt, &ones)?; // inv_scale 1: a check only
+            Some(&self.scale)
+        };
+        if self.if_node && recording(self.found_inf.device()) && is_current_stream_capturing()? {
+            return capture_unless(&self.found_inf, || opt.step_scaled(scale, None));
         }
-        let ones = self.ones.shallow_clone();
-        self.check_unscale(opt, &ones)?; // inv_scale 1: a check only
-        opt.step_scaled(Some(&self.scale), Some(&self.found_inf))
+        opt.step_scaled(scale, Some(&self.found_inf))
     }
 
     /// Updates the scale from this step's found-inf flag (PyTorch's `update()`, on the device).
