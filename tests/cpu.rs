@@ -723,7 +723,7 @@ fn graphed_callables_need_a_cuda_device_and_cuda_tensors() {
 /// capture) they are refused with Misuse, before anything is recorded.
 #[test]
 fn conditional_nodes_outside_a_capture_are_misuse() {
-    use tch_cuda_graphs::control::{capture_if, capture_while};
+    use tch_cuda_graphs::control::{capture_if, capture_unless, capture_while};
     let cond = Tensor::ones([], (Kind::Bool, Device::Cpu));
     let ran = std::cell::Cell::new(false);
     let e = capture_if(&cond, || {
@@ -733,6 +733,12 @@ fn conditional_nodes_outside_a_capture_are_misuse() {
     .expect_err("no capture");
     assert!(matches!(e, Error::Misuse(_)), "{e:?}");
     let e = capture_while(&cond, 3, || {
+        ran.set(true);
+        Ok(())
+    })
+    .expect_err("no capture");
+    assert!(matches!(e, Error::Misuse(_)), "{e:?}");
+    let e = capture_unless(&cond, || {
         ran.set(true);
         Ok(())
     })

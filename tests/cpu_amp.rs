@@ -55,12 +55,18 @@ fn scaled_steps_equal_unscaled_steps() {
 
 /// An inf batch skips the update (parameters and step counts unchanged), halves the scale and
 /// resets the tracker; clean steps go on, and the scale doubles after the growth interval.
+/// `skip_with_if_node` changes nothing outside a capture (the kernels' flag skips).
 #[test]
 fn an_inf_batch_is_skipped_and_the_scale_backs_off_then_grows() {
+    inf_batch_run(false);
+    inf_batch_run(true);
+}
+
+fn inf_batch_run(if_node: bool) {
     let (vs, model, _, _) = twin_mlps(Device::Cpu, D, 16, O);
     let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-2)).unwrap();
     let config = ScalerConfig { growth_interval: 3, ..ScalerConfig::default() };
-    let mut scaler = GradScaler::with_config(Device::Cpu, config).unwrap();
+    let mut scaler = GradScaler::with_config(Device::Cpu, config).unwrap().skip_with_if_node(if_node);
     let batches = cpu_batches(51, &[16; 8], D, O);
     let step = |x: &Tensor, y: &Tensor, opt: &mut Adam, scaler: &mut GradScaler| {
         opt.zero_grad().unwrap();
@@ -88,7 +94,8 @@ fn an_inf_batch_is_skipped_and_the_scale_backs_off_then_grows() {
     assert_eq!(value(scaler.scale_tensor()), 65536.0, "3 clean steps: the scale doubles");
     assert!(vs.trainable_variables().iter().zip(&params).any(|(a, b)| !a.equal(b)), "training goes on");
     println!(
-        "inf batch: params unchanged, step counts {steps:?} unchanged, scale 65536 -> 32768; 3 clean steps: scale {}",
+        "skip_with_if_node({if_node}): inf batch: params unchanged, step counts {steps:?} unchanged, scale 65536 -> \
+         32768; 3 clean steps: scale {}",
         value(scaler.scale_tensor())
     );
 }
