@@ -25,7 +25,7 @@ test-no-cuda: setup
 # except the two-GPU ones (test-gpu-dist).
 test-gpu: setup
 	cargo test --release --test cpu --test cpu_cli --test cpu_loops --test cpu_amp --test cpu_dist --test gpu_first_call \
-		--test gpu_graph --test gpu_train --test gpu_loops --test gpu_amp --test gpu_buckets --test gpu_optim --test gpu_graphed --test gpu_control -- --include-ignored --test-threads=1
+		--test gpu_graph --test gpu_train --test gpu_loops --test gpu_amp --test gpu_buckets --test gpu_optim --test gpu_graphed --test gpu_control --test gpu_profile -- --include-ignored --test-threads=1
 
 # On a host with two GPUs (NVLink multicast off): the data parallel tests; each launches its ranks.
 test-gpu-dist: setup

@@ -194,6 +194,7 @@ fn main() {
             "csrc/error.cpp",
             "csrc/feed.cpp",
             "csrc/optim.cpp",
+            "csrc/profiler.cpp",
             "csrc/watch.cpp",
         ]);
     if with_cuda {

@@ -16,9 +16,10 @@ mod models;
 
 use models::{batch, Model, ModelKind};
 use std::time::{Duration, Instant};
-use tch::{nn, Device, Tensor};
-use tch_cuda_graphs::dist::{broadcast_parameters, GradAllReduce, ProcessGroup, ReduceOp};
+use tch::{nn, Device, Kind, Tensor};
+use tch_cuda_graphs::dist::{broadcast_parameters, BucketConfig, GradAllReduce, ProcessGroup, ReduceOp};
 use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
+use tch_cuda_graphs::profiler::{Event, Profiler};
 use tch_cuda_graphs::{synchronize, StepOptions, TrainStep};
 
 const BLOCK: usize = 50;
@@ -30,39 +31,110 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// How the gradients are averaged: one bucket after backward, or overlapped buckets.
-#[derive(Clone, Copy)]
+/// How the gradients are averaged: one bucket after backward, or overlapped buckets (as views
+/// into the buckets, or packed around each all-reduce).
+#[derive(Clone, Copy, PartialEq)]
 enum Variant {
     After,
     Overlap(usize),
+    PackedOverlap(usize),
+}
+
+/// The step's precision: fp32; bf16 autocast with fp32 gradients on the wire; bf16 autocast
+/// with the gradients all-reduced in bf16 (`BucketConfig::bf16_compress`).
+#[derive(Clone, Copy, PartialEq)]
+enum Precision {
+    Fp32,
+    Bf16,
+    Bf16Wire,
 }
 
 impl Variant {
-    fn name(self) -> String {
-        match self {
+    fn name(self, p: Precision) -> String {
+        let v = match self {
             Variant::After => "ours".into(),
             Variant::Overlap(bytes) => format!("ours_overlap_{}", bytes >> 10),
+            Variant::PackedOverlap(bytes) => format!("ours_packed_overlap_{}", bytes >> 10),
+        };
+        match p {
+            Precision::Fp32 => v,
+            Precision::Bf16 => format!("bf16_{v}"),
+            Precision::Bf16Wire => format!("bf16wire_{v}"),
         }
     }
 }
 
-/// The slowest rank's median µs per captured step of `kind` with `variant`.
-fn measure(pg: &ProcessGroup, kind: ModelKind, variant: Variant) -> f64 {
+/// Writes an SVG timeline of `events` (GPU kernels, copies, memsets), one lane per stream, the
+/// NCCL kernels in red: the README's picture of the overlapped all-reduce.
+fn timeline_svg(path: &str, events: &[Event], title: &str) -> std::io::Result<()> {
+    let gpu: Vec<&Event> = events.iter().filter(|e| e.kind.on_gpu()).collect();
+    let (t0, t1) = match (gpu.iter().map(|e| e.start_ns).min(), gpu.iter().map(|e| e.end_ns).max()) {
+        (Some(a), Some(b)) if b > a => (a, b),
+        _ => return Ok(()),
+    };
+    let mut lanes: Vec<i64> = Vec::new();
+    for e in &gpu {
+        if !lanes.contains(&e.stream) {
+            lanes.push(e.stream);
+        }
+    }
+    let (w, lane_h, left) = (1200.0, 28.0, 110.0);
+    let h = 40.0 + lane_h * lanes.len() as f64 + 30.0;
+    let x = |t: u64| left + (t - t0) as f64 / (t1 - t0) as f64 * (w - left - 10.0);
+    let mut s = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='12'>\n\
+         <rect width='100%' height='100%' fill='white'/>\n<text x='10' y='18'>{title}</text>\n"
+    );
+    for (i, lane) in lanes.iter().enumerate() {
+        let y = 30.0 + lane_h * i as f64;
+        s += &format!("<text x='10' y='{}'>stream {lane}</text>\n", y + 17.0);
+        for e in gpu.iter().filter(|e| e.stream == *lane) {
+            let (a, b) = (x(e.start_ns), x(e.end_ns));
+            let color = if e.is_nccl() { "#d62728" } else { "#1f77b4" };
+            s += &format!(
+                "<rect x='{a:.2}' y='{y}' width='{:.2}' height='{}' fill='{color}'/>\n",
+                (b - a).max(0.5),
+                lane_h - 6.0
+            );
+        }
+    }
+    let y = 30.0 + lane_h * lanes.len() as f64 + 18.0;
+    s += &format!(
+        "<text x='{left}' y='{y}'>0 µs</text><text x='{}' y='{y}' text-anchor='end'>{:.0} µs</text>\n\
+         <text x='{}' y='{y}' text-anchor='middle'>blue: compute kernels, red: NCCL</text>\n</svg>\n",
+        w - 10.0,
+        (t1 - t0) as f64 / 1e3,
+        (left + w) / 2.0
+    );
+    std::fs::write(path, s)
+}
+
+/// The slowest rank's median µs per captured step of `kind` with `variant` at `precision`;
+/// with `profile` (a folder), 10 more steps are profiled: rank 0 prints a PROFILE row (per-step
+/// figures) and writes a Chrome trace and an SVG timeline there.
+fn measure(pg: &ProcessGroup, kind: ModelKind, variant: Variant, precision: Precision, profile: Option<&str>) -> f64 {
     let (rank, world, device) = (pg.rank(), pg.world_size(), pg.device());
     tch::manual_seed(0);
     let vs = nn::VarStore::new(device);
     let model = Model::new(kind, &vs);
     broadcast_parameters(pg, &vs).expect("same model");
     let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-3)).expect("adam");
-    let (bucket, overlap) = match variant {
-        Variant::After => (usize::MAX, false),
-        Variant::Overlap(bytes) => (bytes, true),
+    let (bucket, overlap, views) = match variant {
+        Variant::After => (usize::MAX, false, true),
+        Variant::Overlap(bytes) => (bytes, true, true),
+        Variant::PackedOverlap(bytes) => (bytes, true, false),
     };
+    let config =
+        BucketConfig::default().bucket_bytes(bucket).views(views).bf16_compress(precision == Precision::Bf16Wire);
     let mut reduce =
-        if world > 1 { Some(GradAllReduce::new(pg, opt.params(), bucket).expect("buckets")) } else { None };
+        if world > 1 { Some(GradAllReduce::with_config(pg, opt.params(), config).expect("buckets")) } else { None };
     tch::manual_seed(1 + rank as i64);
     let batches: Vec<(Tensor, Tensor)> = (0..8).map(|_| batch(kind, device)).collect();
-    let mut step = TrainStep::new(&[("x", &batches[0].0), ("y", &batches[0].1)], StepOptions::default(), move |inp| {
+    let options = match precision {
+        Precision::Fp32 => StepOptions::default(),
+        Precision::Bf16 | Precision::Bf16Wire => StepOptions::default().autocast(Kind::BFloat16),
+    };
+    let mut step = TrainStep::new(&[("x", &batches[0].0), ("y", &batches[0].1)], options, move |inp| {
         opt.zero_grad()?;
         let loss = model.loss(&inp[0], &inp[1]);
         match &mut reduce {
@@ -97,6 +169,40 @@ fn measure(pg: &ProcessGroup, kind: ModelKind, variant: Variant) -> f64 {
         per.push(t.elapsed().as_secs_f64() * 1e6 / BLOCK as f64);
     }
     let us = median(per);
+    if let Some(dir) = profile {
+        let prof = Profiler::start().expect("profiler");
+        for _ in 0..10 {
+            run(i);
+            i += 1;
+        }
+        synchronize(device).expect("sync");
+        let p = prof.stop().expect("profile");
+        if rank == 0 {
+            let s = p.summary();
+            let name = format!("{}_{}_{}gpu", variant.name(precision), kind.name(), world);
+            let main = s.streams.iter().map(|st| st.busy_us).fold(0f64, f64::max);
+            println!(
+                "PROFILE,{name},kernels/step {:.1},span/step {:.1},busy {:.1},compute {:.1},nccl {:.1},overlapped {:.1},exposed {:.1},busiest stream {:.1},streams {}",
+                s.kernels as f64 / 10.0,
+                s.span_us / 10.0,
+                s.busy_us / 10.0,
+                s.compute_us / 10.0,
+                s.nccl_us / 10.0,
+                s.overlap_us / 10.0,
+                s.exposed_nccl_us() / 10.0,
+                main / 10.0,
+                s.streams.len()
+            );
+            let _ = std::fs::create_dir_all(dir);
+            p.save_chrome_trace(format!("{dir}/{name}.json")).expect("trace");
+            // the picture: the last two steps
+            let gpu: Vec<Event> = p.events().iter().filter(|e| e.kind.on_gpu()).cloned().collect();
+            let cut = gpu.iter().map(|e| e.end_ns).max().unwrap_or(0).saturating_sub((2.2 * us * 1e3) as u64);
+            let last: Vec<Event> = gpu.into_iter().filter(|e| e.start_ns >= cut).collect();
+            timeline_svg(&format!("{dir}/{name}.svg"), &last, &format!("{name}: the last steps, GPU of rank 0"))
+                .expect("svg");
+        }
+    }
     let mut all = vec![0f64; world];
     all[rank] = us;
     let all_t = Tensor::from_slice(&all).to_device(device);
@@ -111,6 +217,10 @@ Weak scaling of the captured data-parallel step, 1 to N GPUs; rank 0 prints
 ROW,<variant>,<model>,<world>,<us>. Environment:
   TCG_DDP_OVERLAP_KIB   bucket sizes of the overlapped variants (default 4096,12300,25600)
   TCG_DDP_MODELS        the models to run (comma-separated; default all)
+  TCG_DDP_PACKED=1      also the packed layout (gradients not views) of each overlapped size
+  TCG_DDP_BF16=1        also bf16 autocast rows (fp32 and bf16 gradients on the wire)
+  TCG_DDP_PROFILE=DIR   profile 10 steps of each overlapped variant: PROFILE rows, and a Chrome
+                        trace and an SVG timeline per variant in DIR (rank 0)
   -h, --help            this text";
 
 /// Whether to run: false when the command line asked for the usage or this binary was started
@@ -156,17 +266,32 @@ fn main() {
     }
     let pg = ProcessGroup::from_env(Duration::from_secs(120)).expect("process group");
     let kib = std::env::var("TCG_DDP_OVERLAP_KIB").unwrap_or_else(|_| "4096,12300,25600".into());
-    let mut variants = vec![Variant::After];
-    if pg.world_size() > 1 {
-        variants
-            .extend(kib.split(',').filter_map(|k| k.trim().parse::<usize>().ok()).map(|k| Variant::Overlap(k << 10)));
+    let flag = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
+    let sizes: Vec<usize> = kib.split(',').filter_map(|k| k.trim().parse::<usize>().ok()).map(|k| k << 10).collect();
+    let mut variants = vec![(Variant::After, Precision::Fp32)];
+    let multi = pg.world_size() > 1;
+    if multi {
+        variants.extend(sizes.iter().map(|&b| (Variant::Overlap(b), Precision::Fp32)));
+        if flag("TCG_DDP_PACKED") {
+            variants.extend(sizes.iter().map(|&b| (Variant::PackedOverlap(b), Precision::Fp32)));
+        }
     }
+    if flag("TCG_DDP_BF16") {
+        variants.push((Variant::After, Precision::Bf16));
+        if multi {
+            for p in [Precision::Bf16, Precision::Bf16Wire] {
+                variants.extend(sizes.iter().map(|&b| (Variant::Overlap(b), p)));
+            }
+        }
+    }
+    let profile = std::env::var("TCG_DDP_PROFILE").ok();
     let only = std::env::var("TCG_DDP_MODELS").unwrap_or_default();
     for kind in ModelKind::ALL.into_iter().filter(|k| only.is_empty() || only.split(',').any(|m| m == k.name())) {
-        for &v in &variants {
-            let us = measure(&pg, kind, v);
+        for &(v, p) in &variants {
+            let prof = if matches!(v, Variant::After) && multi { None } else { profile.as_deref() };
+            let us = measure(&pg, kind, v, p, prof);
             if pg.rank() == 0 {
-                println!("ROW,{},{},{},{us:.2}", v.name(), kind.name(), pg.world_size());
+                println!("ROW,{},{},{},{us:.2}", v.name(p), kind.name(), pg.world_size());
             }
         }
     }

@@ -1,7 +1,8 @@
 """PyTorch reference for benches/ddp.rs: the same models and per-rank batches, Adam(capturable,
 fused), the whole step captured in torch.cuda.graph with a flat all-reduce of the gradients
-after backward (torch.cat, all_reduce AVG, copy back). fp32, TF32 off. Run under torchrun;
-rank 0 prints ROW,torch,<model>,<world>,<µs> (the slowest rank's median µs per step)."""
+after backward (torch.cat, all_reduce AVG, copy back). fp32, TF32 off; with TCG_DDP_BF16=1 also
+bf16 autocast rows (fp32 gradients on the wire). Run under torchrun; rank 0 prints
+ROW,torch[_bf16],<model>,<world>,<µs> (the slowest rank's median µs per step)."""
 import os
 
 import torch
@@ -19,7 +20,11 @@ def main():
     dist.init_process_group("nccl", device_id=dev)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    for name in ("mlp_small", "mlp_medium", "transformer"):
+    precisions = [False, True] if os.environ.get("TCG_DDP_BF16") == "1" else [False]
+    only = [m for m in os.environ.get("TCG_DDP_MODELS", "").split(",") if m]
+    for name, bf16 in [(n, b) for n in ("mlp_small", "mlp_medium", "transformer") for b in precisions]:
+        if only and name not in only:
+            continue
         torch.manual_seed(0)
         model = make(name).to(dev)
         for p in model.parameters():
@@ -31,7 +36,8 @@ def main():
         sx, sy = batches[0][0].clone(), batches[0][1].clone()
 
         def body():
-            loss = model.loss(sx, sy)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+                loss = model.loss(sx, sy)
             loss.backward()
             if world > 1:
                 grads = [p.grad for p in params]
@@ -61,7 +67,7 @@ def main():
         us = torch.tensor([time_steps(STEPS, run)], device=dev)
         dist.all_reduce(us, op=dist.ReduceOp.MAX)
         if rank == 0:
-            print(f"ROW,torch,{name},{world},{us.item():.2f}", flush=True)
+            print(f"ROW,torch{'_bf16' if bf16 else ''},{name},{world},{us.item():.2f}", flush=True)
         del g
     dist.destroy_process_group()
 

@@ -2,12 +2,43 @@
 #include "optim_own.h"
 #include "shim.h"
 
+#include <mutex>
 #include <optional>
+#include <unordered_set>
 
 using tcg::guard;
 using tcg::misuse;
 using tcg::tensor_list;
 using tcg::tensor_ref;
+
+namespace {
+std::mutex kept_mu;
+std::unordered_set<const c10::TensorImpl*>& kept() {
+  static auto* set = new std::unordered_set<const c10::TensorImpl*>();  // never destroyed
+  return *set;
+}
+}  // namespace
+
+void tcg::keep_grad(const at::Tensor& param, bool on) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(kept_mu);
+    if (on) {
+      kept().insert(param.unsafeGetTensorImpl());
+    } else {
+      kept().erase(param.unsafeGetTensorImpl());
+    }
+  } catch (...) {
+  }
+}
+
+bool tcg::grad_kept(const at::Tensor& param) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(kept_mu);
+    return kept().count(param.unsafeGetTensorImpl()) != 0;
+  } catch (...) {
+    return false;
+  }
+}
 
 namespace {
 std::optional<at::Tensor> optional_tensor(tcg_tensor t) {
@@ -106,7 +137,16 @@ tcg_status tcg_fused_adam(int adamw, tcg_tensor* params, tcg_tensor* grads, tcg_
 
 tcg_status tcg_grads_set_to_none(tcg_tensor* params, size_t n) {
   return guard([&] {
-    for (size_t i = 0; i < n; ++i) tensor_ref(params[i]).mutable_grad().reset();
+    std::vector<at::Tensor> views;  // bucket views (tcg::keep_grad): zeroed, never dropped
+    for (size_t i = 0; i < n; ++i) {
+      auto& p = tensor_ref(params[i]);
+      if (p.grad().defined() && tcg::grad_kept(p)) {
+        views.push_back(p.grad());
+      } else {
+        p.mutable_grad().reset();
+      }
+    }
+    if (!views.empty()) at::_foreach_zero_(views);
   });
 }
 

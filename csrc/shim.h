@@ -44,6 +44,12 @@ tcg_status guard(F&& f) noexcept {
   }
 }
 
+// Parameters whose .grad must keep its storage (a view into a gradient bucket, see
+// cuda/grad_buckets.cpp): tcg_grads_set_to_none zeroes their gradients in place instead.
+// Marked by the higher layer that made the views; kept here, below it. Never throws.
+void keep_grad(const at::Tensor& param, bool on) noexcept;
+bool grad_kept(const at::Tensor& param) noexcept;
+
 // Fault injection (tests only): true once if tcg_testing_fail_next(point) armed this point.
 bool failpoint(const char* point) noexcept;
 

@@ -54,6 +54,7 @@ typedef struct tcg_pg tcg_pg;
 typedef struct tcg_buckets tcg_buckets;
 typedef struct tcg_graphed tcg_graphed;
 typedef struct tcg_cond tcg_cond;
+typedef struct tcg_profile tcg_profile;
 
 // A CUDA stream as c10::Stream::pack3() gives it: plain data, no ownership.
 typedef struct {
@@ -129,7 +130,8 @@ tcg_status tcg_fused_adam(int adamw, tcg_tensor* params, tcg_tensor* grads, tcg_
                           double weight_decay, double eps, int amsgrad, int maximize,
                           tcg_tensor grad_scale, tcg_tensor found_inf, int kernels,
                           tcg_tensor arrivals, const size_t* slots, int* ran_own);
-// Sets every tensor's .grad to undefined (PyTorch's zero_grad(set_to_none=True)).
+// Sets every tensor's .grad to undefined (PyTorch's zero_grad(set_to_none=True)), except the
+// gradients that are views into gradient buckets (cuda/grad_buckets.cpp): zeroed in place.
 tcg_status tcg_grads_set_to_none(tcg_tensor* params, size_t n);
 // Zeroes every defined .grad in place, one _foreach_zero_ (zero_grad(set_to_none=False)).
 tcg_status tcg_grads_zero(tcg_tensor* params, size_t n);
@@ -263,6 +265,29 @@ void tcg_graphed_free(tcg_graphed* g);
 // between (its activations were overwritten) or under create_graph (no double backward).
 tcg_status tcg_graphed_apply(tcg_graphed* g, tcg_tensor* inputs, size_t n, tcg_tensor* out, size_t n_out);
 
+// ---------------------------------------------------------------- profiler.cpp
+// One profiled event: a GPU kernel, copy or memset (device, stream), a CPU op, a runtime call.
+enum { TCG_PROF_KERNEL = 0, TCG_PROF_MEMCPY = 1, TCG_PROF_MEMSET = 2, TCG_PROF_CPU_OP = 3, TCG_PROF_RUNTIME = 4, TCG_PROF_OTHER = 5 };
+typedef struct {
+  uint64_t start_ns;
+  uint64_t end_ns;
+  int64_t stream;  // GPU events: the stream id (Kineto's resource id)
+  int32_t device;  // GPU events: the device index; -1 otherwise
+  int32_t kind;    // TCG_PROF_*
+} tcg_prof_event;
+// Starts Kineto for CPU ops (this thread) and, when `cuda` and CUDA is there, GPU activity
+// (CUPTI: every kernel, copy and memset of the process, inside graph launches too). One profiler
+// at a time per process (TCG_MISUSE otherwise).
+tcg_status tcg_profiler_start(int cuda);
+// Stops it (on the thread that started it) and returns what it recorded (NULL `out`: discarded).
+tcg_status tcg_profiler_stop(tcg_profile** out);
+void tcg_profile_free(tcg_profile* p);
+tcg_status tcg_profile_len(tcg_profile* p, size_t* n);
+// Event i and its name (malloc'ed; release with tcg_string_free).
+tcg_status tcg_profile_event(tcg_profile* p, size_t i, tcg_prof_event* out, char** name);
+// Writes a Chrome trace (JSON, opens in Perfetto or chrome://tracing).
+tcg_status tcg_profile_save(tcg_profile* p, const char* path);
+
 // ---------------------------------------------------------------- cuda/conditional.cpp
 // Inside a capture under way on the current stream: adds an IF (type 0; type 2: an IF whose body
 // runs when `cond` is zero) or WHILE (type 1) node whose condition is `cond` (one
@@ -338,12 +363,16 @@ tcg_status tcg_pg_abort(tcg_pg* p);
 
 // ---------------------------------------------------------------- cuda/grad_buckets.cpp
 // Gradient buckets (DDP-style) over `params` (leaves of one dtype on the group's device), with a
-// post-accumulate-grad hook on each. Armed, a bucket is packed, all-reduced (average) and
-// unpacked on a side stream as soon as all its gradients are ready, in bucket order; finish does
-// the rest there and makes the current stream wait for the side stream (no host wait), then
-// disarms. Not armed, finish does every bucket on the current stream.
-// The group must outlive the buckets. tcg_buckets_free removes the hooks.
-tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensor* params, size_t n, int64_t bucket_bytes, tcg_buckets** out);
+// post-accumulate-grad hook on each. `as_views`: each parameter's .grad becomes a view into its
+// bucket's flat buffer (16-byte aligned offsets), all-reduced in place; otherwise a bucket is
+// packed and unpacked around its all-reduce. `compress`: all-reduced in bf16 (float32 grads
+// only), cast back. Armed, a bucket is all-reduced (average) on a side stream as soon as all its
+// gradients are ready, in bucket order; finish does the rest there and makes the current stream
+// wait for the side stream (no host wait), then disarms. Not armed, finish does every bucket on
+// the current stream. The group must outlive the buckets. tcg_buckets_free removes the hooks
+// (the gradients stay views of the buffers, which they keep alive).
+tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensor* params, size_t n, int64_t bucket_bytes, int as_views, int compress,
+                           tcg_buckets** out);
 void tcg_buckets_free(tcg_buckets* b);
 tcg_status tcg_buckets_count(tcg_buckets* b, size_t* out);
 tcg_status tcg_buckets_arm(tcg_buckets* b);

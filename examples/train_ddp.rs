@@ -15,7 +15,9 @@ use anyhow::{ensure, Context, Result};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tch::{nn, nn::Module, Device, Kind, Tensor};
-use tch_cuda_graphs::dist::{broadcast_parameters, GradAllReduce, ProcessGroup, ReduceOp, DEFAULT_BUCKET_BYTES};
+use tch_cuda_graphs::dist::{
+    broadcast_parameters, BucketConfig, GradAllReduce, ProcessGroup, ReduceOp, DEFAULT_BUCKET_BYTES,
+};
 use tch_cuda_graphs::feed::{self, DeviceMeter};
 use tch_cuda_graphs::optim::{split_params, Adam, AdamConfig, Optimizer, ParamGroup};
 use tch_cuda_graphs::schedule::{LrScheduler, WarmupCosine};
@@ -43,31 +45,35 @@ fn flat(vs: &nn::VarStore) -> Tensor {
 }
 
 const USAGE: &str = "\
-usage: torchrun --nproc_per_node=N --no-python train_ddp -- [--epochs N]
+usage: torchrun --nproc_per_node=N --no-python train_ddp -- [--epochs N] [--views]
 
 Trains an MLP data parallel: every rank its shard, gradients averaged inside the captured step.
   --epochs N   epochs to train (default 3)
+  --views      gradients as views into the buckets (BucketConfig::views)
   -h, --help   this text";
 
-/// The epochs to train; `None` when the command line asked for the usage.
-fn parse_args() -> Result<Option<usize>, lexopt::Error> {
+/// The epochs to train and whether gradients are bucket views; `None` when the command line
+/// asked for the usage.
+fn parse_args() -> Result<Option<(usize, bool)>, lexopt::Error> {
     use lexopt::prelude::*;
     let mut epochs = 3usize;
+    let mut views = false;
     // torchrun may pass the `--` that separates its own arguments on to the program
     let mut parser = lexopt::Parser::from_iter(std::env::args_os().filter(|a| a != "--"));
     while let Some(arg) = parser.next()? {
         match arg {
             Long("epochs") => epochs = parser.value()?.parse()?,
+            Long("views") => views = true,
             Short('h') | Long("help") => return Ok(None),
             _ => return Err(arg.unexpected()),
         }
     }
-    Ok(Some(epochs))
+    Ok(Some((epochs, views)))
 }
 
 fn main() -> Result<()> {
-    let epochs = match parse_args() {
-        Ok(Some(n)) => n,
+    let (epochs, views) = match parse_args() {
+        Ok(Some(a)) => a,
         Ok(None) => {
             println!("{USAGE}");
             return Ok(());
@@ -93,7 +99,8 @@ fn main() -> Result<()> {
     let (decay, no_decay) = split_params(&vs, |_, t| t.dim() <= 1);
     let cfg = AdamConfig::adamw().lr(2e-3).weight_decay(0.01);
     let opt = Adam::with_groups(vec![ParamGroup::new(decay, cfg), ParamGroup::new(no_decay, cfg.weight_decay(0.0))])?;
-    let mut reduce = GradAllReduce::new(&pg, opt.params(), DEFAULT_BUCKET_BYTES)?;
+    let config = BucketConfig::default().bucket_bytes(DEFAULT_BUCKET_BYTES).views(views);
+    let mut reduce = GradAllReduce::with_config(&pg, opt.params(), config)?;
     let lr_handles = opt.lr_handles();
     // shared with the step closure so that rank 0 can checkpoint its state
     let opt = Arc::new(Mutex::new(opt));

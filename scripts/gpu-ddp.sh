@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # On a host with two GPUs, after ../shared/gpu/stage: the 2-GPU tests, the data parallel training
-# example and the weak-scaling benchmark (ours and PyTorch's, 1 and 2 GPUs), each bounded by a
+# example, the example as two torchrun "nodes" on one host, the example under compute-sanitizer
+# per rank, and the weak-scaling benchmark (ours and PyTorch's, 1 and 2 GPUs), each bounded by a
 # timeout; logs under ${OUT:-/tmp}. NVLink multicast stays off in every process.
-#   bash scripts/gpu-ddp.sh [tests] [example] [bench]     (default: all three)
+#   bash scripts/gpu-ddp.sh [tests] [example] [nodes] [sanitize] [bench]   (default: all)
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 LD_LIBRARY_PATH="$(python3 -c 'import os,torch;print(os.path.join(os.path.dirname(torch.__file__),"lib"))')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH
 out=${OUT:-/tmp}
-parts=${*:-tests example bench}
+parts=${*:-tests example nodes sanitize bench}
 status=0
 for part in $parts; do
   case $part in
@@ -18,11 +19,30 @@ for part in $parts; do
     example)
       timeout 150 torchrun --nproc_per_node=2 --no-python .gpu/bin/example-train_ddp --epochs 3 > "$out/train_ddp.log" 2>&1 || status=1
       grep -E "^epoch|^rank|Error|error" "$out/train_ddp.log" | head -20 ;;
+    nodes)
+      # two single-GPU "nodes" meeting through c10d rendezvous; each sees its GPU as cuda:0
+      port=$((29000 + RANDOM % 1000))
+      for node in 0 1; do
+        CUDA_VISIBLE_DEVICES=$node timeout 150 torchrun --nnodes=2 --nproc_per_node=1 --node_rank=$node \
+          --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:$port --rdzv_id=tcg-two-nodes \
+          --no-python .gpu/bin/example-train_ddp --epochs 2 > "$out/node$node.log" 2>&1 &
+      done
+      wait || status=1
+      for node in 0 1; do
+        echo "node $node: $(grep -E '^rank' "$out/node$node.log" || echo FAILED)"
+        grep -q "max |param - rank 0's| = 0e0" "$out/node$node.log" || status=1
+      done ;;
+    sanitize)
+      # compute-sanitizer memcheck around each rank of the example (one epoch, gradients as views)
+      timeout 400 torchrun --nproc_per_node=2 --no-python compute-sanitizer --tool memcheck --error-exitcode 99 \
+        --log-file "$out/sanitize-rank%p.log" .gpu/bin/example-train_ddp --epochs 1 --views > "$out/sanitize.log" 2>&1 || status=1
+      grep -h "ERROR SUMMARY" "$out"/sanitize-rank*.log
+      grep -E "^rank" "$out/sanitize.log" ;;
     bench)
       for n in 1 2; do
-        timeout 150 torchrun --nproc_per_node=$n --no-python .gpu/bin/bench-ddp > "$out/bench_ddp_$n.log" 2>&1 || status=1
-        (cd benches && timeout 150 torchrun --nproc_per_node=$n torch_ddp.py) > "$out/torch_ddp_$n.log" 2>&1 || status=1
-        grep -h ^ROW "$out/bench_ddp_$n.log" "$out/torch_ddp_$n.log"
+        timeout 300 torchrun --nproc_per_node=$n --no-python .gpu/bin/bench-ddp > "$out/bench_ddp_$n.log" 2>&1 || status=1
+        (cd benches && timeout 200 torchrun --nproc_per_node=$n torch_ddp.py) > "$out/torch_ddp_$n.log" 2>&1 || status=1
+        grep -h -E "^(ROW|PROFILE)" "$out/bench_ddp_$n.log" "$out/torch_ddp_$n.log"
       done ;;
   esac
 done

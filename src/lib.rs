@@ -57,6 +57,7 @@ pub mod graphed;
 pub mod memory;
 pub mod optim;
 pub mod pool;
+pub mod profiler;
 mod scalar;
 pub mod schedule;
 pub mod stream;

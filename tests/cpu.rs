@@ -748,3 +748,57 @@ fn conditional_nodes_outside_a_capture_are_misuse() {
     let e = capture_if(&Tensor::new(), || Ok(())).expect_err("an undefined condition");
     assert!(matches!(e, Error::Misuse(_)), "{e:?}");
 }
+
+/// The profiler's summary: unions of intervals per stream, NCCL vs compute, their overlap.
+#[test]
+fn profile_summary_counts_unions_and_overlap() {
+    use tch_cuda_graphs::profiler::{Event, EventKind, Summary};
+    let ev = |name: &str, kind, stream, s: u64, e: u64| Event {
+        name: name.into(),
+        kind,
+        device: 0,
+        stream,
+        start_ns: s * 1000,
+        end_ns: e * 1000,
+    };
+    let events = vec![
+        ev("gemm", EventKind::Kernel, 7, 0, 10),
+        ev("gemm", EventKind::Kernel, 7, 5, 12), // overlaps the first on its stream: 0..12
+        ev("ncclDevKernel_AllReduce", EventKind::Kernel, 9, 8, 20), // 8..12 hidden, 12..20 exposed
+        ev("Memcpy DtoD", EventKind::Memcpy, 7, 25, 30),
+        ev("aten::mm", EventKind::CpuOp, -1, 0, 100), // not a GPU event
+    ];
+    let s = Summary::of(&events);
+    println!("{s:?}");
+    assert_eq!(s.kernels, 3);
+    assert_eq!((s.span_us, s.busy_us), (30.0, 25.0));
+    assert_eq!((s.nccl_us, s.compute_us, s.overlap_us, s.exposed_nccl_us()), (12.0, 17.0, 4.0, 8.0));
+    assert_eq!(s.streams.len(), 2);
+    assert_eq!((s.streams[0].stream, s.streams[0].kernels, s.streams[0].busy_us), (7, 2, 17.0));
+    assert_eq!((s.streams[1].stream, s.streams[1].nccl_kernels, s.streams[1].busy_us), (9, 1, 12.0));
+    assert_eq!(Summary::of(&[]), Summary::default());
+}
+
+/// The profiler on the CPU: it records this thread's ops, writes a Chrome trace, refuses a
+/// second profiler while one runs, and a dropped one frees the slot.
+#[test]
+fn the_profiler_records_cpu_ops_and_writes_a_chrome_trace() {
+    use tch_cuda_graphs::profiler::{EventKind, Profiler};
+    let prof = Profiler::start().unwrap();
+    let e = Profiler::start().expect_err("one at a time");
+    assert!(matches!(e, Error::Misuse(_)), "{e:?}");
+    let a = Tensor::ones([64, 64], (Kind::Float, Device::Cpu));
+    let _ = a.mm(&a);
+    let profile = prof.stop().unwrap();
+    let mm = profile.events().iter().filter(|e| e.kind == EventKind::CpuOp && e.name == "aten::mm").count();
+    println!("{} events, {mm} aten::mm", profile.events().len());
+    assert!(mm >= 1, "the mm is in the profile");
+    let path = std::env::temp_dir().join(format!("tcg-profile-{}.json", std::process::id()));
+    profile.save_chrome_trace(&path).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let names: Vec<&str> = json["traceEvents"].as_array().unwrap().iter().filter_map(|e| e["name"].as_str()).collect();
+    assert!(names.contains(&"aten::mm"), "the Chrome trace holds the op");
+    drop(Profiler::start().unwrap()); // dropped without stop: stopped and discarded
+    Profiler::start().unwrap().stop().unwrap();
+}

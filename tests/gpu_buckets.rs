@@ -119,3 +119,106 @@ fn a_capture_that_fails_after_the_fork_leaves_the_buckets_and_the_process_usable
     println!("after a failed capture: 24 steps (20 graphed, buckets armed) vs eager: max |param diff| = {diff:e}");
     assert_eq!(diff, 0.0);
 }
+
+/// Gradients as views into the buckets (`views(true)`): each `.grad` keeps its storage across
+/// zero_grad, the optimizer, a checkpoint save and load, and graphed replays; 20 graphed Adam
+/// steps equal the packed layout (`views(false)`) and eager training without buckets bit for
+/// bit. bf16 compression: the gradients come back as their bf16 roundings (average over one
+/// rank), and a compressed bucket set over non-float32 parameters is refused.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gradients_as_bucket_views_stay_views_and_train_like_the_packed_layout() {
+    use std::sync::{Arc, Mutex};
+    use tch::Kind;
+    use tch_cuda_graphs::checkpoint;
+    use tch_cuda_graphs::dist::BucketConfig;
+    use tch_cuda_graphs::optim::{Adam, AdamConfig};
+    let (pg_v, pg_p) = (group(), group());
+    let d = pg_v.device();
+    let (vs_v, model_v, vs_e, model_e) = twin_mlps(d, D, H, O);
+    let mut vs_p = tch::nn::VarStore::new(d);
+    let model_p = common::mlp(vs_p.root(), D, H, O);
+    vs_p.copy(&vs_v).expect("copy weights");
+    let adam = |vs: &tch::nn::VarStore| Adam::new(vs, AdamConfig::adamw().lr(1e-3)).expect("adam");
+    let opt_v = Arc::new(Mutex::new(adam(&vs_v)));
+    let mut opt_p = adam(&vs_p);
+    let mut opt_e = adam(&vs_e);
+    let params: Vec<tch::Tensor> = opt_v.lock().unwrap().params().iter().map(tch::Tensor::shallow_clone).collect();
+    let config = BucketConfig::default().bucket_bytes(4 << 10);
+    let mut reduce_v = GradAllReduce::with_config(&pg_v, &params, config.views(true)).expect("views");
+    let mut reduce_p = GradAllReduce::with_config(&pg_p, opt_p.params(), config.views(false)).expect("packed");
+    let ptrs = |ps: &[tch::Tensor]| -> Vec<usize> { ps.iter().map(|p| p.grad().data_ptr() as usize).collect() };
+    let views = ptrs(&params);
+    assert!(params.iter().all(|p| p.grad().defined()), "each parameter's grad is a view from the start");
+    assert!(views.iter().all(|&a| a % 16 == 0), "views start 16-byte aligned");
+    let (x, y) = batch(d, 32, D, O);
+    let ov = opt_v.clone();
+    let mut step_v = TrainStep::new(&[("x", &x), ("y", &y)], StepOptions::default(), move |inp| {
+        let mut opt = ov.lock().unwrap();
+        opt.zero_grad()?;
+        let loss = mse(&model_v, &inp[0], &inp[1]);
+        reduce_v.backward(&loss)?;
+        opt.step()?;
+        Ok(vec![loss.detach()])
+    })
+    .expect("step");
+    let mut step_p = TrainStep::new(&[("x", &x), ("y", &y)], StepOptions::default(), move |inp| {
+        opt_p.zero_grad()?;
+        let loss = mse(&model_p, &inp[0], &inp[1]);
+        reduce_p.backward(&loss)?;
+        opt_p.step()?;
+        Ok(vec![loss.detach()])
+    })
+    .expect("step");
+    let ckpt = std::env::temp_dir().join(format!("tcg-views-{}.safetensors", std::process::id()));
+    for i in 0..20 {
+        let (xb, yb) = batch(d, 32, D, O);
+        step_v.run(&[&xb, &yb]).expect("run views");
+        step_p.run(&[&xb, &yb]).expect("run packed");
+        opt_e.zero_grad().expect("zero");
+        mse(&model_e, &xb, &yb).backward();
+        opt_e.step().expect("step");
+        if i == 10 {
+            synchronize(d).expect("sync");
+            checkpoint::save(&ckpt, &vs_v, &*opt_v.lock().unwrap(), &[]).expect("save");
+            checkpoint::load(&ckpt, &vs_v, &mut *opt_v.lock().unwrap()).expect("load");
+            let _ = std::fs::remove_file(&ckpt);
+        }
+    }
+    synchronize(d).expect("sync");
+    assert_eq!((step_v.graph_count(), step_p.graph_count()), (1, 1));
+    assert_eq!(ptrs(&params), views, "the grads are still the bucket views after 20 graphed steps and a load");
+    let (packed, eager) = (max_param_diff(&vs_v, &vs_p), max_param_diff(&vs_v, &vs_e));
+    println!(
+        "20 graphed Adam steps, {} gradients as bucket views (checkpoint save + load at step 10): max |param diff| vs \
+         packed buckets {packed:e}, vs eager without buckets {eager:e}",
+        params.len()
+    );
+    assert_eq!((packed, eager), (0.0, 0.0));
+
+    // bf16 compression: one backward, the grads are the bf16 roundings of the plain grads
+    let pg_c = group();
+    let (vs_c, model_c, vs_r, model_r) = twin_mlps(d, D, H, O);
+    let opt_c = sgd(&vs_c);
+    let mut reduce_c =
+        GradAllReduce::with_config(&pg_c, opt_c.params(), config.bf16_compress(true)).expect("compressed");
+    reduce_c.backward(&mse(&model_c, &x, &y)).expect("backward");
+    mse(&model_r, &x, &y).backward();
+    let vr = vs_r.variables();
+    let diff = vs_c
+        .variables()
+        .iter()
+        .map(|(n, t)| {
+            let want = vr[n].grad().to_kind(Kind::BFloat16).to_kind(Kind::Float);
+            f64::try_from((t.grad() - want).abs().max()).expect("scalar")
+        })
+        .fold(0.0, f64::max);
+    println!("bf16-compressed all-reduce over one rank: max |grad - bf16(plain grad)| = {diff:e}");
+    assert_eq!(diff, 0.0);
+    let vs_h = tch::nn::VarStore::new(d);
+    let _m = common::mlp(vs_h.root(), D, H, O);
+    let mut vs_h = vs_h;
+    vs_h.half();
+    let half = GradAllReduce::with_config(&pg_c, &vs_h.trainable_variables(), config.bf16_compress(true));
+    assert!(matches!(half, Err(Error::Misuse(_))), "{half:?}");
+}

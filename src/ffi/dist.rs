@@ -45,6 +45,8 @@ extern "C" {
         params: *const tcg_tensor,
         n: usize,
         bucket_bytes: i64,
+        as_views: i32,
+        compress: i32,
         out: *mut *mut tcg_buckets,
     ) -> tcg_status;
     pub fn tcg_buckets_free(b: *mut tcg_buckets);

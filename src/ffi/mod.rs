@@ -11,6 +11,7 @@ mod dist;
 mod error;
 mod feed;
 mod optim;
+mod profiler;
 mod watch;
 
 pub use amp::*;
@@ -20,6 +21,7 @@ pub use dist::*;
 pub use error::*;
 pub use feed::*;
 pub use optim::*;
+pub use profiler::*;
 pub use watch::*;
 
 use std::os::raw::c_int;

@@ -125,7 +125,9 @@ pub trait Optimizer {
     /// counts included) where `found_inf` is 1. Both are 0-d float32 tensors on the device.
     fn step_scaled(&mut self, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()>;
     /// Sets every parameter's gradient to none (PyTorch's `zero_grad(set_to_none=True)`, which
-    /// is what capture wants: backward then allocates the grads inside the graph's pool).
+    /// is what capture wants: backward then allocates the grads inside the graph's pool), except
+    /// gradients that are views into a [`crate::dist::GradAllReduce`]'s buckets: those are
+    /// zeroed in place (one multi-tensor kernel), so the views stay.
     fn zero_grad(&mut self) -> Result<()> {
         grads_to_none(self.params())
     }
