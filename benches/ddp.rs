@@ -17,7 +17,7 @@ mod models;
 use models::{batch, Model, ModelKind};
 use std::time::{Duration, Instant};
 use tch::{nn, Device, Kind, Tensor};
-use tch_cuda_graphs::dist::{broadcast_parameters, BucketConfig, GradAllReduce, ProcessGroup, ReduceOp};
+use tch_cuda_graphs::dist::{broadcast_parameters, BucketConfig, GradAllReduce, NcclBuffers, ProcessGroup, ReduceOp};
 use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
 use tch_cuda_graphs::profiler::{Event, Profiler};
 use tch_cuda_graphs::{synchronize, StepOptions, TrainStep};
@@ -32,12 +32,16 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// How the gradients are averaged: one bucket after backward, or overlapped buckets (as views
-/// into the buckets, or packed around each all-reduce).
+/// into the buckets, or packed around each all-reduce; packed, with each bucket's parameters
+/// stepped as soon as it is averaged: `GradAllReduce::backward_and_step`; that without bucket
+/// buffers, each bucket one grouped NCCL call: `BucketConfig::grouped`).
 #[derive(Clone, Copy, PartialEq)]
 enum Variant {
     After,
     Overlap(usize),
     PackedOverlap(usize),
+    PackedStep(usize),
+    GroupedStep(usize),
 }
 
 /// The step's precision: fp32; bf16 autocast with fp32 gradients on the wire; bf16 autocast
@@ -55,6 +59,8 @@ impl Variant {
             Variant::After => "ours".into(),
             Variant::Overlap(bytes) => format!("ours_overlap_{}", bytes >> 10),
             Variant::PackedOverlap(bytes) => format!("ours_packed_overlap_{}", bytes >> 10),
+            Variant::PackedStep(bytes) => format!("ours_packed_step_{}", bytes >> 10),
+            Variant::GroupedStep(bytes) => format!("ours_grouped_step_{}", bytes >> 10),
         };
         match p {
             Precision::Fp32 => v,
@@ -109,6 +115,26 @@ fn timeline_svg(path: &str, events: &[Event], title: &str) -> std::io::Result<()
     std::fs::write(path, s)
 }
 
+/// `config` with the environment's tuning: TCG_DDP_FIRST_KIB, TCG_DDP_HIGH_PRIORITY,
+/// TCG_DDP_SPLIT, TCG_DDP_BUFFERS.
+fn tuning(mut config: BucketConfig) -> BucketConfig {
+    if let Some(kib) = std::env::var("TCG_DDP_FIRST_KIB").ok().and_then(|v| v.parse::<usize>().ok()) {
+        config = config.first_bucket_bytes(kib << 10);
+    }
+    if std::env::var("TCG_DDP_HIGH_PRIORITY").is_ok_and(|v| v == "1") {
+        config = config.high_priority(true);
+    }
+    if std::env::var("TCG_DDP_SPLIT").is_ok_and(|v| v == "1") {
+        config = config.reduce_scatter_all_gather(true);
+    }
+    match std::env::var("TCG_DDP_BUFFERS").unwrap_or_default().as_str() {
+        "mem" => config.nccl_buffers(NcclBuffers::NcclMem),
+        "register" => config.nccl_buffers(NcclBuffers::Registered),
+        "window" => config.nccl_buffers(NcclBuffers::Window),
+        _ => config,
+    }
+}
+
 /// The slowest rank's median µs per captured step of `kind` with `variant` at `precision`;
 /// with `profile` (a folder), 10 more steps are profiled: rank 0 prints a PROFILE row (per-step
 /// figures) and writes a Chrome trace and an SVG timeline there.
@@ -122,10 +148,16 @@ fn measure(pg: &ProcessGroup, kind: ModelKind, variant: Variant, precision: Prec
     let (bucket, overlap, views) = match variant {
         Variant::After => (usize::MAX, false, true),
         Variant::Overlap(bytes) => (bytes, true, true),
-        Variant::PackedOverlap(bytes) => (bytes, true, false),
+        Variant::PackedOverlap(bytes) | Variant::PackedStep(bytes) | Variant::GroupedStep(bytes) => {
+            (bytes, true, false)
+        }
     };
-    let config =
-        BucketConfig::default().bucket_bytes(bucket).views(views).bf16_compress(precision == Precision::Bf16Wire);
+    let step_in_backward = matches!(variant, Variant::PackedStep(_) | Variant::GroupedStep(_));
+    let grouped = matches!(variant, Variant::GroupedStep(_));
+    let config = tuning(
+        BucketConfig::default().bucket_bytes(bucket).views(views).bf16_compress(precision == Precision::Bf16Wire),
+    )
+    .grouped(grouped);
     let mut reduce =
         if world > 1 { Some(GradAllReduce::with_config(pg, opt.params(), config).expect("buckets")) } else { None };
     tch::manual_seed(1 + rank as i64);
@@ -138,14 +170,21 @@ fn measure(pg: &ProcessGroup, kind: ModelKind, variant: Variant, precision: Prec
         opt.zero_grad()?;
         let loss = model.loss(&inp[0], &inp[1]);
         match &mut reduce {
-            Some(r) if overlap => r.backward(&loss)?,
+            Some(r) if step_in_backward => r.backward_and_step(&loss, &mut opt)?,
+            Some(r) if overlap => {
+                r.backward(&loss)?;
+                opt.step()?;
+            }
             Some(r) => {
                 loss.f_backward()?;
                 r.all_reduce()?;
+                opt.step()?;
             }
-            None => loss.f_backward()?,
+            None => {
+                loss.f_backward()?;
+                opt.step()?;
+            }
         }
-        opt.step()?;
         Ok(vec![loss.detach()])
     })
     .expect("step");
@@ -219,6 +258,15 @@ ROW,<variant>,<model>,<world>,<us>. Environment:
   TCG_DDP_MODELS        the models to run (comma-separated; default all)
   TCG_DDP_PACKED=1      also the packed layout (gradients not views) of each overlapped size
   TCG_DDP_BF16=1        also bf16 autocast rows (fp32 and bf16 gradients on the wire)
+  TCG_DDP_STEP=1        also the packed layout with each bucket's parameters stepped as soon as
+                        it is averaged (GradAllReduce::backward_and_step)
+  TCG_DDP_GROUPED=1     also that without bucket buffers (BucketConfig::grouped: one grouped
+                        NCCL all-reduce of the gradients where they are, per bucket)
+  TCG_DDP_SPLIT=1       reduce-scatter + all-gather instead of all-reduce
+  TCG_DDP_FIRST_KIB     size of the first bucket (default: as the others)
+  TCG_DDP_HIGH_PRIORITY=1  the all-reduces on a high-priority stream
+  TCG_DDP_BUFFERS       bucket buffers: mem (ncclMemAlloc), register (and ncclCommRegister),
+                        window (and a symmetric window); default the caching allocator
   TCG_DDP_PROFILE=DIR   profile 10 steps of each overlapped variant: PROFILE rows, and a Chrome
                         trace and an SVG timeline per variant in DIR (rank 0)
   -h, --help            this text";
@@ -274,6 +322,12 @@ fn main() {
         variants.extend(sizes.iter().map(|&b| (Variant::Overlap(b), Precision::Fp32)));
         if flag("TCG_DDP_PACKED") {
             variants.extend(sizes.iter().map(|&b| (Variant::PackedOverlap(b), Precision::Fp32)));
+        }
+        if flag("TCG_DDP_STEP") {
+            variants.extend(sizes.iter().map(|&b| (Variant::PackedStep(b), Precision::Fp32)));
+        }
+        if flag("TCG_DDP_GROUPED") {
+            variants.extend(sizes.iter().map(|&b| (Variant::GroupedStep(b), Precision::Fp32)));
         }
     }
     if flag("TCG_DDP_BF16") {

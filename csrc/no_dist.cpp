@@ -21,9 +21,13 @@ tcg_status tcg_pg_broadcast(tcg_pg*, tcg_tensor, int) { return no_dist(); }
 tcg_status tcg_pg_barrier(tcg_pg*) { return no_dist(); }
 tcg_status tcg_pg_wait_device(tcg_pg*, int64_t) { return no_dist(); }
 tcg_status tcg_pg_abort(tcg_pg*) { return no_dist(); }
-tcg_status tcg_buckets_new(tcg_pg*, tcg_tensor*, size_t, int64_t, int, int, tcg_buckets**) { return no_dist(); }
+tcg_status tcg_buckets_new(tcg_pg*, tcg_tensor*, size_t, int64_t, int64_t, int, tcg_buckets**) { return no_dist(); }
 void tcg_buckets_free(tcg_buckets*) {}
 tcg_status tcg_buckets_count(tcg_buckets*, size_t*) { return no_dist(); }
 tcg_status tcg_buckets_arm(tcg_buckets*) { return no_dist(); }
 tcg_status tcg_buckets_finish(tcg_buckets*) { return no_dist(); }
+tcg_status tcg_buckets_launch_rest(tcg_buckets*) { return no_dist(); }
+tcg_status tcg_buckets_wait_bucket(tcg_buckets*, size_t) { return no_dist(); }
+tcg_status tcg_buckets_join(tcg_buckets*) { return no_dist(); }
+tcg_status tcg_buckets_members(tcg_buckets*, size_t, size_t*, size_t, size_t*) { return no_dist(); }
 }  // extern "C"

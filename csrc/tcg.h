@@ -363,20 +363,41 @@ tcg_status tcg_pg_abort(tcg_pg* p);
 
 // ---------------------------------------------------------------- cuda/grad_buckets.cpp
 // Gradient buckets (DDP-style) over `params` (leaves of one dtype on the group's device), with a
-// post-accumulate-grad hook on each. `as_views`: each parameter's .grad becomes a view into its
-// bucket's flat buffer (16-byte aligned offsets), all-reduced in place; otherwise a bucket is
-// packed and unpacked around its all-reduce. `compress`: all-reduced in bf16 (float32 grads
-// only), cast back. Armed, a bucket is all-reduced (average) on a side stream as soon as all its
+// post-accumulate-grad hook on each; buckets of up to `bucket_bytes`, the first (the last
+// parameters) up to `first_bucket_bytes` (0: the same). Flags: VIEWS: each parameter's .grad
+// becomes a view into its bucket's flat buffer (16-byte aligned offsets), all-reduced in place;
+// otherwise a bucket is packed before its all-reduce and each .grad then made its view. BF16: all-reduced in bf16
+// (float32 grads only), cast back. HIGH_PRIORITY: the side stream is of high priority. At most
+// one of NCCL_MEM (the buffers from ncclMemAlloc), NCCL_REGISTER (and ncclCommRegister'ed),
+// NCCL_WINDOW (and a symmetric window, ncclCommWindowRegister): collective, outside a capture.
+// SPLIT: each bucket is reduce-scattered and all-gathered in place instead of all-reduced.
+// GROUPED (packed, alone): no bucket buffer; a bucket's gradients are all-reduced where they
+// are, in one NCCL group. Armed, a bucket is all-reduced (average) on a side stream as soon as all its
 // gradients are ready, in bucket order; finish does the rest there and makes the current stream
 // wait for the side stream (no host wait), then disarms. Not armed, finish does every bucket on
 // the current stream. The group must outlive the buckets. tcg_buckets_free removes the hooks
 // (the gradients stay views of the buffers, which they keep alive).
-tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensor* params, size_t n, int64_t bucket_bytes, int as_views, int compress,
-                           tcg_buckets** out);
+#define TCG_BUCKETS_VIEWS 1
+#define TCG_BUCKETS_BF16 2
+#define TCG_BUCKETS_HIGH_PRIORITY 4
+#define TCG_BUCKETS_NCCL_MEM 8
+#define TCG_BUCKETS_NCCL_REGISTER 16
+#define TCG_BUCKETS_NCCL_WINDOW 32
+#define TCG_BUCKETS_SPLIT 64
+#define TCG_BUCKETS_GROUPED 128
+tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensor* params, size_t n, int64_t bucket_bytes, int64_t first_bucket_bytes,
+                           int flags, tcg_buckets** out);
 void tcg_buckets_free(tcg_buckets* b);
 tcg_status tcg_buckets_count(tcg_buckets* b, size_t* out);
 tcg_status tcg_buckets_arm(tcg_buckets* b);
 tcg_status tcg_buckets_finish(tcg_buckets* b);
+// finish in parts: launch_rest launches what is left and disarms; wait_bucket makes the current
+// stream wait for bucket k's all-reduce (launched, on either stream); join makes it wait for all of them and
+// starts a new round. members: bucket k's parameter indices (n of them; up to cap written).
+tcg_status tcg_buckets_launch_rest(tcg_buckets* b);
+tcg_status tcg_buckets_wait_bucket(tcg_buckets* b, size_t k);
+tcg_status tcg_buckets_join(tcg_buckets* b);
+tcg_status tcg_buckets_members(tcg_buckets* b, size_t k, size_t* out, size_t cap, size_t* n);
 
 #ifdef __cplusplus
 }

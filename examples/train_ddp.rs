@@ -45,34 +45,45 @@ fn flat(vs: &nn::VarStore) -> Tensor {
 }
 
 const USAGE: &str = "\
-usage: torchrun --nproc_per_node=N --no-python train_ddp -- [--epochs N] [--views]
+usage: torchrun --nproc_per_node=N --no-python train_ddp -- [--epochs N] [--views | --grouped] [--step-per-bucket]
 
 Trains an MLP data parallel: every rank its shard, gradients averaged inside the captured step.
   --epochs N   epochs to train (default 3)
   --views      gradients as views into the buckets (BucketConfig::views)
+  --grouped    no bucket buffers: one grouped NCCL all-reduce per bucket (BucketConfig::grouped)
+  --step-per-bucket  each bucket's parameters updated once it is averaged
+               (GradAllReduce::backward_and_step)
   -h, --help   this text";
 
-/// The epochs to train and whether gradients are bucket views; `None` when the command line
-/// asked for the usage.
-fn parse_args() -> Result<Option<(usize, bool)>, lexopt::Error> {
+/// What the command line asks for.
+struct Args {
+    epochs: usize,
+    views: bool,
+    grouped: bool,
+    step_per_bucket: bool,
+}
+
+/// The command line's settings; `None` when it asked for the usage.
+fn parse_args() -> Result<Option<Args>, lexopt::Error> {
     use lexopt::prelude::*;
-    let mut epochs = 3usize;
-    let mut views = false;
+    let mut args = Args { epochs: 3, views: false, grouped: false, step_per_bucket: false };
     // torchrun may pass the `--` that separates its own arguments on to the program
     let mut parser = lexopt::Parser::from_iter(std::env::args_os().filter(|a| a != "--"));
     while let Some(arg) = parser.next()? {
         match arg {
-            Long("epochs") => epochs = parser.value()?.parse()?,
-            Long("views") => views = true,
+            Long("epochs") => args.epochs = parser.value()?.parse()?,
+            Long("views") => args.views = true,
+            Long("grouped") => args.grouped = true,
+            Long("step-per-bucket") => args.step_per_bucket = true,
             Short('h') | Long("help") => return Ok(None),
             _ => return Err(arg.unexpected()),
         }
     }
-    Ok(Some((epochs, views)))
+    Ok(Some(args))
 }
 
 fn main() -> Result<()> {
-    let (epochs, views) = match parse_args() {
+    let Args { epochs, views, grouped, step_per_bucket } = match parse_args() {
         Ok(Some(a)) => a,
         Ok(None) => {
             println!("{USAGE}");
@@ -99,7 +110,7 @@ fn main() -> Result<()> {
     let (decay, no_decay) = split_params(&vs, |_, t| t.dim() <= 1);
     let cfg = AdamConfig::adamw().lr(2e-3).weight_decay(0.01);
     let opt = Adam::with_groups(vec![ParamGroup::new(decay, cfg), ParamGroup::new(no_decay, cfg.weight_decay(0.0))])?;
-    let config = BucketConfig::default().bucket_bytes(DEFAULT_BUCKET_BYTES).views(views);
+    let config = BucketConfig::default().bucket_bytes(DEFAULT_BUCKET_BYTES).views(views).grouped(grouped);
     let mut reduce = GradAllReduce::with_config(&pg, opt.params(), config)?;
     let lr_handles = opt.lr_handles();
     // shared with the step closure so that rank 0 can checkpoint its state
@@ -117,10 +128,15 @@ fn main() -> Result<()> {
         let mut opt = o.lock().unwrap_or_else(|p| p.into_inner());
         opt.zero_grad()?;
         let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
-        reduce.arm()?; // each bucket's all-reduce starts as soon as its gradients are ready
-        tch_cuda_graphs::amp::backward(&loss)?;
-        reduce.all_reduce()?; // waits for the buckets (on the device): averaged across ranks
-        opt.step()?;
+        if step_per_bucket {
+            // each bucket's parameters updated as soon as it is averaged
+            reduce.backward_and_step(&loss, &mut *opt)?;
+        } else {
+            reduce.arm()?; // each bucket's all-reduce starts as soon as its gradients are ready
+            tch_cuda_graphs::amp::backward(&loss)?;
+            reduce.all_reduce()?; // waits for the buckets (on the device): averaged across ranks
+            opt.step()?;
+        }
         Ok(vec![loss.detach()])
     })?;
     step.watch_vars(&vs)?;

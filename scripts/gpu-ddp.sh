@@ -3,7 +3,8 @@
 # example, the example as two torchrun "nodes" on one host, the example under compute-sanitizer
 # per rank, and the weak-scaling benchmark (ours and PyTorch's, 1 and 2 GPUs), each bounded by a
 # timeout; logs under ${OUT:-/tmp}. NVLink multicast stays off in every process.
-#   bash scripts/gpu-ddp.sh [tests] [example] [nodes] [sanitize] [bench]   (default: all)
+#   bash scripts/gpu-ddp.sh [tests] [example] [nodes] [sanitize] [bench] [tune]
+# (default: all but tune, which compares NCCL and bucket settings on one model)
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 LD_LIBRARY_PATH="$(python3 -c 'import os,torch;print(os.path.join(os.path.dirname(torch.__file__),"lib"))')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -33,17 +34,41 @@ for part in $parts; do
         grep -q "max |param - rank 0's| = 0e0" "$out/node$node.log" || status=1
       done ;;
     sanitize)
-      # compute-sanitizer memcheck around each rank of the example (one epoch, gradients as views)
-      timeout 400 torchrun --nproc_per_node=2 --no-python compute-sanitizer --tool memcheck --error-exitcode 99 \
-        --log-file "$out/sanitize-rank%p.log" .gpu/bin/example-train_ddp --epochs 1 --views > "$out/sanitize.log" 2>&1 || status=1
-      grep -h "ERROR SUMMARY" "$out"/sanitize-rank*.log
-      grep -E "^rank" "$out/sanitize.log" ;;
+      # compute-sanitizer memcheck around each rank of the example (one epoch): packed buckets
+      # with the optimizer per bucket, then grouped ones
+      for flags in "--step-per-bucket" "--grouped --step-per-bucket"; do
+        rm -f "$out"/sanitize-rank*.log
+        timeout 300 torchrun --nproc_per_node=2 --no-python compute-sanitizer --tool memcheck --error-exitcode 99 \
+          --log-file "$out/sanitize-rank%p.log" .gpu/bin/example-train_ddp --epochs 1 $flags > "$out/sanitize.log" 2>&1 || status=1
+        echo "sanitize $flags: $(grep -h "ERROR SUMMARY" "$out"/sanitize-rank*.log | tr '\n' ' ')"
+        grep -E "^rank" "$out/sanitize.log"
+        grep -h -E "Program hit|Invalid|out of bounds" "$out"/sanitize-rank*.log | sort | uniq -c | head -5
+      done ;;
+    tune)
+      # mlp_medium (or $TCG_TUNE_MODELS) on 2 GPUs under each NCCL / bucket setting in
+      # $TCG_TUNE (';'-separated; each a space-separated list of VAR=VALUE, "-" for none)
+      models=${TCG_TUNE_MODELS:-mlp_medium}
+      IFS=';' read -r -a settings <<< "${TCG_TUNE:--;NCCL_CTA_POLICY=1;NCCL_MAX_CTAS=8;NCCL_PROTO=Simple;TCG_DDP_HIGH_PRIORITY=1;TCG_DDP_FIRST_KIB=1024;TCG_DDP_BUFFERS=register;TCG_DDP_BUFFERS=window;TCG_DDP_SPLIT=1;TCG_DDP_SPLIT=1 TCG_DDP_BUFFERS=window NCCL_CTA_POLICY=2}"
+      for setting in "${settings[@]}"; do
+        vars=(); [[ $setting == - ]] || read -r -a vars <<< "$setting"
+        echo "TUNE $setting"
+        env "${vars[@]}" TCG_DDP_MODELS=$models TCG_DDP_PACKED=1 TCG_DDP_STEP=1 TCG_DDP_GROUPED=1 TCG_DDP_OVERLAP_KIB=${TCG_TUNE_KIB:-4096,12300} \
+          timeout 120 torchrun --nproc_per_node=2 --no-python .gpu/bin/bench-ddp > "$out/tune.log" 2>&1 || { status=1; tail -5 "$out/tune.log"; }
+        grep -h -E "^(ROW|PROFILE)" "$out/tune.log"
+        # lines of NCCL's log worth seeing (with NCCL_DEBUG=INFO in the setting)
+        [[ -z ${TCG_TUNE_GREP:-} ]] || { grep -c -E "$TCG_TUNE_GREP" "$out/tune.log"; grep -m3 -E "$TCG_TUNE_GREP" "$out/tune.log" | cut -c1-250; }
+      done ;;
     bench)
+      # every variant: views, packed, packed with the optimizer per bucket, grouped; bf16 rows
+      export TCG_DDP_PACKED=${TCG_DDP_PACKED:-1} TCG_DDP_STEP=${TCG_DDP_STEP:-1} TCG_DDP_GROUPED=${TCG_DDP_GROUPED:-1} \
+        TCG_DDP_BF16=${TCG_DDP_BF16:-1} TCG_DDP_OVERLAP_KIB=${TCG_DDP_OVERLAP_KIB:-4096,12300}
       for n in 1 2; do
         timeout 300 torchrun --nproc_per_node=$n --no-python .gpu/bin/bench-ddp > "$out/bench_ddp_$n.log" 2>&1 || status=1
         (cd benches && timeout 200 torchrun --nproc_per_node=$n torch_ddp.py) > "$out/torch_ddp_$n.log" 2>&1 || status=1
         grep -h -E "^(ROW|PROFILE)" "$out/bench_ddp_$n.log" "$out/torch_ddp_$n.log"
-      done ;;
+      done
+      # the README's picture, when profiled (TCG_DDP_PROFILE=DIR)
+      [[ -z ${TCG_DDP_PROFILE:-} ]] || cp "$TCG_DDP_PROFILE"/ours_grouped_step_12300_mlp_medium_2gpu.svg "$out"/ 2>/dev/null || true ;;
   esac
 done
 exit $status

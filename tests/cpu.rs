@@ -280,6 +280,45 @@ fn a_boxed_optimizer_is_the_optimizer_inside() {
     assert_eq!(diff, 0.0);
 }
 
+/// Stepping the parameters in parts (each once) is one step, bit for bit, for both optimizers;
+/// an index out of range is Misuse and changes nothing.
+#[test]
+fn stepping_parameters_in_parts_equals_one_step() {
+    for adam in [false, true] {
+        let (vs_a, a, vs_b, b) = twin_mlps(Device::Cpu, 4, 8, 1);
+        let make = |vs: &nn::VarStore| -> Box<dyn Optimizer + Send> {
+            if adam {
+                Box::new(Adam::new(vs, AdamConfig::adamw().lr(1e-2).weight_decay(0.1)).unwrap())
+            } else {
+                Box::new(Sgd::new(vs, SgdConfig::default().lr(0.1).momentum(0.9)).unwrap())
+            }
+        };
+        let (mut whole, mut parts) = (make(&vs_a), make(&vs_b));
+        let n = parts.params().len();
+        assert!(n >= 4, "an MLP of several tensors");
+        let (x, y) = batch(Device::Cpu, 8, 4, 1);
+        for step in 0..4 {
+            whole.zero_grad().unwrap();
+            mse(&a, &x, &y).backward();
+            whole.step().unwrap();
+            parts.zero_grad().unwrap();
+            mse(&b, &x, &y).backward();
+            // the last parameters first (as gradient buckets come), in uneven parts
+            let order: Vec<usize> = (0..n).rev().collect();
+            for part in order.chunks(1 + step % 3) {
+                parts.step_only(part).unwrap();
+            }
+        }
+        let diff = max_param_rel_diff(&vs_b, &vs_a);
+        println!("{}: 4 steps in parts vs whole: max relative difference {diff:e}", if adam { "AdamW" } else { "SGD" });
+        assert_eq!(diff, 0.0);
+        let before = common::max_param_diff(&vs_b, &vs_a);
+        let err = parts.step_only(&[0, n]).unwrap_err();
+        assert!(matches!(err, Error::Misuse(_)), "{err}");
+        assert_eq!(common::max_param_diff(&vs_b, &vs_a), before, "a refused step_only changed nothing");
+    }
+}
+
 #[test]
 fn zero_grad_sets_grads_to_none() {
     let vs = nn::VarStore::new(Device::Cpu);

@@ -222,3 +222,60 @@ fn gradients_as_bucket_views_stay_views_and_train_like_the_packed_layout() {
     let half = GradAllReduce::with_config(&pg_c, &vs_h.trainable_variables(), config.bf16_compress(true));
     assert!(matches!(half, Err(Error::Misuse(_))), "{half:?}");
 }
+
+/// Bucket options that do not combine are refused (Misuse, nothing left behind: the same
+/// parameters can be bucketed right after); `backward_and_step` refuses parameters its
+/// optimizer does not hold before any work, and otherwise trains like backward + step, bit
+/// for bit, graphed and eager.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn refused_bucket_options_and_a_step_per_bucket() {
+    use tch_cuda_graphs::dist::{BucketConfig, NcclBuffers};
+    let pg = group();
+    let d = pg.device();
+    let (vs, model, vs_ref, model_ref) = twin_mlps(d, D, H, O);
+    let opt = sgd(&vs);
+    let base = BucketConfig::default().bucket_bytes(4 << 10).grouped(true);
+    for (what, config) in [
+        ("grouped + views", base.views(true)),
+        ("grouped + bf16", base.bf16_compress(true)),
+        ("grouped + NCCL window", base.nccl_buffers(NcclBuffers::Window)),
+        ("grouped + reduce-scatter", base.reduce_scatter_all_gather(true)),
+    ] {
+        let r = GradAllReduce::with_config(&pg, opt.params(), config);
+        println!("{what}: {:?}", r.as_ref().err());
+        assert!(matches!(r, Err(Error::Misuse(_))), "{what}: {r:?}");
+    }
+    // an optimizer over other parameters: refused before backward runs
+    let other = tch::nn::VarStore::new(d);
+    let _w = other.root().randn("w", &[4], 0.0, 1.0);
+    let mut other_opt = sgd(&other);
+    let mut reduce = GradAllReduce::with_config(&pg, opt.params(), base).expect("grouped buckets");
+    let (x, y) = batch(d, 32, D, O);
+    let r = reduce.backward_and_step(&mse(&model, &x, &y), &mut other_opt);
+    assert!(matches!(r, Err(Error::Misuse(_))), "{r:?}");
+    assert!(vs.trainable_variables().iter().all(|p| !p.grad().defined()), "no backward ran");
+    // graphed steps per bucket against eager backward + step without buckets
+    let mut opt_ref = sgd(&vs_ref);
+    let mut opt = opt;
+    let (x0, y0) = (x.zeros_like(), y.zeros_like());
+    let mut step = TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default(), move |inp| {
+        opt.zero_grad()?;
+        let loss = mse(&model, &inp[0], &inp[1]);
+        reduce.backward_and_step(&loss, &mut opt)?;
+        Ok(vec![loss.detach()])
+    })
+    .expect("step");
+    for _ in 0..12 {
+        let (xb, yb) = batch(d, 32, D, O);
+        step.run(&[&xb, &yb]).expect("run");
+        opt_ref.zero_grad().expect("zero");
+        mse(&model_ref, &xb, &yb).backward();
+        opt_ref.step().expect("step");
+    }
+    synchronize(d).expect("sync");
+    let diff = max_param_diff(&vs, &vs_ref);
+    println!("12 graphed steps, grouped buckets, a step per bucket, vs eager without buckets: max difference {diff:e}");
+    assert_eq!(step.graph_count(), 1);
+    assert_eq!(diff, 0.0);
+}

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 use tch::{nn, nn::Module, Kind, Tensor};
-use tch_cuda_graphs::dist::{broadcast_parameters, BucketConfig, GradAllReduce, ProcessGroup, ReduceOp};
+use tch_cuda_graphs::dist::{broadcast_parameters, BucketConfig, GradAllReduce, NcclBuffers, ProcessGroup, ReduceOp};
 use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use tch_cuda_graphs::{synchronize, CaptureOptions, CudaGraph, Error, StepOptions, TrainStep};
 
@@ -144,26 +144,40 @@ fn global_batches(device: tch::Device, world: usize, n: usize) -> Vec<(Tensor, T
         .collect()
 }
 
-/// A graphed data parallel step of `model` on its shard: gradients averaged by `reduce`,
-/// overlapped with backward (`overlap`) or after it.
+/// When the gradients are averaged: after backward, overlapped with it, or overlapped with it
+/// and each bucket's parameters stepped as soon as it is averaged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Overlap {
+    After,
+    Backward,
+    BackwardAndStep,
+}
+
+/// A graphed data parallel step of `model` on its shard: gradients averaged by `reduce` as
+/// `overlap` says.
 fn ddp_step<O: Optimizer + Send + 'static>(
     model: nn::Sequential,
     mut opt: O,
     mut reduce: GradAllReduce,
-    overlap: bool,
+    overlap: Overlap,
     device: tch::Device,
 ) -> Result<TrainStep> {
     let (x0, y0) = (Tensor::zeros([B, D], (Kind::Float, device)), Tensor::zeros([B, O], (Kind::Float, device)));
     Ok(TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default(), move |inp| {
         opt.zero_grad()?;
         let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
-        if overlap {
-            reduce.backward(&loss)?;
-        } else {
-            loss.f_backward()?;
-            reduce.all_reduce()?;
+        match overlap {
+            Overlap::After => {
+                loss.f_backward()?;
+                reduce.all_reduce()?;
+                opt.step()?;
+            }
+            Overlap::Backward => {
+                reduce.backward(&loss)?;
+                opt.step()?;
+            }
+            Overlap::BackwardAndStep => reduce.backward_and_step(&loss, &mut opt)?,
         }
-        opt.step()?;
         Ok(vec![loss.detach()])
     })?)
 }
@@ -189,15 +203,30 @@ fn hundred_steps_body(pg: ProcessGroup) -> Result<()> {
     let global = global_batches(d, world, 100);
     for opt_kind in [Opt::Sgd, Opt::Adam] {
         let mut first: Option<Tensor> = None;
-        // (overlap, bucket bytes, gradients as views, bf16 compression): the views must give
-        // the packed layout's bits
-        for (overlap, bucket_bytes, views, bf16) in [
-            (true, 16 << 10, true, false),
-            (true, 16 << 10, false, false),
-            (false, 16 << 10, true, false),
-            (false, usize::MAX, true, false),
-            (true, 16 << 10, true, true),
-        ] {
+        // (overlap, bucket bytes, gradients as views, bf16 compression, NCCL's buffers, a
+        // small first bucket and a high-priority stream, reduce-scatter + all-gather): all
+        // must give the first one's bits
+        use Overlap::{After, Backward, BackwardAndStep};
+        for (overlap, bucket_bytes, views, bf16, buffers, tuned, split, grouped) in [
+            (Backward, 16 << 10, true, false, NcclBuffers::Caching, false, false),
+            (Backward, 16 << 10, false, false, NcclBuffers::Caching, false, false),
+            (After, 16 << 10, true, false, NcclBuffers::Caching, false, false),
+            (After, usize::MAX, true, false, NcclBuffers::Caching, false, false),
+            (Backward, 16 << 10, true, false, NcclBuffers::NcclMem, true, false),
+            (Backward, 16 << 10, false, false, NcclBuffers::Registered, false, false),
+            (Backward, 16 << 10, true, false, NcclBuffers::Window, true, false),
+            (BackwardAndStep, 16 << 10, false, false, NcclBuffers::Caching, false, false),
+            (BackwardAndStep, 16 << 10, true, false, NcclBuffers::Window, false, true),
+            (Backward, 16 << 10, false, false, NcclBuffers::Caching, false, true),
+            (Backward, 16 << 10, true, true, NcclBuffers::Caching, false, false),
+        ]
+        .into_iter()
+        .map(|(o, b, v, c, n, t, s)| (o, b, v, c, n, t, s, false))
+        .chain([
+            // packed without bucket buffers: one grouped NCCL call per bucket
+            (Backward, 16 << 10, false, false, NcclBuffers::Caching, false, false, true),
+            (BackwardAndStep, 16 << 10, false, false, NcclBuffers::Caching, false, false, true),
+        ]) {
             tch::manual_seed(100 + rank as i64); // different weights per rank: the broadcast fixes it
             let vs = nn::VarStore::new(d);
             let model = mlp(vs.root(), D, H, O);
@@ -206,7 +235,16 @@ fn hundred_steps_body(pg: ProcessGroup) -> Result<()> {
             let model1 = mlp(vs1.root(), D, H, O);
             vs1.copy(&vs)?;
             let opt = opt_kind.make(&vs)?;
-            let config = BucketConfig::default().bucket_bytes(bucket_bytes).views(views).bf16_compress(bf16);
+            let mut config = BucketConfig::default()
+                .bucket_bytes(bucket_bytes)
+                .views(views)
+                .bf16_compress(bf16)
+                .nccl_buffers(buffers)
+                .reduce_scatter_all_gather(split)
+                .grouped(grouped);
+            if tuned {
+                config = config.first_bucket_bytes(4 << 10).high_priority(true);
+            }
             let reduce = GradAllReduce::with_config(&pg, opt.params(), config)?;
             let buckets = reduce.bucket_count();
             let mut step = ddp_step(model, opt, reduce, overlap, d)?;
@@ -239,14 +277,14 @@ fn hundred_steps_body(pg: ProcessGroup) -> Result<()> {
             }
             let single = f64::try_from((&flat(&vs) - &flat(&vs1)).abs().max())?;
             println!(
-                "rank {rank}: {opt_kind:?}, overlap {overlap}, {buckets} buckets, views {views}, bf16 {bf16}: 100 graphed steps on {world} GPUs \
+                "rank {rank}: {opt_kind:?}, overlap {overlap:?}, {buckets} buckets, views {views}, bf16 {bf16}, {buffers:?}, first small + high priority {tuned}, reduce-scatter + all-gather {split}, grouped {grouped}: 100 graphed steps on {world} GPUs \
                  (batch {B} each): max |param - rank 0's| = {cross:e}; max |param - first variant| = {variants:e}; \
                  max |param - one GPU on the {}-batch| = {single:e}",
                 B * world as i64
             );
             ensure!(cross == 0.0, "ranks differ by {cross:e}");
             ensure!(bf16 || variants == 0.0, "bucketing/overlap/views changed the result by {variants:e}");
-            ensure!(!overlap || buckets > 2, "the overlap case needs several buckets, got {buckets}");
+            ensure!(overlap == After || buckets > 2, "the overlap case needs several buckets, got {buckets}");
             // SGD keeps one-GPU rounding differences at rounding level; Adam divides by sqrt(v)
             // and so magnifies them where a gradient is near zero: bounded more loosely.
             let bound = match (opt_kind, bf16) {
@@ -349,7 +387,7 @@ fn overlapped_step(pg: &ProcessGroup) -> Result<(TrainStep, Tensor, Tensor)> {
     broadcast_parameters(pg, &vs)?;
     let opt = Adam::new(&vs, AdamConfig::default())?;
     let reduce = GradAllReduce::new(pg, opt.params(), 16 << 10)?;
-    let step = ddp_step(model, opt, reduce, true, d)?;
+    let step = ddp_step(model, opt, reduce, Overlap::Backward, d)?;
     Ok((step, Tensor::randn([B, D], (Kind::Float, d)), Tensor::randn([B, O], (Kind::Float, d))))
 }
 

@@ -20,8 +20,10 @@
 // the crate's zero_grad zeroes those gradients in place instead of setting them to none. A
 // gradient found elsewhere (set to none and made again by backward, replaced by the caller) is
 // copied into its view, which becomes its .grad again. Packed (the default of the Rust side:
-// measured as fast or faster): gradients live where backward puts them; per bucket one pack
-// kernel, the all-reduce, one unpack kernel, all on the side stream.
+// measured faster): backward makes fresh gradients (after a zero_grad that set them to none:
+// no add, no zeroing); per bucket one pack kernel into the bucket on the side stream, the
+// all-reduce, and each .grad then becomes its view of the bucket (host only: no unpack kernel;
+// the replaced gradients are kept until the join, as the pack reads them on the side stream).
 //
 // Compression (bf16, PyTorch's bf16_compress_hook with an average): the bucket is cast into a
 // bf16 buffer, all-reduced in bf16, and cast back into the fp32 gradients, which the optimizer
@@ -34,6 +36,8 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <dlfcn.h>
+
 #include <memory>
 #include <mutex>
 
@@ -41,25 +45,140 @@ using namespace tcg;
 
 namespace {
 
+// The NCCL calls for buffers of NCCL's own allocator, looked up in the libnccl that
+// libtorch_cuda loaded (the shim does not link NCCL). Signatures as nccl.h 2.28; all return an
+// ncclResult_t, 0 on success.
+struct NcclMem {
+  using alloc_fn = int (*)(void**, size_t);
+  using free_fn = int (*)(void*);
+  using reg_fn = int (*)(void*, void*, size_t, void**);
+  using dereg_fn = int (*)(void*, void*);
+  using win_reg_fn = int (*)(void*, void*, size_t, void**, int);
+  using win_dereg_fn = int (*)(void*, void*);
+  using error_fn = const char* (*)(int);
+  alloc_fn alloc = nullptr;
+  free_fn free = nullptr;
+  reg_fn reg = nullptr;
+  dereg_fn dereg = nullptr;
+  win_reg_fn win_reg = nullptr;
+  win_dereg_fn win_dereg = nullptr;
+  error_fn error = nullptr;
+
+  static const NcclMem& get() {
+    static const NcclMem api = [] {
+      NcclMem a;
+      a.alloc = reinterpret_cast<alloc_fn>(dlsym(RTLD_DEFAULT, "ncclMemAlloc"));
+      a.free = reinterpret_cast<free_fn>(dlsym(RTLD_DEFAULT, "ncclMemFree"));
+      a.reg = reinterpret_cast<reg_fn>(dlsym(RTLD_DEFAULT, "ncclCommRegister"));
+      a.dereg = reinterpret_cast<dereg_fn>(dlsym(RTLD_DEFAULT, "ncclCommDeregister"));
+      a.win_reg = reinterpret_cast<win_reg_fn>(dlsym(RTLD_DEFAULT, "ncclCommWindowRegister"));
+      a.win_dereg = reinterpret_cast<win_dereg_fn>(dlsym(RTLD_DEFAULT, "ncclCommWindowDeregister"));
+      a.error = reinterpret_cast<error_fn>(dlsym(RTLD_DEFAULT, "ncclGetErrorString"));
+      return a;
+    }();
+    return api;
+  }
+
+  void check(int r, const char* what) const {
+    if (r != 0) {
+      throw exception(TCG_DIST, std::string("GradAllReduce: ") + what + " failed: " +
+                                    (error != nullptr ? error(r) : ("NCCL error " + std::to_string(r))));
+    }
+  }
+};
+
+// TCG_BUCKETS_NCCL_* flags: where the bucket buffers come from and how NCCL knows them.
+enum class Buffers { caching, nccl_mem, registered, window };
+
+// One allocation of NCCL's allocator holding every bucket buffer, registered with the
+// communicator (ncclCommRegister) or as a symmetric window (ncclCommWindowRegister, the same
+// offsets on every rank). Deregistered by the bucket set's owner while the group lives; the
+// memory itself is freed when the last tensor over it (a gradient view may outlive the buckets)
+// goes.
+struct NcclArena {
+  void* comm = nullptr;
+  void* handle = nullptr;  // ncclCommRegister
+  void* window = nullptr;  // ncclCommWindowRegister
+  at::Tensor bytes;        // uint8 over the allocation; its deleter calls ncclMemFree
+
+  NcclArena() = default;
+  NcclArena(const NcclArena&) = delete;
+  NcclArena& operator=(const NcclArena&) = delete;
+  ~NcclArena() {
+    const auto& api = NcclMem::get();
+    if (handle != nullptr && api.dereg != nullptr) api.dereg(comm, handle);
+    if (window != nullptr && api.win_dereg != nullptr) api.win_dereg(comm, window);
+  }
+};
+
+// The communicator of `pg` on its device, made by a one-element all-reduce if c10d has not made
+// it yet (c10d makes communicators at the first collective).
+void* nccl_comm(tcg_pg* pg) {
+  void* comm = reinterpret_cast<void*>(pg->pg->getCommPtr());
+  if (comm == nullptr) {
+    auto t = at::zeros({1}, at::TensorOptions().device(at::Device(at::kCUDA, pg->device)));
+    std::vector<at::Tensor> v{t};
+    c10d::AllreduceOptions o;
+    o.asyncOp = false;
+    auto w = pg->pg->allreduce(v, o);
+    if (w) w->wait();
+    at::cuda::getCurrentCUDAStream(pg->device).synchronize();
+    comm = reinterpret_cast<void*>(pg->pg->getCommPtr());
+  }
+  if (comm == nullptr) throw exception(TCG_DIST, "GradAllReduce: the process group has no NCCL communicator");
+  return comm;
+}
+
+// `total` bytes from NCCL's allocator on the group's device, registered as `mode` says.
+std::unique_ptr<NcclArena> make_arena(tcg_pg* pg, size_t total, Buffers mode) {
+  const auto& api = NcclMem::get();
+  if (api.alloc == nullptr || api.free == nullptr || api.reg == nullptr || api.win_reg == nullptr) {
+    throw exception(TCG_DIST, "GradAllReduce: this NCCL has no ncclMemAlloc / ncclCommWindowRegister (NCCL >= 2.27 needed)");
+  }
+  auto arena = std::make_unique<NcclArena>();
+  void* ptr = nullptr;
+  api.check(api.alloc(&ptr, total), "ncclMemAlloc");
+  auto free_fn = api.free;
+  arena->bytes = at::from_blob(
+      ptr, {static_cast<int64_t>(total)}, [free_fn](void* p) { free_fn(p); },
+      at::TensorOptions().dtype(at::kByte).device(at::Device(at::kCUDA, pg->device)));
+  if (mode == Buffers::registered || mode == Buffers::window) {
+    arena->comm = nccl_comm(pg);
+    if (mode == Buffers::registered) {
+      api.check(api.reg(arena->comm, ptr, total, &arena->handle), "ncclCommRegister");
+    } else {
+      api.check(api.win_reg(arena->comm, ptr, total, &arena->window, 1 /* NCCL_WIN_COLL_SYMMETRIC */),
+                "ncclCommWindowRegister");
+    }
+  }
+  return arena;
+}
+
 struct Bucket {
   std::vector<size_t> members;   // parameter indices, in the flat buffer's order
   std::vector<int64_t> offsets;  // each member's offset in the flat buffer (elements)
   int64_t numel = 0;             // the flat buffer's length, padding included
+  int64_t used = 0;              // the members' elements and their alignment padding
   at::Tensor flat;               // views: always; packed: only for several members
   at::Tensor low;                // the bf16 buffer of a compressed bucket
   size_t pending = 0;            // gradients not yet ready in this round
+  at::cuda::CUDAEvent done;      // recorded on the side stream after its all-reduce (timing off)
 };
 
 struct State {
   std::mutex mu;
+  std::unique_ptr<NcclArena> arena;  // NCCL's buffers (declared first: destroyed last)
   tcg_pg* pg;  // kept alive by the Rust owner for longer than this state (see GradAllReduce)
   std::vector<at::Tensor> params;
-  std::vector<at::Tensor> views;  // views layout: each parameter's gradient view
+  std::vector<at::Tensor> views;    // each parameter's view of its bucket (where it has one)
+  std::vector<at::Tensor> retired;  // packed: gradients replaced by their views, until the join
   std::vector<size_t> bucket_of;
   std::vector<bool> seen;
   std::vector<Bucket> buckets;
   bool as_views = true;
   bool compress = false;
+  bool split = false;   // reduce-scatter + all-gather instead of one all-reduce
+  bool grouped = false; // packed: one grouped NCCL all-reduce of the gradients where they are
   size_t next = 0;      // the first bucket not launched yet
   bool armed = false;
   bool forked = false;  // this round put work on the side stream: finish() joins
@@ -112,16 +231,33 @@ struct State {
       wire = b.low;
     }
     check_collective(pg, wire);
-    std::vector<at::Tensor> v{wire};
-    c10d::AllreduceOptions o;
-    o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::AVG);
-    o.asyncOp = false;  // on the current stream; no Work
-    auto w = pg->pg->allreduce(v, o);
-    if (w) w->wait();
+    if (split) {
+      // in place: this rank's chunk gets the average of everyone's chunk, then every chunk is
+      // gathered back (with NCCL's zero-CTA policy and a registered window, by copy engines)
+      const int64_t part = wire.numel() / pg->size;
+      at::Tensor flat = wire.view({-1});
+      at::Tensor mine = flat.narrow(0, pg->rank * part, part);
+      c10d::ReduceScatterOptions ro;
+      ro.reduceOp = c10d::ReduceOp(c10d::ReduceOp::AVG);
+      ro.asyncOp = false;
+      auto w = pg->pg->_reduce_scatter_base(mine, flat, ro);
+      if (w) w->wait();
+      c10d::AllgatherOptions ao;
+      ao.asyncOp = false;
+      w = pg->pg->_allgather_base(flat, mine, ao);
+      if (w) w->wait();
+    } else {
+      std::vector<at::Tensor> v{wire};
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::AVG);
+      o.asyncOp = false;  // on the current stream; no Work
+      auto w = pg->pg->allreduce(v, o);
+      if (w) w->wait();
+    }
     if (compress) buf.view({-1}).copy_(b.low);  // back into fp32
   }
 
-  // Bucket k on the current stream: in place (views), or pack, all-reduce, unpack.
+  // Bucket k on the current stream: in place (views), or pack, all-reduce, rebind.
   void reduce(size_t k) {
     Bucket& b = buckets[k];
     c10::AutoGradMode no_grad(false);
@@ -131,24 +267,47 @@ struct State {
       return;
     }
     auto g = grads(b);
+    if (grouped) {
+      // no bucket buffer: every gradient all-reduced in place, in one NCCL group (one kernel)
+      for (auto& t : g) {
+        if (!t.is_contiguous()) misuse("GradAllReduce: a non-contiguous gradient");
+        check_collective(pg, t);
+      }
+      c10d::AllreduceCoalescedOptions o;
+      o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::AVG);
+      o.asyncOp = false;
+      auto w = pg->pg->allreduce_coalesced(g, o);
+      if (w) w->wait();
+      return;
+    }
     if (!b.flat.defined()) {
       if (!g[0].is_contiguous()) misuse("GradAllReduce: a non-contiguous gradient");
       all_reduce(b, g[0]);
       return;
     }
+    // Pack what is not in the bucket yet (one cat kernel when nothing is: the usual case, the
+    // gradients made by backward), all-reduce, then make each gradient its view of the bucket:
+    // no unpack kernel. A gradient already there (last step's view, accumulated into in place)
+    // stays.
     std::vector<at::Tensor> views_in;
+    std::vector<size_t> moved;  // members whose gradient is not their view
     views_in.reserve(g.size());
-    for (auto& t : g) views_in.push_back(t.reshape({-1}));
-    at::cat_out(b.flat, views_in, 0);  // one kernel
+    for (size_t j = 0; j < g.size(); ++j) {
+      views_in.push_back(g[j].reshape({-1}));
+      if (!g[j].is_same(views[b.members[j]])) moved.push_back(j);
+    }
+    if (moved.size() == g.size()) {
+      at::Tensor packed = b.flat.narrow(0, 0, b.used);  // without the split layout's padding
+      at::cat_out(packed, views_in, 0);                   // one kernel
+    } else {
+      for (size_t j : moved) views[b.members[j]].copy_(g[j]);
+    }
     all_reduce(b, b.flat);
-    std::vector<int64_t> sizes;
-    sizes.reserve(g.size());
-    for (auto& t : g) sizes.push_back(t.numel());
-    auto parts = b.flat.split_with_sizes(sizes, 0);
-    std::vector<at::Tensor> src;
-    src.reserve(g.size());
-    for (size_t j = 0; j < g.size(); ++j) src.push_back(parts[j].view(g[j].sizes()));
-    at::_foreach_copy_(g, src);  // one multi-tensor kernel
+    for (size_t j : moved) {
+      // the old gradient is read by the pack on this (side) stream: kept until the join
+      retired.push_back(g[j]);
+      params[b.members[j]].mutable_grad() = views[b.members[j]];
+    }
   }
 
   // Bucket k on the side stream, after what the current stream has queued (its gradients).
@@ -158,6 +317,7 @@ struct State {
     forked = true;
     c10::cuda::CUDAStreamGuard on_side(side);
     reduce(k);
+    buckets[k].done.record(side);
   }
 
   // Called by the hook of parameter i once its gradient is accumulated.
@@ -178,29 +338,42 @@ struct State {
     while (next < buckets.size() && buckets[next].pending == 0) reduce_on_side(next++);
   }
 
-  void finish() {
-    std::lock_guard<std::mutex> lock(mu);
+  // Launches the buckets not launched yet: on the side stream if this round used it (one
+  // stream per communicator), else here; disarms. On error the round is reset (not joined).
+  void launch_rest() {
     armed = false;
-    struct Reset {
-      State* s;
-      ~Reset() {
-        s->reset();
-        s->forked = false;
+    try {
+      while (next < buckets.size()) {
+        if (forked) {
+          reduce_on_side(next++);
+        } else {
+          reduce(next);
+          buckets[next++].done.record(at::cuda::getCurrentCUDAStream(pg->device));
+        }
       }
-    } reset_on_exit{this};
-    // The rest: on the side stream if this round used it (one stream per communicator), else
-    // here. Then the join.
-    while (next < buckets.size()) {
-      if (forked) {
-        reduce_on_side(next++);
-      } else {
-        reduce(next++);
-      }
+    } catch (...) {
+      reset();
+      forked = false;
+      throw;
     }
+  }
+
+  // Makes the current stream wait for the side stream (if this round used it); a new round.
+  void join() {
     if (forked) {
       join_ev.record(side);
       join_ev.block(at::cuda::getCurrentCUDAStream(pg->device));
     }
+    // freed on the current stream, after the side stream's reads of them (the join)
+    retired.clear();
+    reset();
+    forked = false;
+  }
+
+  void finish() {
+    std::lock_guard<std::mutex> lock(mu);
+    launch_rest();
+    join();
   }
 };
 
@@ -221,17 +394,32 @@ struct tcg_buckets {
 
 extern "C" {
 
-tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensor* params, size_t n, int64_t bucket_bytes, int as_views, int compress,
-                           tcg_buckets** out) {
+tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensor* params, size_t n, int64_t bucket_bytes, int64_t first_bucket_bytes,
+                           int flags, tcg_buckets** out) {
   return guard([&] {
     if (pg == nullptr) misuse("null process group");
     if (n == 0) misuse("GradAllReduce: no parameters");
+    const int nccl_bits = flags & (TCG_BUCKETS_NCCL_MEM | TCG_BUCKETS_NCCL_REGISTER | TCG_BUCKETS_NCCL_WINDOW);
+    if (nccl_bits != 0 && (nccl_bits & (nccl_bits - 1)) != 0) misuse("GradAllReduce: more than one NCCL buffer mode");
+    const Buffers mode = (flags & TCG_BUCKETS_NCCL_WINDOW) != 0     ? Buffers::window
+                         : (flags & TCG_BUCKETS_NCCL_REGISTER) != 0 ? Buffers::registered
+                         : (flags & TCG_BUCKETS_NCCL_MEM) != 0      ? Buffers::nccl_mem
+                                                                    : Buffers::caching;
     c10::cuda::CUDAGuard on_device(pg->device);
-    auto s = std::make_shared<State>(at::cuda::getStreamFromPool(false, pg->device));
+    if (mode != Buffers::caching && c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+      misuse("GradAllReduce: NCCL buffers are registered collectively: make the buckets outside a capture");
+    }
+    const bool high = (flags & TCG_BUCKETS_HIGH_PRIORITY) != 0;
+    auto s = std::make_shared<State>(at::cuda::getStreamFromPool(high, pg->device));
     s->pg = pg;
     s->params = tensor_list(params, n);
-    s->as_views = as_views != 0;
-    s->compress = compress != 0;
+    s->as_views = (flags & TCG_BUCKETS_VIEWS) != 0;
+    s->compress = (flags & TCG_BUCKETS_BF16) != 0;
+    s->split = (flags & TCG_BUCKETS_SPLIT) != 0;
+    s->grouped = (flags & TCG_BUCKETS_GROUPED) != 0;
+    if (s->grouped && (s->as_views || s->compress || s->split || mode != Buffers::caching)) {
+      misuse("GradAllReduce: a grouped all-reduce is for the packed layout, without compression, splitting or NCCL buffers");
+    }
     const auto kind = s->params[0].scalar_type();
     if (s->compress && kind != at::kFloat) misuse("GradAllReduce: bf16 compression needs float32 gradients");
     for (size_t i = 0; i < n; ++i) {
@@ -246,12 +434,16 @@ tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensor* params, size_t n, int64_t buc
     }
     const int64_t elt = static_cast<int64_t>(c10::elementSize(kind));
     const int64_t cap = std::max<int64_t>(bucket_bytes, 1);
+    // the first bucket (the last parameters: their gradients come first) may be smaller, so
+    // that communication starts early (PyTorch DDP: 1 MiB)
+    const int64_t first_cap = first_bucket_bytes > 0 ? first_bucket_bytes : cap;
     const int64_t align = std::max<int64_t>(16 / elt, 1);  // elements per 16 bytes
     s->bucket_of.assign(n, 0);
     s->seen.assign(n, false);
     for (size_t r = n; r-- > 0;) {  // reverse: the order backward produces gradients
       const int64_t numel = s->params[r].numel();
-      if (s->buckets.empty() || (!s->buckets.back().members.empty() && (s->buckets.back().numel + numel) * elt > cap)) {
+      const int64_t limit = s->buckets.size() == 1 ? first_cap : cap;
+      if (s->buckets.empty() || (!s->buckets.back().members.empty() && (s->buckets.back().numel + numel) * elt > limit)) {
         s->buckets.emplace_back();
       }
       auto& b = s->buckets.back();
@@ -262,24 +454,52 @@ tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensor* params, size_t n, int64_t buc
       b.numel = at + numel;
       s->bucket_of[r] = s->buckets.size() - 1;
     }
-    const auto opts = s->params[0].options().requires_grad(false);
     for (auto& b : s->buckets) {
-      if (s->as_views || b.members.size() > 1) b.flat = at::zeros({b.numel}, opts);
-      if (s->compress) b.low = at::zeros({b.numel}, opts.dtype(at::kBFloat16));
+      b.used = b.numel;
+      // split: every rank's chunk of the same length, each 16-byte aligned
+      if (s->split) b.numel = (b.numel + pg->size * align - 1) / (pg->size * align) * (pg->size * align);
     }
-    if (s->as_views) {
+    const auto opts = s->params[0].options().requires_grad(false);
+    if (mode == Buffers::caching) {
+      for (auto& b : s->buckets) {
+        if (!s->grouped && (s->as_views || s->split || b.members.size() > 1)) b.flat = at::zeros({b.numel}, opts);
+        if (s->compress) b.low = at::zeros({b.numel}, opts.dtype(at::kBFloat16));
+      }
+    } else {
+      // every buffer in one allocation of NCCL's allocator, each at a 256-byte aligned offset
+      // (the same on every rank: the same parameters give the same layout); every bucket gets
+      // a flat buffer there, so every all-reduce uses NCCL's memory
+      auto round = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+      int64_t total = 0;
+      for (auto& b : s->buckets) total += round(b.numel * elt) + (s->compress ? round(b.numel * 2) : 0);
+      s->arena = make_arena(pg, static_cast<size_t>(std::max<int64_t>(total, 256)), mode);
+      int64_t at = 0;
+      for (auto& b : s->buckets) {
+        b.flat = s->arena->bytes.narrow(0, at, b.numel * elt).view(opts.dtype().toScalarType()).zero_();
+        at += round(b.numel * elt);
+        if (s->compress) {
+          b.low = s->arena->bytes.narrow(0, at, b.numel * 2).view(at::kBFloat16).zero_();
+          at += round(b.numel * 2);
+        }
+      }
+    }
+    {
       c10::AutoGradMode no_grad(false);
       s->views.resize(n);
       for (auto& b : s->buckets) {
+        if (!b.flat.defined()) continue;  // packed, one member: reduced where it is
         for (size_t j = 0; j < b.members.size(); ++j) {
           const size_t i = b.members[j];
           auto& p = s->params[i];
           s->views[i] = b.flat.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
+          if (!s->as_views) continue;
           if (p.grad().defined()) s->views[i].copy_(p.grad());  // keep a gradient already there
           p.mutable_grad() = s->views[i];
         }
       }
-      for (auto& p : s->params) keep_grad(p, true);
+      if (s->as_views) {
+        for (auto& p : s->params) keep_grad(p, true);
+      }
     }
     s->reset();
     for (size_t i = 0; i < n; ++i) {
@@ -331,6 +551,40 @@ tcg_status tcg_buckets_arm(tcg_buckets* b) {
 
 tcg_status tcg_buckets_finish(tcg_buckets* b) {
   return guard([&] { b->state->finish(); });
+}
+
+tcg_status tcg_buckets_launch_rest(tcg_buckets* b) {
+  return guard([&] {
+    std::lock_guard<std::mutex> lock(b->state->mu);
+    b->state->launch_rest();
+  });
+}
+
+tcg_status tcg_buckets_wait_bucket(tcg_buckets* b, size_t k) {
+  return guard([&] {
+    State& s = *b->state;
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (k >= s.buckets.size()) misuse("GradAllReduce: no bucket #" + std::to_string(k));
+    if (k >= s.next) misuse("GradAllReduce: bucket #" + std::to_string(k) + " was not launched (launch_rest first)");
+    s.buckets[k].done.block(at::cuda::getCurrentCUDAStream(s.pg->device));
+  });
+}
+
+tcg_status tcg_buckets_join(tcg_buckets* b) {
+  return guard([&] {
+    std::lock_guard<std::mutex> lock(b->state->mu);
+    b->state->join();
+  });
+}
+
+tcg_status tcg_buckets_members(tcg_buckets* b, size_t k, size_t* out, size_t cap, size_t* n) {
+  return guard([&] {
+    const State& s = *b->state;
+    if (k >= s.buckets.size()) misuse("GradAllReduce: no bucket #" + std::to_string(k));
+    const auto& m = s.buckets[k].members;
+    *n = m.size();
+    for (size_t j = 0; j < m.size() && j < cap; ++j) out[j] = m[j];
+  });
 }
 
 }  // extern "C"

@@ -4,6 +4,7 @@
 use super::{ProcessGroup, ReduceOp};
 use crate::error::{check, Error, Result};
 use crate::ffi;
+use crate::optim::Optimizer;
 use crate::scalar::cpu_i64;
 use std::ptr::NonNull;
 use tch::{nn::VarStore, Kind, Tensor};
@@ -54,16 +55,18 @@ pub fn broadcast_parameters(pg: &ProcessGroup, vs: &VarStore) -> Result<()> {
 /// filled in reverse parameter order: the order backward produces gradients). The buffers are
 /// made here, once, so all of it can be captured.
 ///
-/// By default each bucket is packed (one kernel), all-reduced (one NCCL call, average) and
-/// unpacked (one multi-tensor kernel) on the buckets' side stream. With
+/// By default each bucket is packed (one kernel) and all-reduced (one NCCL call, average) on
+/// the buckets' side stream, and then each parameter's `.grad` becomes its view of the bucket
+/// (no unpack kernel; the next `zero_grad` sets it to none again, so backward writes fresh
+/// gradients without adding). With
 /// [`BucketConfig::views`]`(true)` each parameter's `.grad` is a **view into its bucket**
 /// (PyTorch DDP's `gradient_as_bucket_view`): backward accumulates into the views, each bucket
 /// is all-reduced in place, and nothing is packed or unpacked. The views stay valid:
 /// the crate's `zero_grad` zeroes them in place instead of setting them to none, the optimizers
 /// read them like any gradient, and a gradient that something put elsewhere (set to none by
 /// other code, then made again by backward) is copied back into its view before its bucket is
-/// reduced. Both layouts give the same results bit for bit; the packed one measured as fast or
-/// faster (README, "Several GPUs").
+/// reduced. Both layouts give the same results bit for bit; the packed one measured faster
+/// (README, "Several GPUs").
 /// [`BucketConfig::bf16_compress`] sends the buckets in bf16 (PyTorch's `bf16_compress_hook`,
 /// averaged): half the bytes, the gradients cast back to float32 for the optimizer.
 ///
@@ -71,8 +74,8 @@ pub fn broadcast_parameters(pg: &ProcessGroup, vs: &VarStore) -> Result<()> {
 /// - after backward: [`all_reduce`](Self::all_reduce) reduces every bucket, on the current
 ///   stream.
 /// - overlapped: [`arm`](Self::arm) before backward. Each parameter carries an autograd hook
-///   (post-accumulate-grad); armed, a bucket whose gradients are all ready is packed,
-///   all-reduced and unpacked on a side stream while backward goes on (buckets start in the
+///   (post-accumulate-grad); armed, a bucket whose gradients are all ready is packed and
+///   all-reduced on a side stream while backward goes on (buckets start in the
 ///   same order on every rank, all on that one stream). [`all_reduce`](Self::all_reduce) then
 ///   does what is left there, makes the current stream wait for the side stream (no host wait)
 ///   and disarms. Under capture the fork and the join are recorded into the graph.
@@ -104,6 +107,8 @@ pub fn broadcast_parameters(pg: &ProcessGroup, vs: &VarStore) -> Result<()> {
 pub struct GradAllReduce {
     raw: NonNull<ffi::tcg_buckets>,
     buckets: usize,
+    /// The parameters, in the order the shim's indices use.
+    params: Vec<Tensor>,
     /// Dropped after the buckets (fields drop after `Drop::drop`): the shim's buckets use it.
     pg: ProcessGroup,
 }
@@ -116,7 +121,8 @@ impl std::fmt::Debug for GradAllReduce {
 
 // SAFETY: the shim's bucket state is behind its own mutex (the hooks run on autograd's device
 // threads, the methods on the caller's); the hooks hold only a weak reference to it. Every
-// method that reaches it takes `&mut self`, and the group it uses is itself Send + Sync.
+// method that reaches it takes `&mut self`, and the group it uses is itself Send + Sync. The
+// parameters are shallow clones, only read for their storage addresses.
 unsafe impl Send for GradAllReduce {}
 
 impl Drop for GradAllReduce {
@@ -130,19 +136,52 @@ impl Drop for GradAllReduce {
 /// The default bucket size: 25 MiB, as PyTorch's DDP.
 pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
 
+/// Where [`GradAllReduce`]'s bucket buffers come from, and what NCCL knows of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NcclBuffers {
+    /// From PyTorch's caching allocator, like any tensor (the default).
+    #[default]
+    Caching,
+    /// One allocation of NCCL's own allocator (`ncclMemAlloc`) for all buckets, not registered
+    /// (NCCL may still register it for a captured collective, `NCCL_GRAPH_REGISTER`).
+    NcclMem,
+    /// That allocation registered with the communicator (`ncclCommRegister`, NCCL's
+    /// user-buffer registration: zero-copy where NCCL supports it).
+    Registered,
+    /// That allocation registered as a symmetric window (`ncclCommWindowRegister` with
+    /// `NCCL_WIN_COLL_SYMMETRIC`; NCCL >= 2.27): NCCL's symmetric-memory kernels.
+    Window,
+}
+
 /// How [`GradAllReduce`] buckets and sends gradients.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BucketConfig {
     bucket_bytes: usize,
+    first_bucket_bytes: Option<usize>,
     views: bool,
     bf16: bool,
+    high_priority: bool,
+    split: bool,
+    grouped: bool,
+    buffers: NcclBuffers,
 }
 
 impl Default for BucketConfig {
     /// Buckets of [`DEFAULT_BUCKET_BYTES`], packed (not views: measured faster, see the
-    /// README's "Several GPUs"), no compression.
+    /// README's "Several GPUs"), no compression, the side stream of normal priority, buffers
+    /// from the caching allocator.
     fn default() -> Self {
-        BucketConfig { bucket_bytes: DEFAULT_BUCKET_BYTES, views: false, bf16: false }
+        BucketConfig {
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
+            first_bucket_bytes: None,
+            views: false,
+            bf16: false,
+            high_priority: false,
+            split: false,
+            grouped: false,
+            buffers: NcclBuffers::Caching,
+        }
     }
 }
 
@@ -150,6 +189,13 @@ impl BucketConfig {
     /// Bytes per bucket (a parameter larger than that gets a bucket of its own).
     pub fn bucket_bytes(mut self, bytes: usize) -> Self {
         self.bucket_bytes = bytes;
+        self
+    }
+
+    /// Bytes of the first bucket (the last parameters, whose gradients come first), so that
+    /// communication starts early; PyTorch's DDP uses 1 MiB. Default: the same as the others.
+    pub fn first_bucket_bytes(mut self, bytes: usize) -> Self {
+        self.first_bucket_bytes = Some(bytes);
         self
     }
 
@@ -166,6 +212,63 @@ impl BucketConfig {
     pub fn bf16_compress(mut self, yes: bool) -> Self {
         self.bf16 = yes;
         self
+    }
+
+    /// Run the overlapped all-reduces on a high-priority stream (captured graphs keep each
+    /// kernel's priority), so NCCL's blocks are scheduled before backward's; default false.
+    pub fn high_priority(mut self, yes: bool) -> Self {
+        self.high_priority = yes;
+        self
+    }
+
+    /// Average each bucket with a reduce-scatter then an all-gather, both in place, instead of
+    /// one all-reduce (the bucket padded to a multiple of the world size); default false.
+    /// The same sum in the same order for two ranks; with NCCL's zero-CTA policy and
+    /// [`NcclBuffers::Window`], NCCL may run the all-gather on copy engines instead of SMs.
+    pub fn reduce_scatter_all_gather(mut self, yes: bool) -> Self {
+        self.split = yes;
+        self
+    }
+
+    /// No bucket buffers: each bucket's gradients are all-reduced where backward put them, in
+    /// one NCCL group (one kernel, no pack); default false. For the packed layout, without
+    /// compression, splitting or NCCL buffers ([`Error::Misuse`] otherwise).
+    pub fn grouped(mut self, yes: bool) -> Self {
+        self.grouped = yes;
+        self
+    }
+
+    /// Where the bucket buffers come from ([`NcclBuffers`]; default the caching allocator).
+    /// Anything else is set up collectively when the buckets are made: every rank must make
+    /// them together, outside a capture.
+    pub fn nccl_buffers(mut self, buffers: NcclBuffers) -> Self {
+        self.buffers = buffers;
+        self
+    }
+
+    fn flags(&self) -> std::os::raw::c_int {
+        let mut f = 0;
+        if self.views {
+            f |= ffi::TCG_BUCKETS_VIEWS;
+        }
+        if self.bf16 {
+            f |= ffi::TCG_BUCKETS_BF16;
+        }
+        if self.high_priority {
+            f |= ffi::TCG_BUCKETS_HIGH_PRIORITY;
+        }
+        if self.split {
+            f |= ffi::TCG_BUCKETS_SPLIT;
+        }
+        if self.grouped {
+            f |= ffi::TCG_BUCKETS_GROUPED;
+        }
+        f | match self.buffers {
+            NcclBuffers::Caching => 0,
+            NcclBuffers::NcclMem => ffi::TCG_BUCKETS_NCCL_MEM,
+            NcclBuffers::Registered => ffi::TCG_BUCKETS_NCCL_REGISTER,
+            NcclBuffers::Window => ffi::TCG_BUCKETS_NCCL_WINDOW,
+        }
     }
 }
 
@@ -184,23 +287,21 @@ impl GradAllReduce {
     pub fn with_config(pg: &ProcessGroup, params: &[Tensor], config: BucketConfig) -> Result<Self> {
         let ptrs = ffi::tensor_ptrs(params);
         let bytes = i64::try_from(config.bucket_bytes).unwrap_or(i64::MAX);
+        let first = config.first_bucket_bytes.map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX).max(1));
         let mut raw = std::ptr::null_mut();
         // SAFETY: the group is live (held by `pg`, cloned into the result before it can be
         // used); `ptrs` are live handles for the call (the shim copies the tensors); `raw` is a
         // valid out pointer.
         check(unsafe {
-            ffi::tcg_buckets_new(
-                pg.raw(),
-                ptrs.as_ptr(),
-                ptrs.len(),
-                bytes,
-                i32::from(config.views),
-                i32::from(config.bf16),
-                &mut raw,
-            )
+            ffi::tcg_buckets_new(pg.raw(), ptrs.as_ptr(), ptrs.len(), bytes, first, config.flags(), &mut raw)
         })?;
         let raw = NonNull::new(raw).ok_or_else(|| Error::Libtorch("gradient buckets: null handle".into()))?;
-        let mut out = GradAllReduce { raw, buckets: 0, pg: pg.clone() };
+        let mut out = GradAllReduce {
+            raw,
+            buckets: 0,
+            params: params.iter().map(Tensor::shallow_clone).collect(),
+            pg: pg.clone(),
+        };
         let mut n = 0usize;
         // SAFETY: `raw` is live; `n` is a valid out pointer.
         check(unsafe { ffi::tcg_buckets_count(out.raw.as_ptr(), &mut n) })?;
@@ -222,7 +323,8 @@ impl GradAllReduce {
 
     /// Averages every parameter's gradient across ranks, in place, with no host sync: starts
     /// the buckets not started yet (all of them when not armed), makes the current stream wait
-    /// for every bucket, unpacks, and disarms. Every parameter must have a gradient.
+    /// for every bucket, and disarms. Every parameter must have a gradient; afterwards each is
+    /// its view of its bucket.
     pub fn all_reduce(&mut self) -> Result<()> {
         self.pg.retain_in_capture();
         // SAFETY: `raw` is live (owned by self); its group is alive (held by self).
@@ -235,5 +337,91 @@ impl GradAllReduce {
         self.arm()?;
         loss.f_backward()?;
         self.all_reduce()
+    }
+
+    /// [`backward`](Self::backward) and `opt.step()`, overlapped further: each bucket's
+    /// parameters are updated ([`Optimizer::step_only`]) as soon as that bucket's all-reduce
+    /// is done, while later buckets are still on the wire, instead of one step after the last
+    /// all-reduce (PyTorch's "optimizer in backward" for DDP). The steps run on the current
+    /// stream after backward (measured: on a stream of their own, beside backward, they slowed
+    /// backward down more than they saved). The same update, bit for bit: every parameter is
+    /// stepped once, from its averaged gradient. The optimizer's parameters outside these
+    /// buckets are stepped last. Not for a [`crate::amp::GradScaler`] step or gradient
+    /// clipping (both need every gradient first).
+    ///
+    /// ```no_run
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// # use std::time::Duration;
+    /// use tch::nn::{self, Module};
+    /// use tch_cuda_graphs::dist::{broadcast_parameters, GradAllReduce, ProcessGroup};
+    /// use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
+    /// let pg = ProcessGroup::from_env(Duration::from_secs(60))?;
+    /// let vs = nn::VarStore::new(pg.device());
+    /// let model = nn::linear(vs.root(), 64, 8, Default::default());
+    /// broadcast_parameters(&pg, &vs)?;
+    /// let mut opt = Adam::new(&vs, AdamConfig::default())?;
+    /// let mut reduce = GradAllReduce::new(&pg, opt.params(), 4 << 20)?;
+    /// let x = tch::Tensor::randn([32, 64], (tch::Kind::Float, pg.device()));
+    /// opt.zero_grad()?;
+    /// let loss = model.forward(&x).square().mean(None);
+    /// reduce.backward_and_step(&loss, &mut opt)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn backward_and_step<O: Optimizer + ?Sized>(&mut self, loss: &Tensor, opt: &mut O) -> Result<()> {
+        // where each of our parameters is in the optimizer's list (by storage; checked before
+        // any work is queued)
+        let at: std::collections::HashMap<usize, usize> =
+            opt.params().iter().enumerate().map(|(j, p)| (p.data_ptr() as usize, j)).collect();
+        let mut parts = Vec::with_capacity(self.buckets);
+        let mut covered = vec![false; opt.params().len()];
+        for k in 0..self.buckets {
+            let mut part = Vec::new();
+            for i in self.members(k)? {
+                let j = *at.get(&(self.params[i].data_ptr() as usize)).ok_or_else(|| {
+                    Error::Misuse(format!("backward_and_step: parameter #{i} of the buckets is not in the optimizer"))
+                })?;
+                covered[j] = true;
+                part.push(j);
+            }
+            parts.push(part);
+        }
+        let rest: Vec<usize> = (0..covered.len()).filter(|&j| !covered[j]).collect();
+        self.arm()?;
+        loss.f_backward()?;
+        self.pg.retain_in_capture();
+        let raw = self.raw.as_ptr();
+        // SAFETY: `raw` is live (owned by self); its group is alive (held by self).
+        check(unsafe { ffi::tcg_buckets_launch_rest(raw) })?;
+        // joins the side stream whatever happens next (a capture must end joined)
+        struct Join(*mut ffi::tcg_buckets);
+        impl Drop for Join {
+            fn drop(&mut self) {
+                // SAFETY: the buckets outlive this guard (it lives in a method of their owner).
+                // An error here leaves the round reset; the next arm() orders what remains.
+                let _ = unsafe { ffi::tcg_buckets_join(self.0) };
+            }
+        }
+        let join = Join(raw);
+        for (k, part) in parts.iter().enumerate() {
+            // SAFETY: as above; `k` < the bucket count, and every bucket is launched.
+            check(unsafe { ffi::tcg_buckets_wait_bucket(raw, k) })?;
+            opt.step_only(part)?;
+        }
+        drop(join);
+        if !rest.is_empty() {
+            opt.step_only(&rest)?;
+        }
+        Ok(())
+    }
+
+    /// The indices (into the parameters the buckets were made from) of bucket `k`'s members.
+    fn members(&self, k: usize) -> Result<Vec<usize>> {
+        let mut n = 0usize;
+        // SAFETY: `raw` is live; a null buffer of capacity 0 only asks for the count.
+        check(unsafe { ffi::tcg_buckets_members(self.raw.as_ptr(), k, std::ptr::null_mut(), 0, &mut n) })?;
+        let mut out = vec![0usize; n];
+        // SAFETY: `out` has room for `n` entries.
+        check(unsafe { ffi::tcg_buckets_members(self.raw.as_ptr(), k, out.as_mut_ptr(), n, &mut n) })?;
+        Ok(out)
     }
 }

@@ -42,7 +42,7 @@
 
 mod data_parallel;
 
-pub use data_parallel::{broadcast_parameters, BucketConfig, GradAllReduce, DEFAULT_BUCKET_BYTES};
+pub use data_parallel::{broadcast_parameters, BucketConfig, GradAllReduce, NcclBuffers, DEFAULT_BUCKET_BYTES};
 
 use crate::error::{check, Error, Result};
 use crate::ffi;

@@ -188,11 +188,12 @@ impl Adam {
     }
 }
 
-impl Optimizer for Adam {
-    fn step_scaled(&mut self, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
+impl Adam {
+    /// One update of the parameters that have a gradient (those in `only`, when given).
+    fn run(&mut self, only: Option<&[usize]>, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
         let (scale, found) = (optional_ptr(grad_scale), optional_ptr(found_inf));
         self.core.begin_step();
-        for launch in self.core.launches()? {
+        for launch in self.core.launches(only)? {
             let core = &self.core;
             let group = &core.groups.groups[launch.group];
             let c = &group.config;
@@ -235,6 +236,16 @@ impl Optimizer for Adam {
             self.core.record(ran_own);
         }
         Ok(())
+    }
+}
+
+impl Optimizer for Adam {
+    fn step_scaled(&mut self, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
+        self.run(None, grad_scale, found_inf)
+    }
+
+    fn step_only(&mut self, params: &[usize]) -> Result<()> {
+        self.run(Some(params), None, None)
     }
 
     delegate_to_core!();

@@ -80,13 +80,31 @@ impl<C: HyperParams> Core<C> {
         Ok(())
     }
 
-    /// The launches of one step: for each group, its parameters that have a gradient, by dtype
-    /// (first-seen order).
-    pub(crate) fn launches(&self) -> Result<Vec<Launch>> {
+    /// The launches of one step: for each group, its parameters that have a gradient (and are
+    /// in `only`, when given: indices into the flat parameter list), by dtype (first-seen order).
+    pub(crate) fn launches(&self, only: Option<&[usize]>) -> Result<Vec<Launch>> {
+        let keep = match only {
+            None => None,
+            Some(idx) => {
+                let mut keep = vec![false; self.groups.params.len()];
+                for &i in idx {
+                    *keep.get_mut(i).ok_or_else(|| {
+                        Error::Misuse(format!(
+                            "step_only: no parameter #{i} (the optimizer has {})",
+                            self.groups.params.len()
+                        ))
+                    })? = true;
+                }
+                Some(keep)
+            }
+        };
         let mut out = Vec::new();
         for (g, group) in self.groups.groups.iter().enumerate() {
             let mut by_kind: Vec<(Kind, Launch)> = Vec::new();
             for i in group.range.clone() {
+                if keep.as_ref().is_some_and(|k| !k[i]) {
+                    continue;
+                }
                 let grad = self.groups.params[i].f_grad()?;
                 if !grad.defined() {
                     continue;

@@ -124,6 +124,19 @@ pub trait Optimizer {
     /// kernels divide the gradients by `grad_scale` first, and skip the update (Adam's step
     /// counts included) where `found_inf` is 1. Both are 0-d float32 tensors on the device.
     fn step_scaled(&mut self, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()>;
+    /// [`step`](Self::step) restricted to the parameters `params` (indices into
+    /// [`params`](Self::params)): each gets exactly the update a whole step gives it (the
+    /// update of every parameter depends only on its own gradient and state: per-parameter
+    /// step counts, moments, momentum), so stepping the parameters in parts, each part once,
+    /// equals one step, bit for bit. What lets [`crate::dist::GradAllReduce::backward_and_step`]
+    /// update each bucket's parameters as soon as its all-reduce is done. Not for a
+    /// [`crate::amp::GradScaler`] step (whose inf check needs every gradient first).
+    /// [`Error::Misuse`] for an index out of range; [`Error::Unsupported`] from an optimizer
+    /// that cannot (the default).
+    fn step_only(&mut self, params: &[usize]) -> Result<()> {
+        let _ = params;
+        Err(Error::Unsupported("this optimizer cannot step a subset of its parameters".into()))
+    }
     /// Sets every parameter's gradient to none (PyTorch's `zero_grad(set_to_none=True)`, which
     /// is what capture wants: backward then allocates the grads inside the graph's pool), except
     /// gradients that are views into a [`crate::dist::GradAllReduce`]'s buckets: those are
@@ -190,6 +203,9 @@ impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
     }
     fn step_scaled(&mut self, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
         (**self).step_scaled(grad_scale, found_inf)
+    }
+    fn step_only(&mut self, params: &[usize]) -> Result<()> {
+        (**self).step_only(params)
     }
     fn zero_grad(&mut self) -> Result<()> {
         (**self).zero_grad()

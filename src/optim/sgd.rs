@@ -220,8 +220,17 @@ impl Optimizer for Sgd {
     fn step_scaled(&mut self, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
         let scaled = [optional_ptr(grad_scale), optional_ptr(found_inf)];
         self.core.begin_step();
-        for launch in self.core.launches()? {
+        for launch in self.core.launches(None)? {
             self.step_launch(&launch, scaled)?;
+        }
+        Ok(())
+    }
+
+    fn step_only(&mut self, params: &[usize]) -> Result<()> {
+        let unscaled = [std::ptr::null_mut(), std::ptr::null_mut()];
+        self.core.begin_step();
+        for launch in self.core.launches(Some(params))? {
+            self.step_launch(&launch, unscaled)?;
         }
         Ok(())
     }
