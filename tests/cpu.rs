@@ -157,6 +157,15 @@ fn optimizer_configs_are_validated() {
     assert!(matches!(Adam::new(&empty, AdamConfig::default()), Err(Error::Misuse(_))));
 }
 
+/// Copies the gradients of `from`'s variables into those of `to` (matched by name; `to`'s
+/// gradients must exist), so that twin optimizers are compared on the same gradients.
+fn copy_grads(from: &nn::VarStore, to: &nn::VarStore) {
+    let grads = from.variables();
+    for (name, p) in to.variables() {
+        p.grad().copy_(&grads[&name].grad());
+    }
+}
+
 /// Trains twin MLPs for `steps` steps: one with this crate's optimizer, one with tch's. Both
 /// optimizers get the same gradients, bit for bit (the first model's, copied into the second's):
 /// the comparison is of the optimizers alone. Two backward passes could round differently when
@@ -178,10 +187,7 @@ fn compare_with_tch(
         opt_a.step().unwrap();
         opt_b.zero_grad();
         mse(&b, &x, &y).backward(); // makes b's gradients; their values are a's:
-        let grads_a = vs_a.variables();
-        for (name, pb) in vs_b.variables() {
-            pb.grad().copy_(&grads_a[&name].grad());
-        }
+        copy_grads(&vs_a, &vs_b);
         opt_b.step();
     }
     max_param_rel_diff(&vs_a, &vs_b)
@@ -279,6 +285,7 @@ fn a_boxed_optimizer_is_the_optimizer_inside() {
         plain.step().unwrap();
         boxed.zero_grad().unwrap();
         mse(&b, &x, &y).backward();
+        copy_grads(&vs_a, &vs_b); // the same gradients, bit for bit
         boxed.step().unwrap();
     }
     boxed.set_lr(0.05).unwrap();
@@ -311,7 +318,8 @@ fn stepping_parameters_in_parts_equals_one_step() {
             whole.step().unwrap();
             parts.zero_grad().unwrap();
             mse(&b, &x, &y).backward();
-            // the last parameters first (as gradient buckets come), in uneven parts
+            copy_grads(&vs_a, &vs_b); // the same gradients, bit for bit
+                                      // the last parameters first (as gradient buckets come), in uneven parts
             let order: Vec<usize> = (0..n).rev().collect();
             for part in order.chunks(1 + step % 3) {
                 parts.step_only(part).unwrap();

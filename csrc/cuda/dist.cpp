@@ -14,8 +14,35 @@
 #include <cstdlib>
 #include <memory>
 #include <thread>
+#include <type_traits>
 
 using namespace tcg;
+
+const NcclApi& tcg::NcclApi::get() {
+  static const NcclApi api = [] {
+    NcclApi a;
+    auto find = [](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(RTLD_DEFAULT, name));
+    };
+    find(a.comm_revoke, "ncclCommRevoke");
+    find(a.mem_alloc, "ncclMemAlloc");
+    find(a.mem_free, "ncclMemFree");
+    find(a.comm_register, "ncclCommRegister");
+    find(a.comm_deregister, "ncclCommDeregister");
+    find(a.window_register, "ncclCommWindowRegister");
+    find(a.window_deregister, "ncclCommWindowDeregister");
+    find(a.error_string, "ncclGetErrorString");
+    return a;
+  }();
+  return api;
+}
+
+void tcg::NcclApi::check(int result, const char* what) const {
+  if (result != 0) {
+    throw exception(TCG_DIST, std::string(what) + " failed: " +
+                                  (error_string != nullptr ? error_string(result) : "NCCL error " + std::to_string(result)));
+  }
+}
 
 void tcg::check_collective(tcg_pg* p, const at::Tensor& t) {
   if (p->aborted.load()) {
@@ -66,21 +93,13 @@ void run_on_current_stream(const c10::intrusive_ptr<c10d::Work>& w) {
   if (w) w->wait();
 }
 
-// NCCL's ncclCommRevoke (NCCL >= 2.28), looked up in the libnccl that libtorch_cuda loaded; null
-// when that NCCL has none. Declared here: the shim does not link NCCL itself.
-using revoke_fn = int (*)(void* comm, int flags);
-revoke_fn find_revoke() {
-  static const revoke_fn f = reinterpret_cast<revoke_fn>(dlsym(RTLD_DEFAULT, "ncclCommRevoke"));
-  return f;
-}
-
 // Marks the group aborted and stops its in-flight NCCL work without waiting for any peer.
 // ncclCommRevoke stops in-flight operations (the spinning kernels exit) and returns at once.
 // Without it, c10d's abort runs on a detached thread: NCCL's abort raises the flag its kernels
 // poll first, but then reclaims resources, which waits for good when a peer on this node died.
 void abort_group(tcg_pg* p) {
   if (p->aborted.exchange(true)) return;
-  if (revoke_fn revoke = find_revoke()) {
+  if (auto revoke = NcclApi::get().comm_revoke) {
     try {
       c10::cuda::CUDAGuard g(p->device);
       void* comm = reinterpret_cast<void*>(p->pg->getCommPtr());

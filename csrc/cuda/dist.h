@@ -23,4 +23,22 @@ namespace tcg {
 // Refuses a collective on an aborted group, or on a tensor not on the group's device.
 void check_collective(tcg_pg* p, const at::Tensor& t);
 
+// The NCCL calls the shim makes itself, looked up once in the libnccl that libtorch_cuda loaded
+// (the shim does not link NCCL); each null where that NCCL has none. Signatures as nccl.h 2.28;
+// all return an ncclResult_t, 0 on success.
+struct NcclApi {
+  int (*comm_revoke)(void* comm, int flags) = nullptr;  // NCCL >= 2.28
+  int (*mem_alloc)(void** ptr, size_t size) = nullptr;
+  int (*mem_free)(void* ptr) = nullptr;
+  int (*comm_register)(void* comm, void* buff, size_t size, void** handle) = nullptr;
+  int (*comm_deregister)(void* comm, void* handle) = nullptr;
+  int (*window_register)(void* comm, void* buff, size_t size, void** win, int flags) = nullptr;  // >= 2.27
+  int (*window_deregister)(void* comm, void* win) = nullptr;
+  const char* (*error_string)(int result) = nullptr;
+
+  static const NcclApi& get();
+  // Throws TCG_DIST naming `what` and NCCL's message when `result` is not success.
+  void check(int result, const char* what) const;
+};
+
 }  // namespace tcg

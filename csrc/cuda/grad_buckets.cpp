@@ -36,56 +36,12 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include <dlfcn.h>
-
 #include <memory>
 #include <mutex>
 
 using namespace tcg;
 
 namespace {
-
-// The NCCL calls for buffers of NCCL's own allocator, looked up in the libnccl that
-// libtorch_cuda loaded (the shim does not link NCCL). Signatures as nccl.h 2.28; all return an
-// ncclResult_t, 0 on success.
-struct NcclMem {
-  using alloc_fn = int (*)(void**, size_t);
-  using free_fn = int (*)(void*);
-  using reg_fn = int (*)(void*, void*, size_t, void**);
-  using dereg_fn = int (*)(void*, void*);
-  using win_reg_fn = int (*)(void*, void*, size_t, void**, int);
-  using win_dereg_fn = int (*)(void*, void*);
-  using error_fn = const char* (*)(int);
-  alloc_fn alloc = nullptr;
-  free_fn free = nullptr;
-  reg_fn reg = nullptr;
-  dereg_fn dereg = nullptr;
-  win_reg_fn win_reg = nullptr;
-  win_dereg_fn win_dereg = nullptr;
-  error_fn error = nullptr;
-
-  static const NcclMem& get() {
-    static const NcclMem api = [] {
-      NcclMem a;
-      a.alloc = reinterpret_cast<alloc_fn>(dlsym(RTLD_DEFAULT, "ncclMemAlloc"));
-      a.free = reinterpret_cast<free_fn>(dlsym(RTLD_DEFAULT, "ncclMemFree"));
-      a.reg = reinterpret_cast<reg_fn>(dlsym(RTLD_DEFAULT, "ncclCommRegister"));
-      a.dereg = reinterpret_cast<dereg_fn>(dlsym(RTLD_DEFAULT, "ncclCommDeregister"));
-      a.win_reg = reinterpret_cast<win_reg_fn>(dlsym(RTLD_DEFAULT, "ncclCommWindowRegister"));
-      a.win_dereg = reinterpret_cast<win_dereg_fn>(dlsym(RTLD_DEFAULT, "ncclCommWindowDeregister"));
-      a.error = reinterpret_cast<error_fn>(dlsym(RTLD_DEFAULT, "ncclGetErrorString"));
-      return a;
-    }();
-    return api;
-  }
-
-  void check(int r, const char* what) const {
-    if (r != 0) {
-      throw exception(TCG_DIST, std::string("GradAllReduce: ") + what + " failed: " +
-                                    (error != nullptr ? error(r) : ("NCCL error " + std::to_string(r))));
-    }
-  }
-};
 
 // TCG_BUCKETS_NCCL_* flags: where the bucket buffers come from and how NCCL knows them.
 enum class Buffers { caching, nccl_mem, registered, window };
@@ -105,9 +61,9 @@ struct NcclArena {
   NcclArena(const NcclArena&) = delete;
   NcclArena& operator=(const NcclArena&) = delete;
   ~NcclArena() {
-    const auto& api = NcclMem::get();
-    if (handle != nullptr && api.dereg != nullptr) api.dereg(comm, handle);
-    if (window != nullptr && api.win_dereg != nullptr) api.win_dereg(comm, window);
+    const auto& api = NcclApi::get();
+    if (handle != nullptr && api.comm_deregister != nullptr) api.comm_deregister(comm, handle);
+    if (window != nullptr && api.window_deregister != nullptr) api.window_deregister(comm, window);
   }
 };
 
@@ -131,24 +87,25 @@ void* nccl_comm(tcg_pg* pg) {
 
 // `total` bytes from NCCL's allocator on the group's device, registered as `mode` says.
 std::unique_ptr<NcclArena> make_arena(tcg_pg* pg, size_t total, Buffers mode) {
-  const auto& api = NcclMem::get();
-  if (api.alloc == nullptr || api.free == nullptr || api.reg == nullptr || api.win_reg == nullptr) {
+  const auto& api = NcclApi::get();
+  if (api.mem_alloc == nullptr || api.mem_free == nullptr || api.comm_register == nullptr ||
+      api.window_register == nullptr) {
     throw exception(TCG_DIST, "GradAllReduce: this NCCL has no ncclMemAlloc / ncclCommWindowRegister (NCCL >= 2.27 needed)");
   }
   auto arena = std::make_unique<NcclArena>();
   void* ptr = nullptr;
-  api.check(api.alloc(&ptr, total), "ncclMemAlloc");
-  auto free_fn = api.free;
+  api.check(api.mem_alloc(&ptr, total), "GradAllReduce: ncclMemAlloc");
+  auto free_fn = api.mem_free;
   arena->bytes = at::from_blob(
       ptr, {static_cast<int64_t>(total)}, [free_fn](void* p) { free_fn(p); },
       at::TensorOptions().dtype(at::kByte).device(at::Device(at::kCUDA, pg->device)));
   if (mode == Buffers::registered || mode == Buffers::window) {
     arena->comm = nccl_comm(pg);
     if (mode == Buffers::registered) {
-      api.check(api.reg(arena->comm, ptr, total, &arena->handle), "ncclCommRegister");
+      api.check(api.comm_register(arena->comm, ptr, total, &arena->handle), "GradAllReduce: ncclCommRegister");
     } else {
-      api.check(api.win_reg(arena->comm, ptr, total, &arena->window, 1 /* NCCL_WIN_COLL_SYMMETRIC */),
-                "ncclCommWindowRegister");
+      api.check(api.window_register(arena->comm, ptr, total, &arena->window, 1 /* NCCL_WIN_COLL_SYMMETRIC */),
+                "GradAllReduce: ncclCommWindowRegister");
     }
   }
   return arena;
@@ -159,7 +116,8 @@ struct Bucket {
   std::vector<int64_t> offsets;  // each member's offset in the flat buffer (elements)
   int64_t numel = 0;             // the flat buffer's length, padding included
   int64_t used = 0;              // the members' elements and their alignment padding
-  at::Tensor flat;               // views: always; packed: only for several members
+  at::Tensor flat;               // views, split, NCCL buffers: always; packed: several members
+                                 // (never grouped)
   at::Tensor low;                // the bf16 buffer of a compressed bucket
   size_t pending = 0;            // gradients not yet ready in this round
   at::cuda::CUDAEvent done;      // recorded on the side stream after its all-reduce (timing off)
@@ -233,7 +191,7 @@ struct State {
     check_collective(pg, wire);
     if (split) {
       // in place: this rank's chunk gets the average of everyone's chunk, then every chunk is
-      // gathered back (with NCCL's zero-CTA policy and a registered window, by copy engines)
+      // gathered back (by copy engines where NCCL has them for a zero-CTA policy and a window)
       const int64_t part = wire.numel() / pg->size;
       at::Tensor flat = wire.view({-1});
       at::Tensor mine = flat.narrow(0, pg->rank * part, part);

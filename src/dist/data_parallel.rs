@@ -223,8 +223,10 @@ impl BucketConfig {
 
     /// Average each bucket with a reduce-scatter then an all-gather, both in place, instead of
     /// one all-reduce (the bucket padded to a multiple of the world size); default false.
-    /// The same sum in the same order for two ranks; with NCCL's zero-CTA policy and
-    /// [`NcclBuffers::Window`], NCCL may run the all-gather on copy engines instead of SMs.
+    /// The same sum in the same order for two ranks. Meant for NCCL's zero-CTA policy with
+    /// [`NcclBuffers::Window`], under which a newer NCCL runs the all-gather on copy engines
+    /// instead of SMs; NCCL 2.28.9 (libtorch 2.11's) still ran SM kernels, and this measured
+    /// slower than one all-reduce (README, "Several GPUs").
     pub fn reduce_scatter_all_gather(mut self, yes: bool) -> Self {
         self.split = yes;
         self

@@ -214,25 +214,25 @@ impl Sgd {
         }
         Ok(())
     }
-}
 
-impl Optimizer for Sgd {
-    fn step_scaled(&mut self, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
+    /// One update of the parameters that have a gradient (those in `only`, when given).
+    fn run(&mut self, only: Option<&[usize]>, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
         let scaled = [optional_ptr(grad_scale), optional_ptr(found_inf)];
         self.core.begin_step();
-        for launch in self.core.launches(None)? {
+        for launch in self.core.launches(only)? {
             self.step_launch(&launch, scaled)?;
         }
         Ok(())
     }
+}
+
+impl Optimizer for Sgd {
+    fn step_scaled(&mut self, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
+        self.run(None, grad_scale, found_inf)
+    }
 
     fn step_only(&mut self, params: &[usize]) -> Result<()> {
-        let unscaled = [std::ptr::null_mut(), std::ptr::null_mut()];
-        self.core.begin_step();
-        for launch in self.core.launches(Some(params))? {
-            self.step_launch(&launch, unscaled)?;
-        }
-        Ok(())
+        self.run(Some(params), None, None)
     }
 
     delegate_to_core!();
