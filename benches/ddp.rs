@@ -115,14 +115,17 @@ fn timeline_svg(path: &str, events: &[Event], title: &str) -> std::io::Result<()
     std::fs::write(path, s)
 }
 
-/// `config` with the environment's tuning: TCG_DDP_FIRST_KIB, TCG_DDP_HIGH_PRIORITY,
-/// TCG_DDP_SPLIT, TCG_DDP_BUFFERS.
-fn tuning(mut config: BucketConfig) -> BucketConfig {
+/// `config` with the environment's tuning: TCG_DDP_FIRST_KIB, TCG_DDP_HIGH_PRIORITY, and,
+/// unless grouped (they do not combine with it), TCG_DDP_SPLIT and TCG_DDP_BUFFERS.
+fn tuning(mut config: BucketConfig, grouped: bool) -> BucketConfig {
     if let Some(kib) = std::env::var("TCG_DDP_FIRST_KIB").ok().and_then(|v| v.parse::<usize>().ok()) {
         config = config.first_bucket_bytes(kib << 10);
     }
     if std::env::var("TCG_DDP_HIGH_PRIORITY").is_ok_and(|v| v == "1") {
         config = config.high_priority(true);
+    }
+    if grouped {
+        return config.grouped(true);
     }
     if std::env::var("TCG_DDP_SPLIT").is_ok_and(|v| v == "1") {
         config = config.reduce_scatter_all_gather(true);
@@ -156,8 +159,8 @@ fn measure(pg: &ProcessGroup, kind: ModelKind, variant: Variant, precision: Prec
     let grouped = matches!(variant, Variant::GroupedStep(_));
     let config = tuning(
         BucketConfig::default().bucket_bytes(bucket).views(views).bf16_compress(precision == Precision::Bf16Wire),
-    )
-    .grouped(grouped);
+        grouped,
+    );
     let mut reduce =
         if world > 1 { Some(GradAllReduce::with_config(pg, opt.params(), config).expect("buckets")) } else { None };
     tch::manual_seed(1 + rank as i64);
