@@ -4,7 +4,9 @@
 # per rank, and the weak-scaling benchmark (ours and PyTorch's, 1 and 2 GPUs), each bounded by a
 # timeout; logs under ${OUT:-/tmp}. NVLink multicast stays off in every process.
 #   bash scripts/gpu-ddp.sh [tests] [example] [nodes] [sanitize] [bench] [tune]
-# (default: all but tune, which compares NCCL and bucket settings on one model)
+# (default: all but tune, which compares NCCL and bucket settings on one model). NCCL settings in
+# the environment reach every process, ours and PyTorch's alike: e.g.
+# NCCL_GRAPH_MIXING_SUPPORT=0 bash scripts/gpu-ddp.sh tests bench (README, "Several GPUs")
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 LD_LIBRARY_PATH="$(python3 -c 'import os,torch;print(os.path.join(os.path.dirname(torch.__file__),"lib"))')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -16,7 +18,13 @@ for part in $parts; do
   case $part in
     tests)
       timeout 300 .gpu/bin/test-gpu_dist --include-ignored --test-threads=1 --nocapture 2>&1 | tee "$out/gpu_dist.log" | grep -E "rank [0-9]+:|^test |test result|panicked|ended after" || true
-      [[ ${PIPESTATUS[0]} == 0 ]] || status=1 ;;
+      [[ ${PIPESTATUS[0]} == 0 ]] || status=1
+      # again with NCCL's graph-mixing support off (faster captured collectives; the crate waits
+      # for the device before each eager collective), unless the environment already chose
+      if [[ -z ${NCCL_GRAPH_MIXING_SUPPORT:-} ]]; then
+        NCCL_GRAPH_MIXING_SUPPORT=0 timeout 300 .gpu/bin/test-gpu_dist --include-ignored --test-threads=1 > "$out/gpu_dist_mixing_off.log" 2>&1 || status=1
+        echo "NCCL_GRAPH_MIXING_SUPPORT=0: $(grep -E "^test result" "$out/gpu_dist_mixing_off.log")"
+      fi ;;
     example)
       timeout 150 torchrun --nproc_per_node=2 --no-python .gpu/bin/example-train_ddp --epochs 3 > "$out/train_ddp.log" 2>&1 || status=1
       grep -E "^epoch|^rank|Error|error" "$out/train_ddp.log" | head -20 ;;

@@ -3,6 +3,8 @@
 #include "dist.h"
 
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -44,10 +46,26 @@ void tcg::NcclApi::check(int result, const char* what) const {
   }
 }
 
+bool tcg::graph_mixing_off() {
+  static const bool off = [] {
+    const char* v = std::getenv("NCCL_GRAPH_MIXING_SUPPORT");
+    return v != nullptr && std::string(v) == "0";
+  }();
+  return off;
+}
+
+void tcg::settle_before_eager_collective(tcg_pg* p) {
+  if (!graph_mixing_off()) return;
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) return;
+  c10::cuda::CUDAGuard on_device(p->device);
+  c10::cuda::device_synchronize();
+}
+
 void tcg::check_collective(tcg_pg* p, const at::Tensor& t) {
   if (p->aborted.load()) {
     throw exception(TCG_DIST, "the process group was aborted after a timeout (a rank stopped responding): make a new one");
   }
+  settle_before_eager_collective(p);
   if (!t.is_cuda() || t.get_device() != p->device) {
     misuse("collective tensor must be on cuda:" + std::to_string(p->device) + " (this rank's device)");
   }
@@ -227,6 +245,7 @@ tcg_status tcg_pg_broadcast(tcg_pg* p, tcg_tensor t, int root) {
 tcg_status tcg_pg_barrier(tcg_pg* p) {
   return guard([&] {
     if (p->aborted.load()) throw exception(TCG_DIST, "the process group was aborted after a timeout");
+    settle_before_eager_collective(p);
     c10d::BarrierOptions o;
     o.device_ids = {p->device};
     p->pg->barrier(o)->wait();

@@ -20,7 +20,16 @@ struct tcg_pg {
 
 namespace tcg {
 
-// Refuses a collective on an aborted group, or on a tensor not on the group's device.
+// Whether NCCL_GRAPH_MIXING_SUPPORT=0 is set (read once). NCCL then captures collectives without
+// the bookkeeping that lets graph launches and other NCCL launches of one communicator be
+// outstanding together (faster captured collectives), and is correct only if no non-captured
+// NCCL launch follows a graph launch that has not finished, whatever the streams.
+bool graph_mixing_off();
+// Under graph_mixing_off(), outside a capture: the host waits for the group's device (every graph
+// replay queued there) before an eager collective; otherwise nothing.
+void settle_before_eager_collective(tcg_pg* p);
+// Refuses a collective on an aborted group, or on a tensor not on the group's device; settles
+// the device first (settle_before_eager_collective).
 void check_collective(tcg_pg* p, const at::Tensor& t);
 
 // The NCCL calls the shim makes itself, looked up once in the libnccl that libtorch_cuda loaded

@@ -72,6 +72,7 @@ struct NcclArena {
 void* nccl_comm(tcg_pg* pg) {
   void* comm = reinterpret_cast<void*>(pg->pg->getCommPtr());
   if (comm == nullptr) {
+    settle_before_eager_collective(pg);
     auto t = at::zeros({1}, at::TensorOptions().device(at::Device(at::kCUDA, pg->device)));
     std::vector<at::Tensor> v{t};
     c10d::AllreduceOptions o;
