@@ -1,5 +1,5 @@
-# The two commands of the README. Both install what they need first (scripts/setup.sh, once).
-.PHONY: setup run test test-no-cuda test-gpu test-gpu-dist
+# The README's commands. Each installs what it needs first (scripts/setup.sh, once).
+.PHONY: setup run test test-no-cuda test-gpu test-gpu-dist ddp bench bench-graphed bench-control bench-ddp
 
 setup:
 	@bash scripts/setup.sh
@@ -8,12 +8,15 @@ setup:
 run: setup
 	cargo run --release --example train
 
-# Every test that runs without a GPU (GPU tests are #[ignore]d), plus format and lint checks,
-# then the same tests against the no-CUDA build of the shim (what a CPU-only libtorch gets).
+# Every test that runs without a GPU (GPU tests are #[ignore]d; the README's and the guide's Rust
+# blocks are doc tests), format and lint checks, the benchmarks' command lines, then the same
+# tests against the no-CUDA build of the shim (what a CPU-only libtorch gets).
 test: setup
 	cargo fmt --all -- --check
 	cargo clippy --all-targets --release -- -D warnings
 	cargo test --release
+	cargo bench --no-run
+	cargo test --release --test cpu_cli -- --ignored
 	$(MAKE) --no-print-directory test-no-cuda
 
 # The CPU tests with the shim built without CUDA (TCH_CUDA_GRAPHS_NO_CUDA=1): every GPU entry
@@ -21,13 +24,33 @@ test: setup
 test-no-cuda: setup
 	TCH_CUDA_GRAPHS_NO_CUDA=1 cargo test --release --test cpu --test cpu_loops --test cpu_amp --test cpu_dist
 
-# On a machine with a CUDA GPU: all tests, GPU ones included, one thread (they share the device),
-# except the two-GPU ones (test-gpu-dist).
+# On a machine with a CUDA GPU: every test, GPU ones included, one thread (they share the
+# device), except the two-GPU ones (test-gpu-dist).
 test-gpu: setup
-	cargo test --release --test cpu --test cpu_cli --test cpu_loops --test cpu_amp --test cpu_dist --test gpu_first_call \
-		--test gpu_graph --test gpu_train --test gpu_loops --test gpu_amp --test gpu_buckets --test gpu_optim --test gpu_graphed --test gpu_control --test gpu_profile -- --include-ignored --test-threads=1
+	bash scripts/gpu.sh tests
 
-# On a host with two GPUs (NVLink multicast off): the data parallel tests; each launches its ranks.
+# On a host with two GPUs: the data parallel tests (each launches its ranks), with NCCL's
+# graph-mixing support on and off.
 test-gpu-dist: setup
-	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
-		cargo test --release --test gpu_dist -- --ignored --test-threads=1 --nocapture
+	bash scripts/gpu.sh dist-tests
+
+# On a host with two GPUs: the data parallel example under torchrun, as two torchrun "nodes",
+# and under compute-sanitizer per rank.
+ddp: setup
+	bash scripts/gpu.sh ddp-example
+	bash scripts/gpu.sh ddp-nodes
+	bash scripts/gpu.sh ddp-sanitize
+
+# The benchmarks, beside PyTorch on the same GPU (results under target/bench).
+bench: setup
+	bash scripts/gpu.sh bench step
+
+bench-graphed: setup
+	bash scripts/gpu.sh bench graphed
+
+bench-control: setup
+	bash scripts/gpu.sh bench control
+
+# Weak scaling on 1 and 2 GPUs.
+bench-ddp: setup
+	bash scripts/gpu.sh ddp-bench

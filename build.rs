@@ -1,5 +1,5 @@
 //! Compiles the C++ shim in `csrc/` against the libtorch that torch-sys found, and links the
-//! CUDA parts of libtorch. See the README's "Using the crate from another crate" for what a
+//! CUDA parts of libtorch. See `docs/building.md` ("Using the crate from another crate") for what a
 //! downstream binary's own build needs.
 //!
 //! Environment (each also read by torch-sys, so both sides agree):

@@ -12,14 +12,16 @@
 //! - an fp16 step with the GradScaler skipping inf steps by the kernels' flag vs by an IF node
 //!   (`skip_with_if_node`), µs per step on clean batches (the common case).
 //!
-//! `cargo bench --bench control -- [--blocks N]`
+//! `cargo bench --bench control -- [--blocks N]` (or `make bench-control`)
+
+mod reference;
 
 use std::time::Instant;
 use tch::{nn, nn::Module, Device, Kind, Tensor};
 use tch_cuda_graphs::amp::{Autocast, GradScaler};
 use tch_cuda_graphs::control::capture_while;
 use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
-use tch_cuda_graphs::{cuda_is_available, synchronize, CaptureOptions, CudaGraph, Result};
+use tch_cuda_graphs::{synchronize, CaptureOptions, CudaGraph, Result};
 
 const DATASET: i64 = 64;
 const STEPS_PER_BLOCK: usize = 200;
@@ -162,18 +164,40 @@ fn scaler_step(device: Device, if_node: bool, blocks: usize) -> Result<f64> {
     Ok(time(device, &mut g, 1, blocks).0)
 }
 
-fn main() {
+const USAGE: &str = "\
+usage: control [--blocks N]
+
+K training steps per graph launch (a WHILE node) against one replay per step, the cost of one
+WHILE iteration, and the GradScaler's IF node against its flag.
+  --blocks N   timed blocks of 200 steps per figure (default 20)
+  -h, --help   this text";
+
+/// The number of timed blocks; `None` when the command line asked for the usage.
+fn parse_args() -> std::result::Result<Option<usize>, lexopt::Error> {
+    use lexopt::prelude::*;
     let mut blocks = 20usize;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        if a == "--blocks" {
-            blocks = args.next().and_then(|v| v.parse().ok()).unwrap_or(blocks);
+    let mut parser = lexopt::Parser::from_env();
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("blocks") => blocks = parser.value()?.parse()?,
+            Short('h') | Long("help") => return Ok(None),
+            Long("bench") => {} // cargo bench passes --bench
+            _ => return Err(arg.unexpected()),
         }
     }
-    if !cuda_is_available() {
-        println!("control bench: no CUDA device; nothing to measure");
-        return;
-    }
+    Ok(Some(blocks.max(1)))
+}
+
+fn main() {
+    let blocks = match parse_args() {
+        Ok(Some(b)) => b,
+        Ok(None) => {
+            println!("{USAGE}");
+            return;
+        }
+        Err(e) => reference::usage_error("control", e, USAGE),
+    };
+    reference::require_cuda("control");
     let device = Device::Cuda(0);
     println!("K training steps per launch (WHILE node) vs one replay per step; Adam, fp32; µs per step");
     println!("| model | single replays GPU | host | K=1 GPU | host | K=10 GPU | host | K=100 GPU | host |");

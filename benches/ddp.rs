@@ -1,10 +1,10 @@
-//! Weak-scaling benchmark (issue 10): the captured data-parallel step of the three benchmark
+//! Weak-scaling benchmark: the captured data-parallel step of the three benchmark
 //! models (per-rank batch fixed, Adam), gradients averaged with `GradAllReduce` inside the
 //! graph, on 1 and 2 GPUs; run under torchrun beside `benches/torch_ddp.py` (PyTorch's captured
 //! step with a flat all-reduce after backward).
 //!
-//! `torchrun --nproc_per_node=N --no-python target/release/deps/ddp-*` (the GPU runner:
-//! `bash .gpu/run bench ddp` under torchrun). Rank 0 prints `ROW,<variant>,<model>,<world>,<µs>`
+//! `make bench-ddp` (`scripts/gpu.sh ddp-bench`: 1 and 2 GPUs, ours and PyTorch's, under
+//! `torchrun --no-python`). Rank 0 prints `ROW,<variant>,<model>,<world>,<µs>`
 //! (the slowest rank's median). With one rank there is no all-reduce: the 1-GPU figure is the
 //! plain captured step. Variants on several ranks: `ours` (one bucket, all-reduced after
 //! backward, like the reference) and `ours_overlap_<KiB>` (buckets of that size, each
@@ -71,7 +71,7 @@ impl Variant {
 }
 
 /// Writes an SVG timeline of `events` (GPU kernels, copies, memsets), one lane per stream, the
-/// NCCL kernels in red: the README's picture of the overlapped all-reduce.
+/// NCCL kernels in red: the timeline picture of `docs/distributed.md`.
 fn timeline_svg(path: &str, events: &[Event], title: &str) -> std::io::Result<()> {
     let gpu: Vec<&Event> = events.iter().filter(|e| e.kind.on_gpu()).collect();
     let (t0, t1) = match (gpu.iter().map(|e| e.start_ns).min(), gpu.iter().map(|e| e.end_ns).max()) {
@@ -275,7 +275,7 @@ ROW,<variant>,<model>,<world>,<us>. Environment:
   -h, --help            this text";
 
 /// Whether to run: false when the command line asked for the usage or this binary was started
-/// as a test (cargo test --benches, the GPU runner).
+/// as a test (`cargo test --benches`).
 fn parse_args() -> Result<bool, lexopt::Error> {
     use lexopt::prelude::*;
     // torchrun may pass the `--` that separates its own arguments on to the program
@@ -312,8 +312,8 @@ fn main() {
         }
     }
     if std::env::var("RANK").is_err() {
-        println!("bench ddp: no RANK: run it under torchrun --nproc_per_node=N --no-python");
-        return;
+        eprintln!("bench ddp: no RANK: run it under torchrun --nproc_per_node=N --no-python (make bench-ddp does)");
+        std::process::exit(1);
     }
     let pg = ProcessGroup::from_env(Duration::from_secs(120)).expect("process group");
     let kib = std::env::var("TCG_DDP_OVERLAP_KIB").unwrap_or_else(|_| "4096,12300,25600".into());

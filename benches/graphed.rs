@@ -17,16 +17,14 @@
 
 #[path = "../tests/common/prenorm.rs"]
 mod prenorm;
+mod reference;
 mod timing;
 
 use prenorm::PreLnModel;
-use std::process::Command;
 use std::time::Instant;
 use tch::{nn, nn::Module, Device, Kind, Reduction, Tensor};
 use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
-use tch_cuda_graphs::{
-    cuda_is_available, make_graphed_callables, Callable, GraphedCallable, GraphedOptions, StepOptions, TrainStep,
-};
+use tch_cuda_graphs::{make_graphed_callables, Callable, GraphedCallable, GraphedOptions, StepOptions, TrainStep};
 use timing::time_steps;
 
 const PHASES: [&str; 6] = ["zero_grad", "blocks", "head+loss", "backward", "optimizer", "host read"];
@@ -38,7 +36,18 @@ struct Args {
     out: String,
 }
 
-fn parse_args() -> Result<Args, lexopt::Error> {
+const USAGE: &str = "\
+usage: graphed [--steps N] [--rows W:N:B,...] [--no-torch] [--out DIR]
+
+Graphed callables in a step that reads its loss on the host, beside PyTorch's.
+  --steps N          timed steps per row, at least 100 (default 1000)
+  --rows W:N:B,...   width, blocks, batch of each row (default 256:4:32,256:8:32,1024:4:256)
+  --no-torch         skip PyTorch's side (benches/torch_graphed.py)
+  --out DIR          where graphed.json goes (default target/bench)
+  -h, --help         this text";
+
+/// The command line: `None` when it asked for the usage.
+fn parse_args() -> Result<Option<Args>, lexopt::Error> {
     use lexopt::prelude::*;
     let mut a = Args {
         steps: 1000,
@@ -60,6 +69,7 @@ fn parse_args() -> Result<Args, lexopt::Error> {
             }
             Long("no-torch") => a.torch = false,
             Long("out") => a.out = parser.value()?.string()?,
+            Short('h') | Long("help") => return Ok(None),
             Long("bench") => {}
             Long("include-ignored") | Long("nocapture") => {}
             Long("test-threads") => {
@@ -69,7 +79,7 @@ fn parse_args() -> Result<Args, lexopt::Error> {
         }
     }
     a.steps = a.steps.max(100);
-    Ok(a)
+    Ok(Some(a))
 }
 
 /// `W:N:B` (width, blocks, batch).
@@ -206,15 +216,12 @@ fn bench_row(device: Device, (w, n, batch): (i64, usize, i64), steps: usize) -> 
 
 fn run_torch(steps: usize, rows: &[(i64, usize, i64)]) -> Result<Vec<Row>, String> {
     let spec: Vec<String> = rows.iter().map(|(w, n, b)| format!("{w}:{n}:{b}")).collect();
-    let out = Command::new("python3")
-        .args(["benches/torch_graphed.py", "--steps", &steps.to_string(), "--rows", &spec.join(",")])
-        .output()
-        .map_err(|e| format!("python3 not runnable: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("torch_graphed.py failed: {}", String::from_utf8_lossy(&out.stderr)));
-    }
+    let out = reference::run(
+        "benches/torch_graphed.py",
+        &["--steps".into(), steps.to_string(), "--rows".into(), spec.join(",")],
+    )?;
     let mut got = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in out.lines() {
         let f: Vec<&str> = line.split(',').collect();
         if f.len() == 6 && f[0] == "ROW" {
             let parse = |s: &str| s.parse::<f64>().map_err(|e| format!("bad row {line}: {e}"));
@@ -238,15 +245,16 @@ fn find(rows: &[Row], (w, n, b): (i64, usize, i64), mode: &str) -> Option<f64> {
 
 fn main() {
     let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("graphed bench: {e}");
-            std::process::exit(2);
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{USAGE}");
+            return;
         }
+        Err(e) => reference::usage_error("graphed", e, USAGE),
     };
-    if !cuda_is_available() {
-        println!("graphed bench: no CUDA device; nothing to measure");
-        return;
+    reference::require_cuda("graphed");
+    if args.torch {
+        reference::require_torch("graphed");
     }
     let device = Device::Cuda(0);
     let mut rows = Vec::new();
@@ -265,7 +273,10 @@ fn main() {
     if args.torch {
         match run_torch(args.steps, &args.rows) {
             Ok(t) => rows.extend(t),
-            Err(e) => println!("PyTorch rows not measured: {e}"),
+            Err(e) => {
+                eprintln!("bench graphed: PyTorch's side failed: {e}");
+                std::process::exit(1);
+            }
         }
     }
     println!("\nµs per step (median), same GPU, same run; speedup = eager / graphed callables");

@@ -3,9 +3,12 @@
 //! captured step replayed), side by side with PyTorch (`torch_reference.py`: eager, and
 //! `torch.cuda.graph` with capturable / fused optimizers) on the same GPU in the same run.
 //!
-//! `cargo bench --bench step -- [--out DIR] [--steps N] [--no-torch]`
-//! Prints a table, writes DIR/results.json and DIR/results.csv, and DIR/chart.png (drawn by
-//! `benches/plot.py` when python3 with matplotlib is there). DIR defaults to target/bench.
+//! `cargo bench --bench step -- [--out DIR] [--steps N] [--no-torch]` (or `make bench`)
+//! Prints its tables, the headline one last, and writes DIR/results.json, DIR/results.csv,
+//! DIR/table.md and DIR/chart.svg (the headline table drawn by `benches/plot.py`, standard
+//! library only). DIR defaults to target/bench. PyTorch's side runs under the venv's Python
+//! (`scripts/setup.sh`; `TCG_PYTHON` overrides); without torch there the benchmark says so and
+//! exits 1 before measuring anything, unless `--no-torch` is given.
 //!
 //! `--profile-small` captures only the small MLP's Adam step (kept graph), prints its node
 //! counts and replays it 3 times, for `ncu` (`benches/torch_profile_small.py` is PyTorch's
@@ -22,17 +25,15 @@
 //! each block. Inputs rotate over 8 pre-made batches. fp32, TF32 off on both sides.
 
 mod models;
+mod reference;
 mod timing;
 
 use models::{batch, Model, ModelKind};
 use std::fmt::Write as _;
-use std::process::Command;
 use std::time::Instant;
 use tch::{nn, nn::OptimizerConfig, Device, Tensor};
 use tch_cuda_graphs::optim::{Adam, AdamConfig, Kernels, Optimizer, Sgd, SgdConfig};
-use tch_cuda_graphs::{
-    capture_with_warmup, cuda_is_available, feed, pool_memory, synchronize, CaptureOptions, StepOptions, TrainStep,
-};
+use tch_cuda_graphs::{capture_with_warmup, feed, pool_memory, synchronize, CaptureOptions, StepOptions, TrainStep};
 use timing::{median, time_steps, WARMUP};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,7 +95,7 @@ usage: step [--out DIR] [--steps N] [--no-torch] [--no-compile] [--optimizer-onl
             [--profile-small [--feed] [--torch-kernels]] [--update]
 
 One training step of three models and optimizers, eager and captured, beside PyTorch.
-  --out DIR          where results.json, results.csv and chart.png go (default target/bench)
+  --out DIR          where results.json, results.csv, table.md and chart.svg go (default target/bench)
   --steps N          timed steps per row, at least 100 (default 1000)
   --no-torch         skip PyTorch's side
   --no-compile       skip torch.compile's rows
@@ -134,7 +135,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
             Long("update") => a.update = true,
             Long("bench") => {} // cargo bench passes --bench
             Short('h') | Long("help") => return Ok(None),
-            // started as a test binary (cargo test --benches, the GPU runner)
+            // started as a test binary (`cargo test --benches`)
             Long("include-ignored") | Long("nocapture") => a.as_test = true,
             Long("test-threads") => {
                 let _ = parser.value()?;
@@ -380,11 +381,8 @@ fn run_torch(steps: usize, compile: bool, rows: &mut Vec<Row>) -> Result<(), Str
     if !compile {
         args.push("--no-compile".into());
     }
-    let out = Command::new("python3").args(&args).output().map_err(|e| format!("python3 not runnable: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("torch_reference.py failed: {}", String::from_utf8_lossy(&out.stderr)));
-    }
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    let out = reference::run(&args[0], &args[1..])?;
+    for line in out.lines() {
         let f: Vec<&str> = line.split(',').collect();
         if f.len() == 5 && f[0] == "ROW" {
             let us: f64 = f[4].parse().map_err(|e| format!("bad row {line}: {e}"))?;
@@ -489,27 +487,24 @@ fn main() {
             println!("{USAGE}");
             return;
         }
-        Err(e) => {
-            eprintln!("bench step: {e}\n{USAGE}");
-            std::process::exit(2);
-        }
+        Err(e) => reference::usage_error("step", e, USAGE),
     };
     if args.as_test {
         println!("bench step: started as a test binary; run it with `cargo bench --bench step` (or directly).");
         return;
     }
+    reference::require_cuda("step");
     if args.profile_small {
         profile_small(args.feed, args.torch_kernels);
-        return;
-    }
-    if !cuda_is_available() {
-        println!("bench step: no CUDA device; nothing to measure (the benchmark compares GPU modes).");
         return;
     }
     let device = Device::Cuda(0);
     if args.update {
         bench_update(device);
         return;
+    }
+    if args.torch && !args.optimizer_only {
+        reference::require_torch("step");
     }
     std::fs::create_dir_all(&args.out).expect("create the output directory");
     println!("benchmark: median µs per training step, {} steps per mode after {WARMUP} warmup steps", args.steps);
@@ -541,7 +536,8 @@ fn main() {
     if args.torch && !args.optimizer_only {
         println!("PyTorch reference (benches/torch_reference.py), same GPU, same run:");
         if let Err(e) = run_torch(args.steps, args.compile, &mut rows) {
-            println!("  PyTorch reference not run: {e}");
+            eprintln!("bench step: PyTorch's side failed: {e}");
+            std::process::exit(1);
         }
     }
     // Summary table with ratios.
@@ -654,19 +650,62 @@ fn main() {
     }
     std::fs::write(format!("{}/results.json", args.out), json).expect("write results.json");
     std::fs::write(format!("{}/results.csv", args.out), csv).expect("write results.csv");
-    std::fs::write(format!("{}/table.md", args.out), &table).expect("write table.md");
-    let plotted = Command::new("python3")
-        .args(["benches/plot.py", &format!("{}/results.csv", args.out), &format!("{}/chart.png", args.out)])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
+    let headline = headline_table(&rows);
     println!(
-        "wrote {0}/results.json, {0}/results.csv, {0}/table.md{1}",
-        args.out,
-        if plotted {
-            format!(", {}/chart.png", args.out)
-        } else {
-            " (no chart: python3 with matplotlib not found)".into()
-        }
+        "The headline: this crate's captured step against PyTorch's best torch.cuda.graph and torch.compile + graph\n"
     );
+    println!("{headline}");
+    table.push('\n');
+    table.push_str(&headline);
+    std::fs::write(format!("{}/table.md", args.out), &table).expect("write table.md");
+    let chart = format!("{}/chart.svg", args.out);
+    let title = format!("µs per training step, {}", gpu_name());
+    if let Err(e) = reference::run("benches/plot.py", &[format!("{}/results.csv", args.out), chart.clone(), title]) {
+        eprintln!("bench step: the chart was not drawn: {e}");
+        std::process::exit(1);
+    }
+    println!("wrote {0}/results.json, {0}/results.csv, {0}/table.md, {chart}", args.out);
+}
+
+/// The GPU's name, as the driver gives it.
+fn gpu_name() -> String {
+    std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=name", "--format=csv,noheader", "-i", "0"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "CUDA device 0".into())
+}
+
+/// The README's table: per model and optimizer, fp32 and bf16, this crate's captured step beside
+/// PyTorch's best `torch.cuda.graph` (capturable or fused optimizer) and `torch.compile` + graph.
+fn headline_table(rows: &[Row]) -> String {
+    let mut t = String::from(
+        "| model | opt | **fp32: this crate** | torch graph | compile + graph | ours / graph | ours / compile | **bf16: this crate** | torch graph | compile + graph | ours / graph | ours / compile |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let best = |m: &str, o: &str, modes: &[&str]| {
+        modes.iter().filter_map(|mode| find(rows, m, o, mode)).fold(f64::NAN, f64::min)
+    };
+    for kind in ModelKind::ALL {
+        for opt in Opt::ALL {
+            let (m, o) = (kind.name(), opt.name());
+            let _ = write!(t, "| {m} | {o} |");
+            for (ours, graph, compile) in [
+                ("graph", &["torch_graph_capturable", "torch_graph_fused"][..], "torch_compile_graph"),
+                (
+                    "graph_bf16",
+                    &["torch_graph_bf16_capturable", "torch_graph_bf16_fused"][..],
+                    "torch_compile_graph_bf16",
+                ),
+            ] {
+                let us = find(rows, m, o, ours).unwrap_or(f64::NAN);
+                let g = best(m, o, graph);
+                let c = find(rows, m, o, compile).unwrap_or(f64::NAN);
+                let _ = write!(t, " **{us:.1}** | {g:.1} | {c:.1} | {:.2} | {:.2} |", us / g, us / c);
+            }
+            t.push('\n');
+        }
+    }
+    t
 }

@@ -79,3 +79,33 @@ pub use pool::{graph_pool_handle, MemPool, PoolId};
 pub use stream::{is_current_stream_capturing, CaptureStatus, Event, Stream, StreamGuard};
 pub use train_step::{Recaptured, StepOptions, TrainStep, DEFAULT_MAX_GRAPHS};
 pub use watch::TensorWatch;
+
+/// The Rust blocks of the README and of the guide in `docs/`, compiled by `cargo test` as doc
+/// tests so they cannot rot (`tests/docs.rs` checks every page is listed here).
+#[cfg(doctest)]
+mod doc_pages {
+    #[doc = include_str!("../README.md")]
+    struct Readme;
+    #[doc = include_str!("../docs/index.md")]
+    struct Index;
+    #[doc = include_str!("../docs/capture.md")]
+    struct Capture;
+    #[doc = include_str!("../docs/train-step.md")]
+    struct TrainStepPage;
+    #[doc = include_str!("../docs/optimizers.md")]
+    struct Optimizers;
+    #[doc = include_str!("../docs/mixed-precision.md")]
+    struct MixedPrecision;
+    #[doc = include_str!("../docs/graphed-callables.md")]
+    struct GraphedCallables;
+    #[doc = include_str!("../docs/control.md")]
+    struct Control;
+    #[doc = include_str!("../docs/distributed.md")]
+    struct Distributed;
+    #[doc = include_str!("../docs/profiler.md")]
+    struct Profiler;
+    #[doc = include_str!("../docs/benchmarks.md")]
+    struct Benchmarks;
+    #[doc = include_str!("../docs/building.md")]
+    struct Building;
+}

@@ -588,7 +588,7 @@ impl TrainStep {
 
     /// Declares batch shapes the step will see (each: one shape per static input), so that
     /// their graphs are captured largest first into the step's pool: later captures then fit
-    /// into the memory earlier ones freed (see the README's "Several shapes, one pool"). Use it
+    /// into the memory earlier ones freed (see `docs/train-step.md`, "Several shapes, one pool"). Use it
     /// where the shapes are known: the buckets of [`crate::Buckets`], an epoch's ragged last
     /// batch.
     ///

@@ -1,12 +1,14 @@
-//! The examples' command lines, as a person types them: `--help` prints the usage and exits 0,
-//! a wrong argument prints the usage on stderr and exits 2. Runs without a GPU (neither example
-//! touches the device before its arguments are read).
+//! The examples' and benchmarks' command lines, as a person types them: `--help` prints the
+//! usage and exits 0, a wrong argument prints the usage on stderr and exits 2. Runs without a GPU
+//! (none of them touches the device before its arguments are read). The benchmarks' test is
+//! `#[ignore]`d because `cargo test` does not build benchmarks: `make test` runs it after
+//! `cargo bench --no-run`.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The example binary `name`, built by `cargo test` beside the test binaries (or staged beside
-/// this one as `example-NAME` by the GPU runner). Panics if it is not there.
+/// The example binary `name`, built by `cargo test` beside the test binaries (or laid out beside
+/// this one as `example-NAME` by `scripts/gpu.sh`). Panics if it is not there.
 fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
     let dir = exe.parent().expect("its folder");
@@ -18,15 +20,68 @@ fn example(name: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("no example binary {name} in {candidates:?}"))
 }
 
+/// The benchmark binary `name`: laid out beside this one as `bench-NAME` by `scripts/gpu.sh`, or
+/// the newest `NAME-<hash>` that `cargo bench --no-run` left beside the test binaries. Panics if
+/// there is none.
+fn bench(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let dir = exe.parent().expect("its folder");
+    let laid_out = dir.join(format!("bench-{name}"));
+    if laid_out.is_file() {
+        return laid_out;
+    }
+    let prefix = format!("{name}-");
+    let built = std::fs::read_dir(dir)
+        .expect("the test binaries' folder")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix(&prefix)).is_some_and(|hash| {
+                hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()) && p.extension().is_none()
+            })
+        })
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok());
+    built.unwrap_or_else(|| panic!("no benchmark binary {name} in {}: run `cargo bench --no-run` first", dir.display()))
+}
+
+/// `--help` and `-h` print a usage starting `usage: ` and exit 0.
+fn answers_help(name: &str, exe: &PathBuf) {
+    for flag in ["--help", "-h"] {
+        let out = Command::new(exe).arg(flag).output().expect("run the binary");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{name} {flag}: {out:?}");
+        assert!(stdout.starts_with("usage: "), "{name} {flag} prints its usage: {stdout}");
+    }
+}
+
+/// `args` print the usage on stderr, nothing on stdout, and exit 2.
+fn refuses(name: &str, exe: &PathBuf, args: &[&str]) {
+    let out = Command::new(exe).args(args).output().expect("run the binary");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{name} {args:?}: {out:?}");
+    assert!(stderr.contains("usage: "), "{name} {args:?} prints the usage on stderr: {stderr}");
+    assert!(out.stdout.is_empty(), "{name} {args:?}: nothing on stdout");
+}
+
+#[test]
+#[ignore = "needs the benchmark binaries: cargo bench --no-run (make test builds them)"]
+fn benchmarks_answer_help_and_wrong_arguments() {
+    for (name, bad) in [
+        ("step", &["--steps", "many"][..]),
+        ("graphed", &["--rows", "1:2"][..]),
+        ("control", &["--blocks", "many"][..]),
+        ("ddp", &["-x"][..]),
+    ] {
+        let exe = bench(name);
+        answers_help(name, &exe);
+        refuses(name, &exe, &["--bogus"]);
+        refuses(name, &exe, bad);
+    }
+}
+
 #[test]
 fn examples_answer_help_with_their_usage_and_exit_0() {
     for name in ["train", "train_ddp"] {
-        for flag in ["--help", "-h"] {
-            let out = Command::new(example(name)).arg(flag).output().expect("run the example");
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            assert_eq!(out.status.code(), Some(0), "{name} {flag}: {out:?}");
-            assert!(stdout.starts_with("usage: "), "{name} {flag} prints its usage: {stdout}");
-        }
+        answers_help(name, &example(name));
     }
 }
 
@@ -38,10 +93,6 @@ fn examples_answer_a_wrong_argument_with_the_usage_and_exit_2() {
         ("train", &["--precision", "fp8"][..]),
         ("train_ddp", &["--bogus"][..]),
     ] {
-        let out = Command::new(example(name)).args(args).output().expect("run the example");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{name} {args:?}: {out:?}");
-        assert!(stderr.contains("usage: "), "{name} {args:?} prints the usage on stderr: {stderr}");
-        assert!(out.stdout.is_empty(), "{name} {args:?}: nothing on stdout");
+        refuses(name, &example(name), args);
     }
 }

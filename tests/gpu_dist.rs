@@ -1,4 +1,4 @@
-//! Data parallel tests on two GPUs (issue 10). Each test is its own launcher: run plainly, it
+//! Data parallel tests on two GPUs. Each test is its own launcher: run plainly, it
 //! spawns this test binary once per rank (only that test, with `RANK`, `WORLD_SIZE`,
 //! `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT` set, as torchrun would, rank 0 hosting the store),
 //! waits for the ranks with a time limit (killing them past it), and checks how each ended.

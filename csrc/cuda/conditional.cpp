@@ -3,7 +3,7 @@
 // body graph (cudaStreamBeginCaptureToGraph), its condition set on the device by the own kernel
 // tcg_cond_set (cond_kernels.cuh) from a 0-d tensor. See tcg.h for the contract.
 //
-// The recipe, checked on an H200 with libtorch 2.11 (../shared/notes): the handle is created on
+// The recipe, checked on an H200 with libtorch 2.11: the handle is created on
 // the capture's graph with no default (the setter kernel, captured just before the node, assigns
 // it at every launch); the body stream's allocations go to a pool of their own (the capture's
 // pool is taken by libtorch's capture: beginAllocateToPool refuses a second recording to it),

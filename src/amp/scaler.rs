@@ -102,7 +102,7 @@ impl GradScaler {
     /// optimizer's kernels with the found-inf flag (which then leave every value as it was).
     /// The same results bit for bit either way (the same kernels, with or without the flag);
     /// a step with inf skips the optimizer's kernels. The node costs about as much as it saves
-    /// unless inf steps are frequent (see the README's "Conditional nodes"). Outside a capture
+    /// unless inf steps are frequent (see `docs/mixed-precision.md`). Outside a capture
     /// (eager steps, warmup) the flag is used. Without a CUDA 12.3 driver the capture fails
     /// with [`Error::Unsupported`]. Default off.
     pub fn skip_with_if_node(mut self, yes: bool) -> Self {

@@ -66,7 +66,7 @@ pub fn broadcast_parameters(pg: &ProcessGroup, vs: &VarStore) -> Result<()> {
 /// read them like any gradient, and a gradient that something put elsewhere (set to none by
 /// other code, then made again by backward) is copied back into its view before its bucket is
 /// reduced. Both layouts give the same results bit for bit; the packed one measured faster
-/// (README, "Several GPUs").
+/// (`docs/distributed.md`).
 /// [`BucketConfig::bf16_compress`] sends the buckets in bf16 (PyTorch's `bf16_compress_hook`,
 /// averaged): half the bytes, the gradients cast back to float32 for the optimizer.
 ///
@@ -169,7 +169,7 @@ pub struct BucketConfig {
 
 impl Default for BucketConfig {
     /// Buckets of [`DEFAULT_BUCKET_BYTES`], packed (not views: measured faster, see the
-    /// README's "Several GPUs"), no compression, the side stream of normal priority, buffers
+    /// `docs/distributed.md`), no compression, the side stream of normal priority, buffers
     /// from the caching allocator.
     fn default() -> Self {
         BucketConfig {
@@ -226,7 +226,7 @@ impl BucketConfig {
     /// The same sum in the same order for two ranks. Meant for NCCL's zero-CTA policy with
     /// [`NcclBuffers::Window`], under which a newer NCCL runs the all-gather on copy engines
     /// instead of SMs; NCCL 2.28.9 (libtorch 2.11's) still ran SM kernels, and this measured
-    /// slower than one all-reduce (README, "Several GPUs").
+    /// slower than one all-reduce (`docs/distributed.md`).
     pub fn reduce_scatter_all_gather(mut self, yes: bool) -> Self {
         self.split = yes;
         self

@@ -29,7 +29,7 @@
 //! By default NCCL lets a communicator's graph launches run alongside its other launches (other
 //! graphs, eager collectives), at a cost inside every captured collective. With
 //! `NCCL_GRAPH_MIXING_SUPPORT=0` in the environment it drops that support: captured steps get
-//! faster (README, "Several GPUs": mlp_medium on 2 × H200 815 → 784 µs per step), and NCCL is
+//! faster (`docs/distributed.md`: mlp_medium on 2 × H200 815 → 784 µs per step), and NCCL is
 //! correct only if no eager NCCL launch follows a graph launch that has not finished, whatever
 //! the streams. This crate keeps that rule for its own collectives: when the variable is `0`,
 //! every eager collective (of a [`ProcessGroup`], [`broadcast_parameters`], a [`GradAllReduce`]

@@ -149,7 +149,7 @@ pub trait Optimizer {
     /// storage from step to step. In a [`crate::TrainStep`] with several batch shapes this keeps
     /// them out of the graphs' pool (made once, by the first eager step), where gradients set
     /// to none are made inside every capture and outlive it, and the pool grows past the
-    /// largest shape (see the README's "Several shapes, one pool"). The same numbers either way.
+    /// largest shape (see `docs/train-step.md`, "Several shapes, one pool"). The same numbers either way.
     fn zero_grad_in_place(&mut self) -> Result<()> {
         grads_zero(self.params())
     }

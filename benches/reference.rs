@@ -1,0 +1,76 @@
+//! What the benchmarks share around their command line and PyTorch's side: the Python that runs
+//! the PyTorch scripts (the venv's, made by `scripts/setup.sh`, or `$TCG_PYTHON`), a check that it
+//! has torch before anything is measured, and the exits for a usage error or a missing GPU.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The Python that runs PyTorch's side: `$TCG_PYTHON`, else `.venv/bin/python` (from the
+/// package root, where cargo runs benchmarks).
+pub fn python() -> PathBuf {
+    match std::env::var_os("TCG_PYTHON") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => PathBuf::from(".venv/bin/python"),
+    }
+}
+
+/// Ok when [`python`] imports torch 2.11 with CUDA; otherwise why not, in a sentence that says
+/// what to do.
+pub fn check_torch() -> Result<(), String> {
+    let py = python();
+    let out = Command::new(&py)
+        .args(["-c", "import torch; print(torch.__version__, torch.cuda.is_available())"])
+        .output()
+        .map_err(|e| {
+            format!("{} is not runnable ({e}): run `bash scripts/setup.sh`, or set TCG_PYTHON", py.display())
+        })?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().last().unwrap_or("");
+        return Err(format!(
+            "{} cannot import torch ({last}): run `bash scripts/setup.sh`, or set TCG_PYTHON",
+            py.display()
+        ));
+    }
+    match text.split_once(' ') {
+        Some((v, "True")) if v.starts_with("2.11.") => Ok(()),
+        Some((v, "True")) => Err(format!("{} has torch {v}; PyTorch's side is measured with 2.11", py.display())),
+        _ => Err(format!("{} has torch without a CUDA device ({text})", py.display())),
+    }
+}
+
+/// Runs `script` with `args` under [`python`] and returns its standard output.
+pub fn run(script: &str, args: &[String]) -> Result<String, String> {
+    let py = python();
+    let out =
+        Command::new(&py).arg(script).args(args).output().map_err(|e| format!("{} not runnable: {e}", py.display()))?;
+    if !out.status.success() {
+        return Err(format!("{script} failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Before measuring: exits 1 when PyTorch's side is wanted and cannot run (rather than printing
+/// half a table).
+pub fn require_torch(bench: &str) {
+    if let Err(why) = check_torch() {
+        eprintln!("bench {bench}: PyTorch's side cannot run: {why}. (--no-torch measures this crate alone.)");
+        std::process::exit(1);
+    }
+}
+
+/// Exits 1 with a message when there is no CUDA device: every benchmark compares GPU modes.
+pub fn require_cuda(bench: &str) {
+    if !tch_cuda_graphs::cuda_is_available() {
+        eprintln!("bench {bench}: no CUDA device; nothing to measure (the benchmark compares GPU modes)");
+        std::process::exit(1);
+    }
+}
+
+/// A command-line error: the message and the usage on stderr, exit 2.
+pub fn usage_error(bench: &str, err: impl std::fmt::Display, usage: &str) -> ! {
+    eprintln!("bench {bench}: {err}\n{usage}");
+    std::process::exit(2)
+}

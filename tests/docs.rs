@@ -1,0 +1,185 @@
+//! The README and the guide in `docs/` against the repository: every path they name exists, the
+//! README's layout table covers every file, every guide page's Rust blocks are compiled as doc
+//! tests (listed in `src/lib.rs`), and neither speaks of how the work was organized. Runs from
+//! the package root (where cargo runs tests), no GPU.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The top-level folders and files a path named in the docs may start with.
+const ROOTS: &[&str] = &["src/", "csrc/", "tests/", "benches/", "examples/", "scripts/", "docs/", ".ci/", ".cargo/"];
+const ROOT_FILES: &[&str] =
+    &["Makefile", "build.rs", "Cargo.toml", "Cargo.lock", "rustfmt.toml", ".gitignore", "README.md"];
+
+/// Words about how the work was done rather than about the crate (whole words, any case).
+const PROCESS_WORDS: &[&str] = &[
+    "session",
+    "sessions",
+    "lent",
+    "withheld",
+    "missed",
+    "budget",
+    "device time",
+    "closing note",
+    "earlier run",
+    "earlier runs",
+    "targets:",
+    "target:",
+    "../shared",
+    ".gpu/",
+    "sharded-optimizer-experiment",
+];
+
+/// The README and every page of the guide, with their text.
+fn documents() -> Vec<(PathBuf, String)> {
+    let mut docs = vec![PathBuf::from("README.md")];
+    let mut pages: Vec<PathBuf> = fs::read_dir("docs")
+        .expect("docs/ (run from the package root)")
+        .map(|e| e.expect("a docs/ entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    pages.sort();
+    assert!(pages.len() >= 5, "the guide has its pages: {pages:?}");
+    docs.extend(pages);
+    docs.into_iter().map(|p| (p.clone(), fs::read_to_string(&p).expect("readable"))).collect()
+}
+
+/// Text between backticks, and the targets of Markdown links.
+fn code_spans_and_links(text: &str) -> (Vec<String>, Vec<String>) {
+    let spans = text.split('`').skip(1).step_by(2).map(str::to_owned).collect();
+    let links = text
+        .split("](")
+        .skip(1)
+        .filter_map(|rest| rest.split(')').next())
+        .map(|t| t.split_whitespace().next().unwrap_or("").to_owned())
+        .collect();
+    (spans, links)
+}
+
+/// A word of a code span that names a file or folder of the repository.
+fn repo_path(word: &str) -> Option<&str> {
+    let w = word.trim_end_matches([',', ';', '.', ')', ':']).trim_start_matches('(');
+    let w = w.split(['#', ':']).next().unwrap_or(w);
+    let named = ROOTS.iter().any(|r| w.starts_with(r)) || ROOT_FILES.contains(&w);
+    let pattern = w.contains(['*', '{', '<', '$']);
+    (named && !pattern).then_some(w)
+}
+
+#[test]
+fn every_path_the_readme_and_the_guide_name_exists() {
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for (doc, text) in documents() {
+        let (spans, links) = code_spans_and_links(&text);
+        for word in spans.iter().flat_map(|s| s.split_whitespace()) {
+            if let Some(p) = repo_path(word) {
+                checked += 1;
+                if !Path::new(p).exists() {
+                    missing.push(format!("{}: `{p}`", doc.display()));
+                }
+            }
+        }
+        let base = doc.parent().unwrap_or(Path::new(""));
+        for link in links {
+            if link.is_empty() || link.starts_with('#') || link.contains("://") || link.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let target = base.join(link.split('#').next().unwrap_or(&link));
+            if !target.exists() {
+                missing.push(format!("{}: link {link}", doc.display()));
+            }
+        }
+    }
+    println!("{checked} paths and links checked");
+    assert!(checked > 50, "the check found the paths ({checked})");
+    assert!(missing.is_empty(), "named but not in the repository:\n{}", missing.join("\n"));
+}
+
+#[test]
+fn the_readme_and_the_guide_speak_of_the_crate() {
+    let mut found = Vec::new();
+    for (doc, text) in documents() {
+        for (n, line) in text.lines().enumerate() {
+            let lower = line.to_lowercase();
+            for word in PROCESS_WORDS {
+                let hit = lower.match_indices(word).any(|(i, _)| {
+                    let before = lower[..i].chars().next_back();
+                    let after = lower[i + word.len()..].chars().next();
+                    let alpha = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+                    !alpha(before) && !alpha(after)
+                });
+                if hit {
+                    found.push(format!("{}:{}: {word:?} in {line}", doc.display(), n + 1));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "words about the work, not the crate:\n{}", found.join("\n"));
+}
+
+/// Every file of the checkout, minus what `.gitignore` ignores at the top and `.git`.
+fn checkout_files() -> Vec<String> {
+    let ignored: BTreeSet<String> = fs::read_to_string(".gitignore")
+        .expect(".gitignore")
+        .lines()
+        .map(|l| l.trim().trim_matches('/').to_owned())
+        .filter(|l| !l.is_empty())
+        .chain([".git".to_owned()])
+        .collect();
+    let mut files = Vec::new();
+    let mut todo = vec![PathBuf::from(".")];
+    while let Some(dir) = todo.pop() {
+        for entry in fs::read_dir(&dir).expect("a readable folder") {
+            let path = entry.expect("an entry").path();
+            let rel = path.strip_prefix(".").expect("under the root").to_string_lossy().into_owned();
+            if dir == Path::new(".") && ignored.contains(&rel) {
+                continue;
+            }
+            if path.is_dir() {
+                todo.push(path);
+            } else {
+                files.push(rel);
+            }
+        }
+    }
+    files
+}
+
+/// Whether a layout entry names `file`: the file itself, a folder (`dir/`) holding it, or a
+/// pattern with one `*` (`tests/gpu_*.rs`).
+fn covers(entry: &str, file: &str) -> bool {
+    match entry.split_once('*') {
+        Some((head, tail)) => file.len() >= head.len() + tail.len() && file.starts_with(head) && file.ends_with(tail),
+        None => file == entry || (entry.ends_with('/') && file.starts_with(entry)),
+    }
+}
+
+#[test]
+fn the_readme_layout_covers_every_file() {
+    let readme = fs::read_to_string("README.md").expect("README.md");
+    let layout = readme.split("\n## Layout").nth(1).expect("a Layout section");
+    let layout = layout.split("\n## ").next().unwrap_or(layout);
+    let named: Vec<String> = layout
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .flat_map(|l| {
+            let first = l.split('|').nth(1).unwrap_or("");
+            code_spans_and_links(first).0
+        })
+        .collect();
+    assert!(named.len() > 30, "the layout names the files ({})", named.len());
+    let uncovered: Vec<String> = checkout_files().into_iter().filter(|f| !named.iter().any(|n| covers(n, f))).collect();
+    assert!(uncovered.is_empty(), "files the README's layout does not name:\n{}", uncovered.join("\n"));
+}
+
+#[test]
+fn every_guide_page_is_compiled_as_doc_tests() {
+    let lib = fs::read_to_string("src/lib.rs").expect("src/lib.rs");
+    let pages: Vec<PathBuf> = documents().into_iter().map(|(p, _)| p).collect();
+    for page in pages {
+        let include = format!("include_str!(\"../{}\")", page.display());
+        assert!(lib.contains(&include), "src/lib.rs compiles the Rust blocks of {} ({include})", page.display());
+    }
+}
