@@ -119,8 +119,22 @@ fn the_readme_and_the_guide_speak_of_the_crate() {
     assert!(found.is_empty(), "words about the work, not the crate:\n{}", found.join("\n"));
 }
 
-/// Every file of the checkout, minus what `.gitignore` ignores at the top and `.git`.
+/// Every file of the checkout that git does not ignore (`git ls-files`, tracked and untracked,
+/// `.gitignore` and `.git/info/exclude` honoured); without git, every file but the folders that
+/// `.gitignore` names at the top and `.git`.
 fn checkout_files() -> Vec<String> {
+    let listed = std::process::Command::new("git")
+        .args(["ls-files", "--cached", "--others", "--exclude-standard"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success() && !o.stdout.is_empty());
+    if let Some(out) = listed {
+        return String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|f| Path::new(f).exists()) // a file deleted but not yet committed
+            .map(str::to_owned)
+            .collect();
+    }
     let ignored: BTreeSet<String> = fs::read_to_string(".gitignore")
         .expect(".gitignore")
         .lines()
