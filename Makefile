@@ -1,5 +1,5 @@
 # The README's commands. Each installs what it needs first (scripts/setup.sh, once).
-.PHONY: setup run test test-no-cuda test-gpu test-gpu-dist ddp bench bench-graphed bench-control bench-ddp
+.PHONY: setup run test test-no-cuda test-gpu test-gpu-dist ddp bench bench-gpt bench-graphed bench-control bench-ddp
 
 setup:
 	@bash scripts/setup.sh
@@ -44,6 +44,9 @@ ddp: setup
 # The benchmarks, beside PyTorch on the same GPU (results under target/bench).
 bench: setup
 	bash scripts/gpu.sh bench step
+
+bench-gpt: setup
+	bash scripts/gpu.sh bench gpt
 
 bench-graphed: setup
 	bash scripts/gpu.sh bench graphed

@@ -104,6 +104,8 @@ mod doc_pages {
     struct Distributed;
     #[doc = include_str!("../docs/profiler.md")]
     struct Profiler;
+    #[doc = include_str!("../docs/gpt.md")]
+    struct Gpt;
     #[doc = include_str!("../docs/benchmarks.md")]
     struct Benchmarks;
     #[doc = include_str!("../docs/building.md")]

@@ -1,0 +1,297 @@
+//! Benchmark: nanoGPT's training step (`examples/gpt`: the same model and step code) captured by
+//! this crate, beside PyTorch's eager, `torch.cuda.graph`, `torch.compile` and `torch.compile` +
+//! graph of the same model and step (`benches/torch_gpt.py`) on the same GPU in the same run.
+//! Rows: the character GPT (6 × 384, block 256) at batch 64 and 8, and GPT-2 small's shape (12 ×
+//! 768, block 1024, vocabulary 50,304) at batch 12. bf16 autocast, clipping at 1.0, fused
+//! AdamW; random tokens. Median ms per iteration over blocks of 10 iterations after 10 warmup
+//! iterations; tokens/s and MFU (nanoGPT's FLOP estimate, of `--peak-tflops`). Memory: the
+//! allocator's reserved bytes at peak (this crate: captured, and the same step eager).
+//!
+//! `cargo bench --bench gpt -- [--iters N] [--rows NAME,...] [--no-torch] [--peak-tflops T]`
+//! (or `make bench-gpt`)
+
+#[path = "../examples/gpt/model.rs"]
+mod model;
+mod reference;
+#[path = "../examples/gpt/step.rs"]
+mod step;
+
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tch::{nn, Device, Kind, Tensor};
+use tch_cuda_graphs::{empty_cache, memory_stats, reset_peak_stats, synchronize, Result};
+
+/// name, model shape, batch
+fn rows() -> Vec<(&'static str, model::Config, i64)> {
+    vec![
+        ("char_b64", model::Config::shakespeare_char(96), 64),
+        ("char_b8", model::Config::shakespeare_char(96), 8),
+        ("gpt2_small_b12", model::Config::gpt2_small(50304), 12),
+    ]
+}
+
+const USAGE: &str = "\
+usage: gpt [--iters N] [--rows NAME,...] [--no-torch] [--peak-tflops T] [--profile]
+
+nanoGPT's training step captured by this crate, beside PyTorch's eager, graph, compile and
+compile + graph modes of the same step.
+  --iters N          timed iterations per row (default 200; a quarter for GPT-2 small's shape)
+  --rows NAME,...    char_b64, char_b8, gpt2_small_b12 (default all)
+  --no-torch         skip PyTorch's side (benches/torch_gpt.py)
+  --peak-tflops T    the GPU's dense bf16 peak for MFU (default 989, an H100/H200 SXM)
+  --profile          only: 10 replays of the first row's captured step under the crate's
+                     profiler, kernel time per replay grouped by kernel family
+  -h, --help         this text";
+
+struct Args {
+    profile: bool,
+    iters: usize,
+    rows: Vec<String>,
+    torch: bool,
+    peak_tflops: f64,
+}
+
+/// The command line: `None` when it asked for the usage.
+fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
+    use lexopt::prelude::*;
+    let all: Vec<String> = rows().iter().map(|r| r.0.to_owned()).collect();
+    let mut a = Args { profile: false, iters: 200, rows: all.clone(), torch: true, peak_tflops: 989.0 };
+    let mut parser = lexopt::Parser::from_env();
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("iters") => a.iters = parser.value()?.parse()?,
+            Long("rows") => {
+                a.rows = parser.value()?.string()?.split(',').map(str::to_owned).collect();
+                if let Some(bad) = a.rows.iter().find(|r| !all.contains(r)) {
+                    return Err(format!("--rows: no row {bad:?} (rows: {})", all.join(", ")).into());
+                }
+            }
+            Long("no-torch") => a.torch = false,
+            Long("peak-tflops") => a.peak_tflops = parser.value()?.parse()?,
+            Long("profile") => a.profile = true,
+            Short('h') | Long("help") => return Ok(None),
+            Long("bench") => {} // cargo bench passes --bench
+            _ => return Err(arg.unexpected()),
+        }
+    }
+    a.iters = a.iters.max(20);
+    Ok(Some(a))
+}
+
+/// Median ms per call of `f` over blocks of 10 calls, after 10 warmup calls.
+fn median_ms(device: Device, iters: usize, mut f: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+    for i in 0..10 {
+        f(i)?;
+    }
+    let mut per = Vec::new();
+    let mut i = 10;
+    for _ in 0..(iters / 10).max(1) {
+        synchronize(device)?;
+        let t = Instant::now();
+        for _ in 0..10 {
+            f(i)?;
+            i += 1;
+        }
+        synchronize(device)?;
+        per.push(t.elapsed().as_secs_f64() * 1e3 / 10.0);
+    }
+    per.sort_by(|a, b| a.total_cmp(b));
+    Ok(per[per.len() / 2])
+}
+
+/// This crate's step of one row, captured (or eager): ms per iteration, MiB reserved at peak,
+/// parameters.
+fn ours(device: Device, config: model::Config, batch: i64, iters: usize, eager: bool) -> Result<(f64, f64, i64)> {
+    empty_cache()?;
+    reset_peak_stats(device)?;
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(device);
+    let gpt = model::Gpt::new(&vs.root(), config);
+    let params = model::Gpt::param_count(&vs);
+    let hyper = step::Hyper { batch, eager, ..Default::default() };
+    let mut steps = step::build(&vs, Arc::new(Mutex::new(gpt)), hyper)?;
+    let data = Tensor::f_randint(config.vocab, [8, 1, batch, config.block + 1], (Kind::Int64, device))?;
+    let ms = median_ms(device, iters, |i| {
+        let w = data.f_get((i % 8) as i64)?;
+        let (x, y) = (w.f_narrow(2, 0, config.block)?, w.f_narrow(2, 1, config.block)?);
+        steps.train.run(&[&x, &y])?;
+        Ok(())
+    })?;
+    let peak = memory_stats(device)?.reserved_peak as f64 / (1u64 << 20) as f64;
+    Ok((ms, peak, params))
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{USAGE}");
+            return;
+        }
+        Err(e) => reference::usage_error("gpt", e, USAGE),
+    };
+    reference::require_cuda("gpt");
+    if args.profile {
+        let row = rows().into_iter().find(|r| args.rows.iter().any(|n| n == r.0)).expect("a row");
+        profile(Device::Cuda(0), row).expect("the profile");
+        return;
+    }
+    if args.torch {
+        reference::require_torch("gpt");
+    }
+    let device = Device::Cuda(0);
+    let mut table = String::from(
+        "| row | params | tokens/iter | **this crate: graph** | tok/s | MFU | torch eager | torch graph | torch compile | compile + graph | ours / graph | ours / compile + graph |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let mut ours_rows = Vec::new();
+    for (name, config, batch) in rows().into_iter().filter(|r| args.rows.iter().any(|n| n == r.0)) {
+        let iters = if name.starts_with("gpt2") { args.iters / 4 } else { args.iters };
+        let (ms, peak, params) = ours(device, config, batch, iters, false).expect("the captured step");
+        println!("  {name:<16} this crate, graph {ms:8.3} ms/iter, {peak:6.0} MiB reserved at peak");
+        let eager_peak = if name == "char_b64" {
+            let (ems, epeak, _) = ours(device, config, batch, 20, true).expect("the eager step");
+            println!("  {name:<16} this crate, eager {ems:8.3} ms/iter, {epeak:6.0} MiB reserved at peak");
+            Some(epeak)
+        } else {
+            None
+        };
+        ours_rows.push((name, config, batch, ms, peak, eager_peak, params));
+    }
+    let mut torch: Vec<(String, String, f64)> = Vec::new();
+    let mut torch_mem: Vec<(String, String, f64)> = Vec::new();
+    if args.torch {
+        println!("PyTorch (benches/torch_gpt.py), same GPU, same run:");
+        let out = reference::run(
+            "benches/torch_gpt.py",
+            &["--rows".into(), args.rows.join(","), "--iters".into(), args.iters.to_string()],
+        )
+        .unwrap_or_else(|e| {
+            eprintln!("bench gpt: PyTorch's side failed: {e}");
+            std::process::exit(1)
+        });
+        for line in out.lines() {
+            let f: Vec<&str> = line.split(',').collect();
+            match (f.first(), f.len(), f.get(3).and_then(|v| v.parse::<f64>().ok())) {
+                (Some(&"ROW"), 4, Some(v)) => torch.push((f[1].into(), f[2].into(), v)),
+                (Some(&"MEM"), 4, Some(v)) => torch_mem.push((f[1].into(), f[2].into(), v)),
+                _ => println!("  torch: {line}"),
+            }
+        }
+    }
+    let find = |v: &[(String, String, f64)], row: &str, mode: &str| {
+        v.iter().find(|(r, m, _)| r == row && m == mode).map_or(f64::NAN, |t| t.2)
+    };
+    let mut memory = String::from(
+        "| row | this crate: graph | this crate: eager | graph / eager | torch eager | torch graph | graph / eager | torch compile + graph |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for (name, config, batch, ms, peak, eager_peak, params) in ours_rows {
+        let tokens = batch * config.block;
+        let gpt = model::Gpt::new(&nn::VarStore::new(Device::Cpu).root(), config);
+        let mfu = gpt.flops_per_token(params) * tokens as f64 / (ms * 1e-3) / (args.peak_tflops * 1e12) * 100.0;
+        let t = |m: &str| find(&torch, name, m);
+        let _ = writeln!(
+            table,
+            "| {name} | {:.2} M | {tokens} | **{ms:.2}** | {:.0} | {mfu:.1}% | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            params as f64 / 1e6,
+            tokens as f64 / (ms * 1e-3),
+            t("eager"),
+            t("graph"),
+            t("compile"),
+            t("compile_graph"),
+            ms / t("graph"),
+            ms / t("compile_graph"),
+        );
+        if let Some(e) = eager_peak {
+            let tm = |m: &str| find(&torch_mem, name, m);
+            let _ = writeln!(
+                memory,
+                "| {name} | {peak:.0} | {e:.0} | {:.2} | {:.0} | {:.0} | {:.2} | {:.0} |",
+                peak / e,
+                tm("eager"),
+                tm("graph"),
+                tm("graph") / tm("eager"),
+                tm("compile_graph"),
+            );
+        }
+    }
+    println!("\nms per iteration (median), same GPU, same run; MFU of {} TFLOP/s\n", args.peak_tflops);
+    println!("{table}");
+    println!("MiB reserved at peak (the allocator's), the whole step\n");
+    println!("{memory}");
+}
+
+/// The family of a kernel, by its name.
+fn family(name: &str) -> &'static str {
+    let n = name.to_lowercase();
+    let has = |keys: &[&str]| keys.iter().any(|k| n.contains(k));
+    if has(&["tcg_", "adam", "multi_tensor", "fused_sgd"]) {
+        "optimizer"
+    } else if has(&["sdpa", "flash", "fmha", "attention"]) {
+        "attention"
+    } else if has(&["gemm", "nvjet", "cutlass", "xmma", "cublas"]) {
+        "GEMM"
+    } else if has(&["layer_norm", "layernorm", "gammabeta"]) {
+        "LayerNorm"
+    } else if has(&["dropout"]) {
+        "dropout"
+    } else if has(&["copy"]) {
+        "dtype casts and copies"
+    } else if has(&["reduce", "norm"]) {
+        "reductions"
+    } else if has(&["gelu"]) {
+        "GELU"
+    } else if has(&["softmax", "nll", "cross_entropy", "log_softmax", "embedding", "index"]) {
+        "loss and embeddings"
+    } else {
+        "other element-wise"
+    }
+}
+
+/// Kernel time of one replay of the captured step, grouped by family (10 replays profiled).
+fn profile(device: Device, (name, config, batch): (&str, model::Config, i64)) -> Result<()> {
+    use tch_cuda_graphs::profiler::{EventKind, Profiler};
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(device);
+    let gpt = model::Gpt::new(&vs.root(), config);
+    let hyper = step::Hyper { batch, ..Default::default() };
+    let mut steps = step::build(&vs, Arc::new(Mutex::new(gpt)), hyper)?;
+    let data = Tensor::f_randint(config.vocab, [1, batch, config.block + 1], (Kind::Int64, device))?;
+    let (x, y) = (data.f_narrow(2, 0, config.block)?, data.f_narrow(2, 1, config.block)?);
+    for _ in 0..10 {
+        steps.train.run(&[&x, &y])?; // warmup, capture, replays
+    }
+    synchronize(device)?;
+    let replays = 10;
+    let prof = Profiler::start()?;
+    for _ in 0..replays {
+        steps.train.replay()?;
+    }
+    synchronize(device)?;
+    let profile = prof.stop()?;
+    let mut by: std::collections::BTreeMap<&str, (usize, f64)> = Default::default();
+    let mut total = (0usize, 0f64);
+    for e in profile.events().iter().filter(|e| e.kind == EventKind::Kernel) {
+        let us = (e.end_ns - e.start_ns) as f64 / 1e3 / replays as f64;
+        let f = by.entry(family(&e.name)).or_default();
+        f.0 += 1;
+        f.1 += us;
+        total.0 += 1;
+        total.1 += us;
+    }
+    println!("{name}: kernel time of one replay of the captured step, by family ({replays} replays profiled)\n");
+    println!("| family | kernels | µs per replay | share |\n|---|---:|---:|---:|");
+    let mut rows: Vec<_> = by.into_iter().collect();
+    rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+    for (f, (k, us)) in rows {
+        println!("| {f} | {} | {us:.0} | {:.1}% |", k / replays, us / total.1 * 100.0);
+    }
+    println!("| all | {} | {:.0} | 100% |", total.0 / replays, total.1);
+    let s = profile.summary();
+    println!(
+        "\nGPU busy {:.0} µs of a {:.0} µs span per replay",
+        s.busy_us / replays as f64,
+        s.span_us / replays as f64
+    );
+    Ok(())
+}

@@ -1,0 +1,268 @@
+//! nanoGPT's character GPT (`shakespeare_char`: 6 layers, 6 heads, 384 wide, block 256, batch
+//! 64, dropout 0.2, 10.77 M parameters) trained with the crate as a user would: the whole step
+//! captured by `TrainStep` (bf16 autocast, gradient accumulation over `--accum` micro-batches
+//! inside the graph, clipping and the warmup + cosine learning rate on the device, fused AdamW
+//! with decay and no-decay groups on the crate's own kernels), an evaluation step sharing the
+//! pool every `--eval-every` iterations, a checkpoint at each evaluation and `--resume`, a
+//! progress bar with loss, tokens/s and MFU, the loss curve in `OUT/loss.csv`, and text sampled
+//! at the end.
+//!
+//! The corpus is real text that needs no internet: the Python sources of the torch package that
+//! `scripts/setup.sh` installed (`.venv/torch`), read as characters (`--data-dir` for another
+//! folder), prepared once into `target/gpt-data/` (a folder per source). On a machine without a GPU it trains a tiny
+//! model eagerly (`--tiny` chooses it anywhere).
+//!
+//! `cargo run --release --example gpt -- [--iters N] [--batch B] [--accum K] [--tiny]`
+
+mod data;
+mod model;
+mod step;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tch::{nn, Device, Kind, Tensor};
+use tch_cuda_graphs::feed::DeviceMeter;
+use tch_cuda_graphs::{checkpoint, cuda_is_available, synchronize};
+
+struct Args {
+    iters: u64,
+    batch: i64,
+    accum: i64,
+    eval_every: u64,
+    eval_iters: u64,
+    tiny: bool,
+    fp32: bool,
+    resume: bool,
+    sample: usize,
+    seed: i64,
+    peak_tflops: f64,
+    data_dir: PathBuf,
+    out: PathBuf,
+}
+
+const USAGE: &str = "\
+usage: gpt [--iters N] [--batch B] [--accum K] [--eval-every N] [--eval-iters N] [--tiny] [--fp32]
+           [--resume] [--sample CHARS] [--seed S] [--peak-tflops T] [--data-dir DIR] [--out DIR]
+
+Trains nanoGPT's character GPT on the torch package's Python sources with a captured step.
+  --iters N          optimizer steps (default 2000; the cosine schedule ends there)
+  --batch B          sequences per micro-batch (default 64)
+  --accum K          micro-batches per step, accumulated inside the captured step (default 1)
+  --eval-every N     iterations between evaluations and checkpoints (default 250)
+  --eval-iters N     validation batches per evaluation (default 20)
+  --tiny             a 2-layer, 32-wide model with block 32 (the default without a GPU)
+  --fp32             no bf16 autocast
+  --resume           continue from OUT/ckpt.safetensors
+  --sample CHARS     characters to sample at the end (default 500)
+  --seed S           the random seed (default 1337)
+  --peak-tflops T    the GPU's dense bf16 peak for MFU (default 989, an H100/H200 SXM)
+  --data-dir DIR     the folder of .py files (default .venv/torch)
+  --out DIR          loss.csv, the checkpoint and sample.txt (default target/gpt)
+  -h, --help         this text";
+
+/// The command line: `None` when it asked for the usage.
+fn parse_args() -> Result<Option<Args>, lexopt::Error> {
+    use lexopt::prelude::*;
+    let mut a = Args {
+        iters: 2000,
+        batch: 64,
+        accum: 1,
+        eval_every: 250,
+        eval_iters: 20,
+        tiny: false,
+        fp32: false,
+        resume: false,
+        sample: 500,
+        seed: 1337,
+        peak_tflops: 989.0,
+        data_dir: data::default_source(),
+        out: PathBuf::from("target/gpt"),
+    };
+    let mut parser = lexopt::Parser::from_env();
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("iters") => a.iters = parser.value()?.parse()?,
+            Long("batch") => a.batch = parser.value()?.parse()?,
+            Long("accum") => a.accum = parser.value()?.parse()?,
+            Long("eval-every") => a.eval_every = parser.value()?.parse()?,
+            Long("eval-iters") => a.eval_iters = parser.value()?.parse()?,
+            Long("tiny") => a.tiny = true,
+            Long("fp32") => a.fp32 = true,
+            Long("resume") => a.resume = true,
+            Long("sample") => a.sample = parser.value()?.parse()?,
+            Long("seed") => a.seed = parser.value()?.parse()?,
+            Long("peak-tflops") => a.peak_tflops = parser.value()?.parse()?,
+            Long("data-dir") => a.data_dir = parser.value()?.into(),
+            Long("out") => a.out = parser.value()?.into(),
+            Short('h') | Long("help") => return Ok(None),
+            _ => return Err(arg.unexpected()),
+        }
+    }
+    if a.batch < 1 || a.accum < 1 || a.iters < 1 || a.eval_every < 1 || a.eval_iters < 1 {
+        return Err("--batch, --accum, --iters, --eval-every and --eval-iters must be at least 1".into());
+    }
+    Ok(Some(a))
+}
+
+/// Mean loss over `n` random batches of `split`, with the evaluation step.
+fn evaluate(eval: &mut tch_cuda_graphs::TrainStep, split: &Tensor, batch: i64, block: i64, n: u64) -> Result<f64> {
+    let mut meter = DeviceMeter::new();
+    for _ in 0..n {
+        let (x, y) = data::batch(split, batch, block)?;
+        meter.add(&eval.run(&[&x, &y])?[0])?;
+    }
+    Ok(meter.take()?.unwrap_or(f64::NAN))
+}
+
+/// `n` characters sampled from the model (temperature 0.8), eagerly, after a newline.
+fn sample(model: &model::Gpt, device: Device, n: usize) -> Result<String> {
+    let _no_grad = tch::no_grad_guard();
+    model.set_train(false);
+    let block = model.config.block;
+    let mut idx = Tensor::zeros([1, 1], (Kind::Int64, device));
+    let mut text = String::new();
+    for _ in 0..n {
+        let t = idx.size()[1];
+        let ctx = if t > block { idx.narrow(1, t - block, block) } else { idx.shallow_clone() };
+        let logits = model.logits(&ctx)?.select(1, -1).to_kind(Kind::Float) / 0.8;
+        let next = logits.softmax(-1, Kind::Float).multinomial(1, true);
+        text.push(data::decode(i64::try_from(&next.view([-1]))?));
+        idx = Tensor::cat(&[idx, next], 1);
+    }
+    model.set_train(true);
+    Ok(text)
+}
+
+fn main() -> Result<()> {
+    let args = match parse_args() {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{USAGE}");
+            return Ok(());
+        }
+        Err(e) => {
+            eprintln!("gpt: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    let device = if cuda_is_available() { Device::Cuda(0) } else { Device::Cpu };
+    let tiny = args.tiny || device == Device::Cpu;
+    std::fs::create_dir_all(&args.out)?;
+    let corpus = data::Corpus::prepare(&args.data_dir, &data::cache_dir(&args.data_dir))
+        .with_context(|| format!("preparing the corpus from {}", args.data_dir.display()))?;
+    let corpus = data::to_device(&corpus, device)?;
+    let config = if tiny { model::Config::tiny(data::VOCAB) } else { model::Config::shakespeare_char(data::VOCAB) };
+    let (batch, block) = (if tiny { args.batch.min(8) } else { args.batch }, config.block);
+
+    tch::manual_seed(args.seed);
+    let vs = nn::VarStore::new(device);
+    let gpt = model::Gpt::new(&vs.root(), config);
+    let params = model::Gpt::param_count(&vs);
+    let flops_per_iter = gpt.flops_per_token(params) * (batch * block * args.accum) as f64;
+    let model = Arc::new(Mutex::new(gpt));
+    let hyper = step::Hyper {
+        batch,
+        accum: args.accum,
+        iters: args.iters,
+        warmup: 100.min(args.iters / 10),
+        autocast: (!args.fp32 && device != Device::Cpu).then_some(Kind::BFloat16),
+        eager: device == Device::Cpu,
+        ..Default::default()
+    };
+    let mut steps = step::build(&vs, Arc::clone(&model), hyper)?;
+    println!(
+        "{}: GPT {} layers × {} wide, {} heads, block {block}, {:.2} M parameters; {} train / {} validation tokens; \
+         batch {batch} × {} micro-batches, {}",
+        if device == Device::Cpu { "No CUDA device: eager, tiny model" } else { "CUDA device: captured steps" },
+        config.layers,
+        config.embd,
+        config.heads,
+        params as f64 / 1e6,
+        corpus.train.size()[0],
+        corpus.val.size()[0],
+        args.accum,
+        if hyper.autocast.is_some() { "bf16 autocast" } else { "fp32" },
+    );
+
+    let ckpt = args.out.join("ckpt.safetensors");
+    let mut first = 0u64;
+    if args.resume {
+        let extra = checkpoint::load(&ckpt, &vs, &mut *steps.opt.lock().unwrap())
+            .with_context(|| format!("resuming from {}", ckpt.display()))?;
+        first = extra["iter"].int64_value(&[]) as u64;
+        steps.schedule_step.shallow_clone().copy_(&extra["schedule"]);
+        println!("resumed from {} at iteration {first}", ckpt.display());
+    }
+    let mut csv = std::fs::OpenOptions::new()
+        .create(true)
+        .append(args.resume)
+        .write(true)
+        .truncate(!args.resume)
+        .open(args.out.join("loss.csv"))?;
+    if !args.resume {
+        writeln!(csv, "iter,train_loss,val_loss")?;
+    }
+
+    let bar = ProgressBar::new(args.iters);
+    bar.set_style(ProgressStyle::with_template("[{bar:30}] {pos}/{len} {msg}")?.progress_chars("#>."));
+    bar.set_position(first);
+    let mut meter = DeviceMeter::new();
+    let mut timed = (0u64, 0f64);
+    let mut clock = Instant::now();
+    for iter in first..args.iters {
+        let (x, y) = data::batch(&corpus.train, batch * args.accum, block)?;
+        let shape = [args.accum, batch, block];
+        meter.add(&steps.train.run(&[&x.view(shape), &y.view(shape)])?[0])?;
+        bar.inc(1);
+        let done = iter + 1;
+        if done % 10 == 0 || done == args.iters {
+            let loss = meter.take()?.unwrap_or(f64::NAN); // one sync per 10 iterations
+            let secs = clock.elapsed().as_secs_f64();
+            if iter >= first + 10 {
+                timed = (timed.0 + 10, timed.1 + secs); // the first 10 hold the warmup and capture
+            }
+            clock = Instant::now();
+            let per_iter = secs / 10.0;
+            let tokens = (batch * block * args.accum) as f64 / per_iter;
+            let mfu = flops_per_iter / per_iter / (args.peak_tflops * 1e12) * 100.0;
+            bar.set_message(format!("loss {loss:.4}, {:.2} ms/iter, {tokens:.0} tok/s, MFU {mfu:.1}%", per_iter * 1e3));
+        }
+        if done % args.eval_every == 0 || done == args.iters {
+            let train_loss = evaluate(&mut steps.eval, &corpus.train, batch, block, args.eval_iters)?;
+            let val_loss = evaluate(&mut steps.eval, &corpus.val, batch, block, args.eval_iters)?;
+            writeln!(csv, "{done},{train_loss:.5},{val_loss:.5}")?;
+            bar.suspend(|| println!("iter {done}: train loss {train_loss:.4}, val loss {val_loss:.4}"));
+            let it = Tensor::from(done as i64);
+            let extra = [("iter", &it), ("schedule", &steps.schedule_step)];
+            checkpoint::save(&ckpt, &vs, &*steps.opt.lock().unwrap(), &extra)?;
+            clock = Instant::now();
+        }
+    }
+    if device != Device::Cpu {
+        synchronize(device)?;
+    }
+    bar.finish_and_clear();
+    if timed.0 > 0 {
+        let per_iter = timed.1 / timed.0 as f64;
+        println!(
+            "{:.2} ms/iter, {:.0} tokens/s, MFU {:.1}% (of {} TFLOP/s), over {} iterations after the first 10",
+            per_iter * 1e3,
+            (batch * block * args.accum) as f64 / per_iter,
+            flops_per_iter / per_iter / (args.peak_tflops * 1e12) * 100.0,
+            args.peak_tflops,
+            timed.0
+        );
+    }
+    let text = sample(&model.lock().unwrap(), device, args.sample)?;
+    std::fs::write(args.out.join("sample.txt"), &text)?;
+    println!("loss curve: {}; checkpoint: {}", args.out.join("loss.csv").display(), ckpt.display());
+    println!("--- sampled ---\n{text}\n---");
+    if text.is_empty() && args.sample > 0 {
+        bail!("sampling produced nothing");
+    }
+    Ok(())
+}

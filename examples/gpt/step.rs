@@ -1,0 +1,126 @@
+//! The GPT's training and evaluation steps, as a user of the crate writes them: one `TrainStep`
+//! capturing the whole step (K micro-batches of forward and backward under bf16 autocast,
+//! gradient clipping on the device, the warmup + cosine learning rate computed on the device,
+//! fused AdamW with weight-decay and no-decay groups on the crate's own kernels), and an
+//! evaluation step sharing its pool and weights. Shared by `examples/gpt/main.rs` and
+//! `benches/gpt.rs`.
+#![allow(dead_code)]
+
+use crate::model::Gpt;
+use std::sync::{Arc, Mutex};
+use tch::{nn, Kind, Tensor};
+use tch_cuda_graphs::optim::{split_params, Adam, AdamConfig, Optimizer, ParamGroup};
+use tch_cuda_graphs::schedule::{DeviceLrScheduler, WarmupCosine};
+use tch_cuda_graphs::{amp, clip_grad_norm, Result, StepOptions, TrainStep};
+
+/// How the model is trained (nanoGPT's `shakespeare_char` settings by default).
+#[derive(Clone, Copy, Debug)]
+pub struct Hyper {
+    /// Sequences per micro-batch.
+    pub batch: i64,
+    /// Micro-batches per optimizer step (gradient accumulation inside the captured step).
+    pub accum: i64,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Final learning rate.
+    pub min_lr: f64,
+    /// Warmup iterations.
+    pub warmup: u64,
+    /// Iterations of the cosine decay (the run's length).
+    pub iters: u64,
+    /// AdamW's weight decay on matrices (none on biases, norms and... nothing else).
+    pub weight_decay: f64,
+    /// Gradient clipping (global L2 norm).
+    pub clip: f64,
+    /// None: fp32; Some(BFloat16): bf16 autocast.
+    pub autocast: Option<Kind>,
+    /// Run the steps eagerly (no graph).
+    pub eager: bool,
+}
+
+impl Default for Hyper {
+    fn default() -> Self {
+        Hyper {
+            batch: 64,
+            accum: 1,
+            lr: 1e-3,
+            min_lr: 1e-4,
+            warmup: 100,
+            iters: 5000,
+            weight_decay: 0.1,
+            clip: 1.0,
+            autocast: Some(Kind::BFloat16),
+            eager: false,
+        }
+    }
+}
+
+/// The steps and what the loop around them needs.
+pub struct Steps {
+    /// Inputs `[accum, batch, block]` twice (tokens, targets); output: the mean loss (0-d).
+    pub train: TrainStep,
+    /// Inputs `[batch, block]` twice; output: the loss, dropout off.
+    pub eval: TrainStep,
+    pub opt: Arc<Mutex<Adam>>,
+    /// The device step counter of the learning-rate schedule (for checkpoints).
+    pub schedule_step: Tensor,
+}
+
+/// Builds both steps for `model`, whose variables are in `vs`, on `vs`'s device.
+pub fn build(vs: &nn::VarStore, model: Arc<Mutex<Gpt>>, h: Hyper) -> Result<Steps> {
+    let dev = vs.device();
+    let block = model.lock().unwrap().config.block;
+    // nanoGPT's groups: weight decay on every tensor of rank ≥ 2 (matrices, embeddings)
+    let (no_decay, decay) = split_params(vs, |_, t| t.dim() < 2);
+    let cfg = AdamConfig::adamw().lr(h.lr).betas(0.9, 0.99).weight_decay(h.weight_decay);
+    let opt = Arc::new(Mutex::new(Adam::with_groups(vec![
+        ParamGroup::new(decay, cfg),
+        ParamGroup::new(no_decay, cfg.weight_decay(0.0)),
+    ])?));
+    let handles = opt.lock().unwrap().lr_handles();
+    let schedule = WarmupCosine { warmup: h.warmup, total: h.iters, min_factor: h.min_lr / h.lr };
+    let mut sched = DeviceLrScheduler::new(schedule, handles)?;
+    let schedule_step = sched.step_tensor().shallow_clone();
+    let params: Vec<Tensor> = opt.lock().unwrap().params().iter().map(Tensor::shallow_clone).collect();
+    let mut options = StepOptions::default().eager(h.eager);
+    if let Some(dtype) = h.autocast {
+        options = options.autocast(dtype);
+    }
+    let tokens = Tensor::zeros([h.accum, h.batch, block], (Kind::Int64, dev));
+    let (m, o) = (Arc::clone(&model), Arc::clone(&opt));
+    let inv_accum = Tensor::from(1.0 / h.accum as f32);
+    let train = TrainStep::new(&[("x", &tokens), ("y", &tokens)], options, move |inp| {
+        let (model, mut opt) = (m.lock().unwrap(), o.lock().unwrap());
+        model.set_train(true);
+        opt.zero_grad()?;
+        let mut total: Option<Tensor> = None;
+        for k in 0..h.accum {
+            let loss = model.loss(&inp[0].f_get(k)?, &inp[1].f_get(k)?)?.f_mul(&inv_accum)?;
+            amp::backward(&loss)?; // backward outside autocast, as PyTorch runs it
+            let loss = loss.detach();
+            total = Some(match total {
+                Some(t) => t.f_add(&loss)?,
+                None => loss,
+            });
+        }
+        let _total_norm = clip_grad_norm(&params, h.clip, 2.0)?;
+        sched.step()?; // this step's learning rate, computed on the device
+        opt.step()?;
+        Ok(vec![total.expect("accum ≥ 1")])
+    })?;
+    let eval_options = match train.pool() {
+        Some(pool) => options.pool(pool).warmup(1),
+        None => options,
+    };
+    let m = Arc::clone(&model);
+    let x = Tensor::zeros([h.batch, block], (Kind::Int64, dev));
+    let eval = TrainStep::new(&[("x", &x), ("y", &x)], eval_options, move |inp| {
+        let _no_grad = tch::no_grad_guard();
+        let model = m.lock().unwrap();
+        model.set_train(false); // captured without dropout
+        let loss = model.loss(&inp[0], &inp[1]);
+        model.set_train(true);
+        Ok(vec![loss?])
+    })?;
+    Ok(Steps { train, eval, opt, schedule_step })
+}
