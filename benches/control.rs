@@ -189,14 +189,7 @@ fn parse_args() -> std::result::Result<Option<usize>, lexopt::Error> {
 }
 
 fn main() {
-    let blocks = match parse_args() {
-        Ok(Some(b)) => b,
-        Ok(None) => {
-            println!("{USAGE}");
-            return;
-        }
-        Err(e) => reference::usage_error("control", e, USAGE),
-    };
+    let blocks = reference::args_or_exit("control", parse_args(), USAGE);
     reference::require_cuda("control");
     let device = Device::Cuda(0);
     println!("K training steps per launch (WHILE node) vs one replay per step; Adam, fp32; µs per step");

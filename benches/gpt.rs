@@ -123,14 +123,7 @@ fn ours(device: Device, config: model::Config, batch: i64, iters: usize, eager: 
 }
 
 fn main() {
-    let args = match parse_args() {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            println!("{USAGE}");
-            return;
-        }
-        Err(e) => reference::usage_error("gpt", e, USAGE),
-    };
+    let args = reference::args_or_exit("gpt", parse_args(), USAGE);
     reference::require_cuda("gpt");
     if args.profile {
         let row = rows().into_iter().find(|r| args.rows.iter().any(|n| n == r.0)).expect("a row");

@@ -244,14 +244,7 @@ fn find(rows: &[Row], (w, n, b): (i64, usize, i64), mode: &str) -> Option<f64> {
 }
 
 fn main() {
-    let args = match parse_args() {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            println!("{USAGE}");
-            return;
-        }
-        Err(e) => reference::usage_error("graphed", e, USAGE),
-    };
+    let args = reference::args_or_exit("graphed", parse_args(), USAGE);
     reference::require_cuda("graphed");
     if args.torch {
         reference::require_torch("graphed");

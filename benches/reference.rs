@@ -69,6 +69,19 @@ pub fn require_cuda(bench: &str) {
     }
 }
 
+/// The parsed command line, or the exit its parser asked for: `Ok(None)` (`--help`) prints the
+/// usage and exits 0, an error prints it with the usage on stderr and exits 2.
+pub fn args_or_exit<T>(bench: &str, parsed: Result<Option<T>, lexopt::Error>, usage: &str) -> T {
+    match parsed {
+        Ok(Some(args)) => args,
+        Ok(None) => {
+            println!("{usage}");
+            std::process::exit(0)
+        }
+        Err(e) => usage_error(bench, e, usage),
+    }
+}
+
 /// A command-line error: the message and the usage on stderr, exit 2.
 pub fn usage_error(bench: &str, err: impl std::fmt::Display, usage: &str) -> ! {
     eprintln!("bench {bench}: {err}\n{usage}");

@@ -481,14 +481,7 @@ fn find(rows: &[Row], model: &str, opt: &str, mode: &str) -> Option<f64> {
 }
 
 fn main() {
-    let args = match parse_args() {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            println!("{USAGE}");
-            return;
-        }
-        Err(e) => reference::usage_error("step", e, USAGE),
-    };
+    let args = reference::args_or_exit("step", parse_args(), USAGE);
     if args.as_test {
         println!("bench step: started as a test binary; run it with `cargo bench --bench step` (or directly).");
         return;
