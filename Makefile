@@ -1,5 +1,5 @@
 # The README's commands. Each installs what it needs first (scripts/setup.sh, once).
-.PHONY: setup run test test-no-cuda test-gpu test-gpu-dist ddp bench bench-gpt bench-graphed bench-control bench-ddp
+.PHONY: setup run test test-no-cuda test-gpu test-gpu-dist ddp bench bench-gpt gpt-curves bench-graphed bench-control bench-ddp
 
 setup:
 	@bash scripts/setup.sh
@@ -47,6 +47,10 @@ bench: setup
 
 bench-gpt: setup
 	bash scripts/gpu.sh bench gpt
+
+# The GPT example and PyTorch's same model trained on the same corpus: both loss curves, one chart.
+gpt-curves: setup
+	bash scripts/gpu.sh gpt-curves
 
 bench-graphed: setup
 	bash scripts/gpu.sh bench graphed

@@ -9,7 +9,13 @@ Modes: eager, graph (torch.cuda.graph of the whole step), compile (torch.compile
 eager step), compile_graph (the compiled loss inside the whole-step graph).
 Prints ROW,<row>,<mode>,<ms per iteration> and MEM,<row>,<mode>,<MiB reserved at peak>.
 
+With --train DIR it instead trains the character GPT on the corpus that examples/gpt prepared in
+DIR (train.bin, val.bin) as that example does (batch 64, warmup + cosine learning rate, an
+evaluation of 20 batches every 250 iterations), eagerly, and writes iter,train_loss,val_loss to
+--csv: the reference loss curve.
+
 python benches/torch_gpt.py [--rows NAME,...] [--iters N] [--modes M,...]
+python benches/torch_gpt.py --train target/gpt-data/DIR --iters 2000 --csv torch-loss.csv
 """
 import argparse
 import math
@@ -149,8 +155,66 @@ def bench(name, mode, iters, dev):
     return ms, mem
 
 
+def lr_factor(t, warmup, total, min_factor):
+    """The crate's WarmupCosine: t/warmup, then cosine from 1 to min_factor at step total."""
+    if warmup > 0 and t <= warmup:
+        return t / warmup
+    p = min(max((t - warmup) / max(total - warmup, 1), 0.0), 1.0)
+    return (math.cos(p * math.pi) + 1.0) * 0.5 * (1.0 - min_factor) + min_factor
+
+
+def train(cache, iters, csv, seed=0, batch=64, eval_every=250, eval_iters=20):
+    dev = torch.device("cuda")
+    torch.manual_seed(seed)
+    load = lambda name: torch.frombuffer(bytearray(open(f"{cache}/{name}", "rb").read()), dtype=torch.uint8).to(dev)
+    splits = {"train": load("train.bin"), "val": load("val.bin")}
+    vocab, block, layers, heads, embd, dropout, _ = ROWS["char_b64"]
+    model = Gpt(vocab, block, layers, heads, embd, dropout).to(dev)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.99), fused=True)
+
+    def get(split, n):
+        data = splits[split]
+        starts = torch.randint(data.numel() - block - 1, (n, 1), device=dev)
+        w = data[starts + torch.arange(block + 1, device=dev)].long()
+        return w[:, :-1], w[:, 1:]
+
+    @torch.no_grad()
+    def evaluate(split):
+        model.eval()
+        total = 0.0
+        for _ in range(eval_iters):
+            x, y = get(split, batch)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                total += model.loss(x, y).item()
+        model.train()
+        return total / eval_iters
+
+    warmup = min(100, iters // 10)
+    with open(csv, "w") as out:
+        out.write("iter,train_loss,val_loss\n")
+        for it in range(1, iters + 1):
+            for g in opt.param_groups:
+                g["lr"] = 1e-3 * lr_factor(it, warmup, iters, 0.1)
+            x, y = get("train", batch)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model.loss(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if it % eval_every == 0 or it == iters:
+                tr, va = evaluate("train"), evaluate("val")
+                out.write(f"{it},{tr:.5f},{va:.5f}\n")
+                print(f"iter {it}: train loss {tr:.4f}, val loss {va:.4f}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--train", metavar="DIR", help="train on the corpus in DIR instead of timing")
+    ap.add_argument("--csv", default="torch-loss.csv")
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--modes", default="eager,graph,compile,compile_graph")
@@ -161,6 +225,9 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     dev = torch.device("cuda")
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}", flush=True)
+    if a.train:
+        train(a.train, a.iters, a.csv)
+        return
     for name in a.rows.split(","):
         for mode in a.modes.split(","):
             iters = a.iters if not name.startswith("gpt2") else max(20, a.iters // 4)

@@ -10,7 +10,9 @@
 #   tests [FILTER]        every test binary but gpu_dist, GPU tests included, one thread
 #   sanitize [FILTER]     the same under compute-sanitizer memcheck
 #   example NAME [ARGS]   one example (train, train_ddp)
-#   bench NAME [ARGS]     one benchmark (step, graphed, control)
+#   bench NAME [ARGS]     one benchmark (step, gpt, graphed, control)
+#   gpt-curves [ITERS]    examples/gpt and benches/torch_gpt.py trained on the same corpus (ITERS
+#                         iterations, default 2000): both loss curves in target/gpt/, one chart
 # Two GPUs (or TCG_NPROC):
 #   dist-tests            tests/gpu_dist.rs, then again with NCCL_GRAPH_MIXING_SUPPORT=0
 #   ddp-example           examples/train_ddp.rs under torchrun
@@ -26,6 +28,7 @@
 #                  without a Rust toolchain)
 #   TCG_LOGS       where logs go (default target/gpu-logs)
 #   TCG_NPROC      ranks of the multi-GPU parts (default 2)
+#   TCG_GPT_DATA   the corpus folder of gpt-curves (default .venv/torch)
 #   NCCL_*         reach every rank, ours and PyTorch's alike
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -69,7 +72,7 @@ for line in sys.stdin:
 part=${1:-}
 shift || true
 case $part in
-  tests|sanitize|example|bench|dist-tests|ddp-example|ddp-nodes|ddp-sanitize|ddp-bench|ddp-tune) ;;
+  tests|sanitize|example|bench|gpt-curves|dist-tests|ddp-example|ddp-nodes|ddp-sanitize|ddp-bench|ddp-tune) ;;
   *)
     sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
     exit 2 ;;
@@ -124,6 +127,16 @@ case $part in
     exe=$bins/$part-$name
     [[ -x $exe ]] || { echo "gpu.sh: no $exe (there: $(ls "$bins" | tr '\n' ' '))" >&2; exit 2; }
     "$exe" "$@" || status=1 ;;
+  gpt-curves)
+    iters=${1:-2000}
+    corpus=${TCG_GPT_DATA:-.venv/torch}
+    "$bins/example-gpt" --iters "$iters" --data-dir "$corpus" --out target/gpt --sample 300 > "$logs/gpt.log" 2>&1 || status=1
+    grep -E "^iter|ms/iter" "$logs/gpt.log"
+    cache=target/gpt-data/$(printf '%s' "$corpus" | sed 's/[^A-Za-z0-9.]/_/g')
+    "$py" benches/torch_gpt.py --train "$cache" --iters "$iters" --csv target/gpt/torch-loss.csv > "$logs/torch_gpt.log" 2>&1 || status=1
+    grep -E "^iter" "$logs/torch_gpt.log"
+    "$py" benches/plot_loss.py target/gpt/loss.svg "this crate=target/gpt/loss.csv" "PyTorch=target/gpt/torch-loss.csv" || status=1
+    echo "gpt-curves: target/gpt/loss.csv, target/gpt/torch-loss.csv, target/gpt/loss.svg" ;;
   dist-tests)
     rm -f "$logs"/test-*.log
     timeout 300 "$bins/test-gpu_dist" --include-ignored --test-threads=1 --nocapture > "$logs/test-gpu_dist.log" 2>&1 || status=1
