@@ -102,37 +102,45 @@ fn examples_answer_a_wrong_argument_with_the_usage_and_exit_2() {
 
 /// The GPT example trains its tiny model on a CPU (eagerly; on a GPU host the same command runs
 /// the captured step): the loss falls below that of a uniform guess over the 96 characters,
-/// evaluations land in loss.csv, a checkpoint is written, text is sampled, and `--resume` goes on
-/// from the checkpoint. The corpus is this repository's own Python files.
+/// evaluations land in loss.csv, a checkpoint is written, text is sampled; and a run stopped at
+/// a checkpoint and resumed ends with the same checkpoint, byte for byte, and the same losses
+/// as the run that went on. The corpus is this repository's own Python files.
 #[test]
-fn gpt_trains_a_tiny_model_and_resumes() {
-    let out = std::env::temp_dir().join(format!("tcg-gpt-{}", std::process::id()));
-    let run = |iters: &str, resume: bool| {
-        let mut cmd = Command::new(example("gpt"));
-        cmd.args(["--tiny", "--iters", iters, "--eval-every", "10", "--eval-iters", "2", "--sample", "40"])
+fn gpt_trains_a_tiny_model_and_resumes_bit_for_bit() {
+    let base = std::env::temp_dir().join(format!("tcg-gpt-{}", std::process::id()));
+    let run = |out: &std::path::Path, extra: &[&str]| {
+        let o = Command::new(example("gpt"))
+            .args(["--tiny", "--iters", "40", "--eval-every", "10", "--eval-iters", "2", "--sample", "40"])
             .args(["--data-dir", "benches", "--out"])
-            .arg(&out);
-        if resume {
-            cmd.arg("--resume");
-        }
-        let o = cmd.output().expect("run the gpt example");
+            .arg(out)
+            .args(extra)
+            .output()
+            .expect("run the gpt example");
         let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
-        assert_eq!(o.status.code(), Some(0), "gpt: {stdout}\n{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(o.status.code(), Some(0), "gpt {extra:?}: {stdout}\n{}", String::from_utf8_lossy(&o.stderr));
         stdout
     };
-    let first = run("30", false);
+    let (straight, resumed) = (base.join("straight"), base.join("resumed"));
+    let first = run(&straight, &[]);
     assert!(first.contains("--- sampled ---"), "{first}");
-    let csv = std::fs::read_to_string(out.join("loss.csv")).expect("loss.csv");
+    let csv = std::fs::read_to_string(straight.join("loss.csv")).expect("loss.csv");
     let rows: Vec<Vec<f64>> =
         csv.lines().skip(1).map(|l| l.split(',').map(|v| v.parse().expect("a number")).collect()).collect();
-    assert_eq!(rows.len(), 3, "{csv}");
+    assert_eq!(rows.len(), 4, "{csv}");
     let uniform = (96f64).ln();
-    let last_val = rows[2][2];
-    println!("tiny GPT: val loss {:.4} after 30 iterations (uniform guess {uniform:.4})", last_val);
-    assert!(last_val < uniform - 0.3, "the tiny GPT learns: {csv}");
-    let resumed = run("40", true);
-    assert!(resumed.contains("resumed from") && resumed.contains("at iteration 30"), "{resumed}");
-    let csv = std::fs::read_to_string(out.join("loss.csv")).expect("loss.csv");
-    assert_eq!(csv.lines().count(), 1 + 4, "one more evaluation after resuming: {csv}");
-    let _ = std::fs::remove_dir_all(&out);
+    println!("tiny GPT: val loss {:.4} after 40 iterations (uniform guess {uniform:.4})", rows[3][2]);
+    assert!(rows[3][2] < uniform - 0.3, "the tiny GPT learns: {csv}");
+
+    let stopped = run(&resumed, &["--stop-at", "20"]);
+    assert!(stopped.contains("stopped after iteration 20"), "{stopped}");
+    let again = run(&resumed, &["--resume"]);
+    assert!(again.contains("at iteration 20"), "{again}");
+    let csv_resumed = std::fs::read_to_string(resumed.join("loss.csv")).expect("loss.csv");
+    assert_eq!(csv_resumed, csv, "the resumed run's losses are the straight run's");
+    let (a, b) = (std::fs::read(straight.join("ckpt.safetensors")), std::fs::read(resumed.join("ckpt.safetensors")));
+    let (a, b) = (a.expect("a checkpoint"), b.expect("a checkpoint"));
+    let differing = a.iter().zip(&b).filter(|(x, y)| x != y).count() + a.len().abs_diff(b.len());
+    println!("checkpoints after 40 iterations, straight and resumed at 20: {} bytes, {differing} differ", a.len());
+    assert_eq!(differing, 0, "the same checkpoint byte for byte");
+    let _ = std::fs::remove_dir_all(&base);
 }

@@ -37,6 +37,7 @@ struct Args {
     tiny: bool,
     fp32: bool,
     resume: bool,
+    stop_at: Option<u64>,
     sample: usize,
     seed: i64,
     peak_tflops: f64,
@@ -46,7 +47,8 @@ struct Args {
 
 const USAGE: &str = "\
 usage: gpt [--iters N] [--batch B] [--accum K] [--eval-every N] [--eval-iters N] [--tiny] [--fp32]
-           [--resume] [--sample CHARS] [--seed S] [--peak-tflops T] [--data-dir DIR] [--out DIR]
+           [--resume] [--stop-at N] [--sample CHARS] [--seed S] [--peak-tflops T] [--data-dir DIR]
+           [--out DIR]
 
 Trains nanoGPT's character GPT on the torch package's Python sources with a captured step.
   --iters N          optimizer steps (default 2000; the cosine schedule ends there)
@@ -56,7 +58,9 @@ Trains nanoGPT's character GPT on the torch package's Python sources with a capt
   --eval-iters N     validation batches per evaluation (default 20)
   --tiny             a 2-layer, 32-wide model with block 32 (the default without a GPU)
   --fp32             no bf16 autocast
-  --resume           continue from OUT/ckpt.safetensors
+  --resume           continue from OUT/ckpt.safetensors (with the batches and dropout masks the
+                     run would have drawn)
+  --stop-at N        stop after iteration N, as an interrupted run would
   --sample CHARS     characters to sample at the end (default 500)
   --seed S           the random seed (default 1337)
   --peak-tflops T    the GPU's dense bf16 peak for MFU (default 989, an H100/H200 SXM)
@@ -76,6 +80,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
         tiny: false,
         fp32: false,
         resume: false,
+        stop_at: None,
         sample: 500,
         seed: 1337,
         peak_tflops: 989.0,
@@ -93,6 +98,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
             Long("tiny") => a.tiny = true,
             Long("fp32") => a.fp32 = true,
             Long("resume") => a.resume = true,
+            Long("stop-at") => a.stop_at = Some(parser.value()?.parse()?),
             Long("sample") => a.sample = parser.value()?.parse()?,
             Long("seed") => a.seed = parser.value()?.parse()?,
             Long("peak-tflops") => a.peak_tflops = parser.value()?.parse()?,
@@ -195,6 +201,8 @@ fn main() -> Result<()> {
             .with_context(|| format!("resuming from {}", ckpt.display()))?;
         first = extra["iter"].int64_value(&[]) as u64;
         steps.schedule_step.shallow_clone().copy_(&extra["schedule"]);
+        // the random stream of every checkpointed iteration starts from (seed, iteration)
+        tch::manual_seed(args.seed.wrapping_add(first as i64));
         println!("resumed from {} at iteration {first}", ckpt.display());
     }
     let mut csv = std::fs::OpenOptions::new()
@@ -239,7 +247,14 @@ fn main() -> Result<()> {
             let it = Tensor::from(done as i64);
             let extra = [("iter", &it), ("schedule", &steps.schedule_step)];
             checkpoint::save(&ckpt, &vs, &*steps.opt.lock().unwrap(), &extra)?;
+            // What follows a checkpoint draws from (seed, iteration), so a run resumed from it
+            // gets the same batches and dropout masks as the run that went on.
+            tch::manual_seed(args.seed.wrapping_add(done as i64));
             clock = Instant::now();
+        }
+        if args.stop_at == Some(done) {
+            bar.suspend(|| println!("stopped after iteration {done} (--stop-at)"));
+            break;
         }
     }
     if device != Device::Cpu {
