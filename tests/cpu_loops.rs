@@ -152,6 +152,14 @@ fn a_checkpoint_that_does_not_fit_changes_nothing() {
     checkpoint::save(&sgd_path, &vs, &sgd, &[]).unwrap();
     assert!(matches!(checkpoint::load(&sgd_path, &vs, &mut opt), Err(Error::Checkpoint(_))));
     assert!(same(&before, &snapshot(&vs, &opt)));
+    // a hyper-parameter out of range (beta1 = 2): refused before anything is written
+    let mut state: std::collections::HashMap<String, Tensor> = opt.state().unwrap().into_iter().collect();
+    state.insert("group.0.beta1".into(), Tensor::from(2.0f64));
+    match opt.load_state(&state) {
+        Err(Error::Checkpoint(msg)) => println!("beta1 = 2: {msg}"),
+        r => panic!("expected Error::Checkpoint, got {r:?}"),
+    }
+    assert!(same(&before, &snapshot(&vs, &opt)));
     // a corrupt file
     let corrupt = dir.join("corrupt.safetensors");
     let mut bytes = std::fs::read(&good).unwrap();

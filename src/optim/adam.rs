@@ -2,7 +2,9 @@
 //! elsewhere (tensor learning rate either way).
 
 use super::core::Core;
-use super::{check_hparam, optional_ptr, Groups, HyperParams, KernelPath, Kernels, LrHandle, Optimizer, ParamGroup};
+use super::{
+    check_hparam, optional_ptr, Groups, HyperField, HyperParams, KernelPath, Kernels, LrHandle, Optimizer, ParamGroup,
+};
 use crate::error::{check, Result};
 use crate::ffi::{self, tensor_ptr as ptr, tensor_ptrs as ptrs};
 use std::collections::HashMap;
@@ -80,6 +82,12 @@ impl AdamConfig {
 }
 
 impl HyperParams for AdamConfig {
+    const FIELDS: &'static [HyperField<Self>] = &[
+        HyperField { name: "beta1", get: |c| c.beta1, set: |c, v| c.beta1 = v },
+        HyperField { name: "beta2", get: |c| c.beta2, set: |c, v| c.beta2 = v },
+        HyperField { name: "eps", get: |c| c.eps, set: |c, v| c.eps = v },
+        HyperField { name: "weight_decay", get: |c| c.weight_decay, set: |c, v| c.weight_decay = v },
+    ];
     fn lr(&self) -> f64 {
         self.lr
     }
@@ -89,18 +97,6 @@ impl HyperParams for AdamConfig {
         check_hparam("beta2", self.beta2, (0.0..1.0).contains(&self.beta2))?;
         check_hparam("eps", self.eps, self.eps >= 0.0)?;
         check_hparam("weight_decay", self.weight_decay, self.weight_decay >= 0.0)
-    }
-    fn named(&self) -> Vec<(&'static str, f64)> {
-        vec![("beta1", self.beta1), ("beta2", self.beta2), ("eps", self.eps), ("weight_decay", self.weight_decay)]
-    }
-    fn set_named(&mut self, name: &str, value: f64) {
-        match name {
-            "beta1" => self.beta1 = value,
-            "beta2" => self.beta2 = value,
-            "eps" => self.eps = value,
-            "weight_decay" => self.weight_decay = value,
-            _ => {}
-        }
     }
 }
 

@@ -141,13 +141,26 @@ pub(crate) fn check_hparam(name: &str, value: f64, ok: bool) -> Result<()> {
     }
 }
 
-/// What the group bookkeeping needs of a config: its learning rate and its other
-/// hyper-parameters by name (saved in checkpoints and restored from them).
-pub(crate) trait HyperParams: Clone {
+/// One saved hyper-parameter of a config: its name in checkpoints, how to read it, how to write
+/// it. A config lists all of them in one table, so what is saved and what is restored cannot
+/// drift apart.
+pub(crate) struct HyperField<C: 'static> {
+    pub(crate) name: &'static str,
+    pub(crate) get: fn(&C) -> f64,
+    pub(crate) set: fn(&mut C, f64),
+}
+
+/// What the group bookkeeping needs of a config: its learning rate, a validity check, and its
+/// other hyper-parameters (saved in checkpoints and restored from them).
+pub(crate) trait HyperParams: Clone + 'static {
+    /// Every hyper-parameter besides the learning rate that a checkpoint holds.
+    const FIELDS: &'static [HyperField<Self>];
     fn lr(&self) -> f64;
     fn validate(&self) -> Result<()>;
-    fn named(&self) -> Vec<(&'static str, f64)>;
-    fn set_named(&mut self, name: &str, value: f64);
+    /// The fields' names and values.
+    fn named(&self) -> Vec<(&'static str, f64)> {
+        Self::FIELDS.iter().map(|f| (f.name, (f.get)(self))).collect()
+    }
 }
 
 pub(crate) struct GroupState<C> {
@@ -291,6 +304,11 @@ impl<C: HyperParams> Groups<C> {
             }
         }
         for (g, group) in self.groups.iter().enumerate() {
+            let mut config = group.config.clone();
+            for f in C::FIELDS {
+                (f.set)(&mut config, scalar_value(&state[&group_key(g, f.name)])?);
+            }
+            config.validate().map_err(|e| Error::Checkpoint(format!("group {g}'s hyper-parameters: {e}")))?;
             for i in group.range.clone() {
                 let saved = state[&param_key(&self.names[i], "group")].f_int64_value(&[])?;
                 if saved != g as i64 {
@@ -308,8 +326,8 @@ impl<C: HyperParams> Groups<C> {
     pub(crate) fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
         for (g, group) in self.groups.iter_mut().enumerate() {
             group.lr.set(scalar_value(&state[&group_key(g, "lr")])?)?;
-            for (name, _) in group.config.named() {
-                group.config.set_named(name, scalar_value(&state[&group_key(g, name)])?);
+            for f in C::FIELDS {
+                (f.set)(&mut group.config, scalar_value(&state[&group_key(g, f.name)])?);
             }
         }
         Ok(())
@@ -321,4 +339,30 @@ pub(crate) fn copy_state(dst: &Tensor, src: &Tensor) -> Result<()> {
     let _no_grad = tch::no_grad_guard();
     dst.shallow_clone().f_copy_(src)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HyperParams;
+    use crate::optim::{AdamConfig, SgdConfig};
+
+    /// Each field's setter writes what its getter reads, and no two fields share a name or a
+    /// value slot (distinct values set in turn all read back).
+    fn fields_round_trip<C: HyperParams>(mut config: C) {
+        let value = |k: usize| 0.125 * (k + 1) as f64;
+        for (k, f) in C::FIELDS.iter().enumerate() {
+            (f.set)(&mut config, value(k));
+        }
+        for (k, f) in C::FIELDS.iter().enumerate() {
+            assert_eq!((f.get)(&config), value(k), "field {}", f.name);
+            assert!(C::FIELDS[..k].iter().all(|g| g.name != f.name), "{} listed twice", f.name);
+        }
+        assert_eq!(config.named().len(), C::FIELDS.len());
+    }
+
+    #[test]
+    fn hyper_parameter_fields_round_trip() {
+        fields_round_trip(AdamConfig::default());
+        fields_round_trip(SgdConfig::default());
+    }
 }

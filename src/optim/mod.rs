@@ -61,7 +61,7 @@ pub use adam::{Adam, AdamConfig};
 pub use groups::{split_params, var_store_groups, LrHandle, NamedParams, ParamGroup};
 pub use sgd::{Sgd, SgdConfig};
 
-pub(crate) use groups::{check_hparam, Groups, HyperParams};
+pub(crate) use groups::{check_hparam, Groups, HyperField, HyperParams};
 
 use crate::error::{check, Error, Result};
 use crate::ffi;

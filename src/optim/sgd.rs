@@ -2,7 +2,9 @@
 //! learning rate either way).
 
 use super::core::{Core, Launch};
-use super::{check_hparam, optional_ptr, Groups, HyperParams, KernelPath, Kernels, LrHandle, Optimizer, ParamGroup};
+use super::{
+    check_hparam, optional_ptr, Groups, HyperField, HyperParams, KernelPath, Kernels, LrHandle, Optimizer, ParamGroup,
+};
 use crate::error::{check, Error, Result};
 use crate::ffi::{self, tensor_ptr as ptr, tensor_ptrs as ptrs};
 use std::collections::HashMap;
@@ -59,6 +61,11 @@ impl SgdConfig {
 }
 
 impl HyperParams for SgdConfig {
+    const FIELDS: &'static [HyperField<Self>] = &[
+        HyperField { name: "momentum", get: |c| c.momentum, set: |c, v| c.momentum = v },
+        HyperField { name: "dampening", get: |c| c.dampening, set: |c, v| c.dampening = v },
+        HyperField { name: "weight_decay", get: |c| c.weight_decay, set: |c, v| c.weight_decay = v },
+    ];
     fn lr(&self) -> f64 {
         self.lr
     }
@@ -71,17 +78,6 @@ impl HyperParams for SgdConfig {
             return Err(Error::Misuse("Nesterov momentum needs momentum > 0 and zero dampening".into()));
         }
         Ok(())
-    }
-    fn named(&self) -> Vec<(&'static str, f64)> {
-        vec![("momentum", self.momentum), ("dampening", self.dampening), ("weight_decay", self.weight_decay)]
-    }
-    fn set_named(&mut self, name: &str, value: f64) {
-        match name {
-            "momentum" => self.momentum = value,
-            "dampening" => self.dampening = value,
-            "weight_decay" => self.weight_decay = value,
-            _ => {}
-        }
     }
 }
 
