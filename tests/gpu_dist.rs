@@ -2,7 +2,9 @@
 //! spawns this test binary once per rank (only that test, with `RANK`, `WORLD_SIZE`,
 //! `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT` set, as torchrun would, rank 0 hosting the store),
 //! waits for the ranks with a time limit (killing them past it), and checks how each ended.
-//! Run as a rank, it is that rank's body.
+//! Run as a rank, it is that rank's body, and it prints a line naming its test when the body
+//! has returned: the parent requires that line, so a rank that ran no test (a renamed test
+//! makes `--exact` match nothing, and the child exits 0) fails the test.
 //!
 //! Run them one at a time on a host with two GPUs, NVLink multicast off:
 //! `NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -34,6 +36,13 @@ struct Ended {
     rank: usize,
     status: Option<ExitStatus>, // None: killed at the time limit
     output: String,
+    /// Whether it printed [`done_marker`]: its body ran and returned.
+    finished: bool,
+}
+
+/// The line a rank prints when its body has returned.
+fn done_marker(test: &str) -> String {
+    format!("tcg-dist: a rank of {test} finished its body")
 }
 
 /// In the test process: spawns the ranks of `test` and waits for them at most `limit`. In a
@@ -44,6 +53,7 @@ fn ranks(test: &str, limit: Duration, body: fn(ProcessGroup) -> Result<()>) -> O
         if let Err(e) = body(pg) {
             panic!("rank failed: {e:?}");
         }
+        println!("{}", done_marker(test));
         return None;
     }
     assert!(
@@ -99,20 +109,23 @@ fn ranks(test: &str, limit: Duration, body: fn(ProcessGroup) -> Result<()>) -> O
         for line in output.lines().filter_map(|l| l.find("rank ").map(|i| &l[i..])) {
             println!("{line}");
         }
-        ended.push(Ended { rank, status: statuses[rank], output });
+        let finished = output.contains(&done_marker(test));
+        ended.push(Ended { rank, status: statuses[rank], output, finished });
     }
     println!("{test}: {WORLD} ranks ended after {:.1} s", start.elapsed().as_secs_f64());
     Some(ended)
 }
 
-/// Asserts that every rank exited successfully, showing the output of those that did not.
+/// Asserts that every rank ran its body to the end and exited successfully, showing the output
+/// of those that did not.
 fn all_succeeded(ended: &[Ended]) {
     for e in ended {
         assert!(
-            e.status.is_some_and(|s| s.success()),
-            "rank {} ended with {:?} (None: killed at the time limit); its output:\n{}",
+            e.status.is_some_and(|s| s.success()) && e.finished,
+            "rank {} ended with {:?} (None: killed at the time limit), body finished: {}; its output:\n{}",
             e.rank,
             e.status,
+            e.finished,
             e.output
         );
     }
@@ -466,7 +479,7 @@ fn a_killed_rank_gives_the_survivor_an_error_within_the_timeout() {
         let (survivor, killed) = (&ended[0], &ended[1]);
         assert!(killed.status.is_some_and(|s| !s.success()), "rank 1 should have died: {:?}", killed.status);
         assert!(
-            survivor.status.is_some_and(|s| s.success()),
+            survivor.status.is_some_and(|s| s.success()) && survivor.finished,
             "rank 0 should have returned the error and exited (None: hung until killed): {:?}\n{}",
             survivor.status,
             survivor.output
