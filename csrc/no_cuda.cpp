@@ -25,7 +25,6 @@ tcg_status tcg_device_synchronize(int) { return no_cuda(); }
 tcg_status tcg_stream_from_pool(int, int, tcg_stream*) { return no_cuda(); }
 tcg_status tcg_stream_current(int, tcg_stream*) { return no_cuda(); }
 tcg_status tcg_stream_default(int, tcg_stream*) { return no_cuda(); }
-tcg_status tcg_stream_set_current(tcg_stream) { return no_cuda(); }
 tcg_status tcg_stream_synchronize(tcg_stream) { return no_cuda(); }
 tcg_status tcg_stream_wait_stream(tcg_stream, tcg_stream) { return no_cuda(); }
 tcg_status tcg_stream_capture_status(tcg_stream, int*) { return no_cuda(); }

@@ -195,7 +195,6 @@ tcg_status tcg_device_synchronize(int device);
 tcg_status tcg_stream_from_pool(int device, int high_priority, tcg_stream* out);
 tcg_status tcg_stream_current(int device, tcg_stream* out);
 tcg_status tcg_stream_default(int device, tcg_stream* out);
-tcg_status tcg_stream_set_current(tcg_stream s);
 tcg_status tcg_stream_synchronize(tcg_stream s);
 // `waiter` waits (on the device) for all work queued so far on `waitee`.
 tcg_status tcg_stream_wait_stream(tcg_stream waiter, tcg_stream waitee);

@@ -171,7 +171,9 @@ pub(crate) fn check(status: ffi::tcg_status) -> Result<()> {
         ffi::TCG_DIST_TIMEOUT => Err(Error::DistributedTimeout(take_last_error())),
         ffi::TCG_UNSUPPORTED => Err(Error::Unsupported(take_last_error())),
         ffi::TCG_OUT_OF_MEMORY => Err(Error::OutOfMemory { source: Box::new(Error::Libtorch(take_last_error())) }),
-        // TCG_STALE is read by the watch, which knows the tensor's name; elsewhere it is plain.
+        // TCG_STALE is read by the watch, which knows the tensor's name; elsewhere it is plain,
+        // as is TCG_ERROR (a libtorch or CUDA failure of no more specific kind).
+        ffi::TCG_ERROR | ffi::TCG_STALE => Err(Error::Libtorch(take_last_error())),
         _ => Err(Error::Libtorch(take_last_error())),
     }
 }

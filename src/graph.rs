@@ -53,7 +53,44 @@ enum State {
     Captured,
 }
 
-pub use crate::ffi::NodeKinds;
+/// Node counts of a captured graph, by kind ([`CudaGraph::node_kinds`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeKinds {
+    /// Kernel launches.
+    pub kernel: usize,
+    /// Memory copies.
+    pub memcpy: usize,
+    /// Memory sets.
+    pub memset: usize,
+    /// Host callbacks.
+    pub host: usize,
+    /// Child graphs.
+    pub graph: usize,
+    /// Empty (dependency) nodes.
+    pub empty: usize,
+    /// Event waits and records.
+    pub event: usize,
+    /// Memory allocation and free nodes.
+    pub mem_alloc_free: usize,
+    /// Any other kind (semaphores, conditionals, kinds newer than this crate).
+    pub other: usize,
+}
+
+impl From<ffi::tcg_node_kinds> for NodeKinds {
+    fn from(k: ffi::tcg_node_kinds) -> Self {
+        NodeKinds {
+            kernel: k.kernel,
+            memcpy: k.memcpy,
+            memset: k.memset,
+            host: k.host,
+            graph: k.graph,
+            empty: k.empty,
+            event: k.event,
+            mem_alloc_free: k.mem_alloc_free,
+            other: k.other,
+        }
+    }
+}
 
 impl NodeKinds {
     /// All nodes.
@@ -351,10 +388,10 @@ impl CudaGraph {
     /// The nodes of the kept graph by kind.
     pub fn node_kinds(&mut self) -> Result<NodeKinds> {
         self.require_kept("node_kinds")?;
-        let mut kinds = NodeKinds::default();
+        let mut kinds = ffi::tcg_node_kinds::default();
         // SAFETY: `self.raw` is live; `kinds` is a valid out pointer.
         check(unsafe { ffi::tcg_graph_node_kinds(self.raw.as_ptr(), &mut kinds) })?;
-        Ok(kinds)
+        Ok(kinds.into())
     }
 
     /// The shim's handle, for the crate's own users of graphs (graphed callables). Valid while

@@ -5,7 +5,7 @@
 //! one graph launch instead of hundreds of kernel launches.
 //!
 //! Where to look:
-//! - [`ffi`]: the raw C API of the C++ shim (`csrc/`), [`error`]: [`Error`] and the status check.
+//! - `ffi` (crate-private): the raw C API of the C++ shim (`csrc/`); [`error`]: [`Error`] and the status check.
 //! - [`graph`]: [`CudaGraph`], the safe owner of an `at::cuda::CUDAGraph` (no capture policy).
 //! - [`capture`]: [`CaptureOptions`], [`CudaGraph::capture`], [`capture_with_warmup`] (capture
 //!   stream, warmup, capture) and the per-device [`CaptureLock`] (one capture at a time).
@@ -51,7 +51,7 @@ pub mod device;
 pub mod dist;
 pub mod error;
 pub mod feed;
-pub mod ffi;
+mod ffi;
 pub mod graph;
 pub mod graphed;
 pub mod memory;

@@ -59,10 +59,6 @@ tcg_status tcg_stream_default(int device, tcg_stream* out) {
   return guard([&] { *out = pack(c10::cuda::getDefaultCUDAStream(checked_device(device))); });
 }
 
-tcg_status tcg_stream_set_current(tcg_stream s) {
-  return guard([&] { c10::cuda::setCurrentCUDAStream(unpack(s)); });
-}
-
 tcg_status tcg_stream_synchronize(tcg_stream s) {
   return guard([&] { unpack(s).synchronize(); });
 }

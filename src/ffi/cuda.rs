@@ -63,11 +63,11 @@ pub struct tcg_pool_block {
     pub large: c_int,
 }
 
-/// Node counts of a captured graph, by `cudaGraphNodeType` (`tcg_node_kinds`; the safe API
-/// re-exports it as [`crate::NodeKinds`]).
+/// Node counts of a captured graph, by `cudaGraphNodeType` (C's `tcg_node_kinds`; the safe
+/// layer turns it into [`crate::NodeKinds`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NodeKinds {
+pub struct tcg_node_kinds {
     /// Kernel launches.
     pub kernel: usize,
     /// Memory copies.
@@ -97,7 +97,6 @@ extern "C" {
     pub fn tcg_stream_from_pool(device: c_int, high_priority: c_int, out: *mut tcg_stream) -> tcg_status;
     pub fn tcg_stream_current(device: c_int, out: *mut tcg_stream) -> tcg_status;
     pub fn tcg_stream_default(device: c_int, out: *mut tcg_stream) -> tcg_status;
-    pub fn tcg_stream_set_current(s: tcg_stream) -> tcg_status;
     pub fn tcg_stream_synchronize(s: tcg_stream) -> tcg_status;
     pub fn tcg_stream_wait_stream(waiter: tcg_stream, waitee: tcg_stream) -> tcg_status;
     pub fn tcg_stream_capture_status(s: tcg_stream, out: *mut c_int) -> tcg_status;
@@ -128,7 +127,7 @@ extern "C" {
     pub fn tcg_graph_pool(g: *mut tcg_graph, out: *mut tcg_pool_id) -> tcg_status;
     pub fn tcg_graph_debug_dump(g: *mut tcg_graph, path: *const c_char) -> tcg_status;
     pub fn tcg_graph_node_count(g: *mut tcg_graph, out: *mut usize) -> tcg_status;
-    pub fn tcg_graph_node_kinds(g: *mut tcg_graph, out: *mut NodeKinds) -> tcg_status;
+    pub fn tcg_graph_node_kinds(g: *mut tcg_graph, out: *mut tcg_node_kinds) -> tcg_status;
 
     // cuda/conditional.cpp
     pub fn tcg_cond_begin(
