@@ -6,7 +6,7 @@
 //! writes a checkpoint every epoch.
 //!
 //! ```sh
-//! NCCL_NVLS_ENABLE=0 torchrun --nproc_per_node=2 --no-python target/release/examples/train_ddp -- [--epochs N]
+//! NCCL_NVLS_ENABLE=0 .venv/bin/torchrun --nproc_per_node=2 --no-python target/release/examples/train_ddp -- [--epochs N]
 //! # several nodes: on each, the same command with
 //! #   --nnodes=N --node_rank=I --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT
 //! ```

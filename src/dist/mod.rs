@@ -5,7 +5,7 @@
 //!
 //! ```no_run
 //! # fn main() -> tch_cuda_graphs::Result<()> {
-//! // torchrun --nproc_per_node=2 --no-python target/release/examples/...
+//! // .venv/bin/torchrun --nproc_per_node=2 --no-python target/release/examples/...
 //! use tch_cuda_graphs::dist::{ProcessGroup, ReduceOp};
 //! let pg = ProcessGroup::from_env(std::time::Duration::from_secs(60))?;
 //! let t = tch::Tensor::ones([4], (tch::Kind::Float, pg.device()));
