@@ -46,7 +46,7 @@
 //! The crate's own ops (schedules, learning-rate handles, buckets, the optimizers) take no
 //! `Scalar` for this reason.
 
-use crate::amp::Autocast;
+use crate::amp::refuse_cached_autocast;
 use crate::device::{current_device, synchronize};
 use crate::error::{check, Error, Result};
 use crate::graph::{CaptureMode, CudaGraph};
@@ -329,14 +329,7 @@ pub(crate) fn record<T>(
     device: Device,
     f: impl FnOnce() -> Result<T>,
 ) -> Result<T> {
-    let autocast = Autocast::state()?;
-    if autocast.enabled && autocast.cache {
-        return Err(Error::Misuse(
-            "capture under autocast with the weight-cast cache on: replays would read casts of stale weights; \
-             use Autocast::new(dtype, false) (or StepOptions::autocast)"
-                .into(),
-        ));
-    }
+    refuse_cached_autocast("capture")?;
     if options.empty_cache {
         empty_cache()?;
         empty_host_cache()?;

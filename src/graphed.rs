@@ -84,7 +84,7 @@
 //! # Ok(()) }
 //! ```
 
-use crate::amp::Autocast;
+use crate::amp::refuse_cached_autocast;
 use crate::autograd::grad_refs;
 use crate::capture::{record, side_stream, CaptureLock, CaptureOptions};
 use crate::device::cuda_is_available;
@@ -415,14 +415,7 @@ pub fn make_graphed_callables(
         return Err(Error::Misuse("make_graphed_callables: no callable given".into()));
     }
     let device = common_device(&callables)?;
-    let autocast = Autocast::state()?;
-    if autocast.enabled && autocast.cache {
-        return Err(Error::Misuse(
-            "make_graphed_callables under autocast with the weight-cast cache on: replays would read casts of \
-             stale weights; use Autocast::new(dtype, false)"
-                .into(),
-        ));
-    }
+    refuse_cached_autocast("make_graphed_callables")?;
     let pool = match options.pool {
         Some(id) => MemPool::hold(device, id)?,
         None => MemPool::on(device)?,
