@@ -1,6 +1,13 @@
 // tch-cuda-graphs C shim: a C API over libtorch's CUDA graph, stream, allocator and fused
-// optimizer functions. Every function returns a tcg_status; on failure a message is kept in
-// a thread-local slot that tcg_take_last_error() hands over (and clears) exactly once.
+// optimizer functions. The contract:
+// - Every function that can fail returns a tcg_status; on failure a message is kept in a
+//   thread-local slot that tcg_take_last_error() hands over (and clears) exactly once. No C++
+//   exception leaves any function (tcg::guard in shim.h catches all of them).
+// - Three kinds of function return something else and cannot fail: the *_free functions (void;
+//   each takes a handle the caller owns and frees it exactly once), tcg_take_last_error /
+//   tcg_string_free (the message and its release), and the build queries that answer 0 or 1
+//   (tcg_built_with_cuda, tcg_own_kernels_built, tcg_dist_available).
+// - A handle returned through an out pointer on TCG_OK is owned by the caller until its *_free.
 // Naming: one prefix per object family (tcg_graph_*, tcg_stream_*, tcg_mempool_*,
 // tcg_watch_*, ...), each owning family with a matching *_free.
 //
