@@ -180,8 +180,7 @@ fn main() {
     );
     for (name, config, batch, ms, peak, eager_peak, params) in ours_rows {
         let tokens = batch * config.block;
-        let gpt = model::Gpt::new(&nn::VarStore::new(Device::Cpu).root(), config);
-        let mfu = gpt.flops_per_token(params) * tokens as f64 / (ms * 1e-3) / (args.peak_tflops * 1e12) * 100.0;
+        let mfu = config.flops_per_token(params) * tokens as f64 / (ms * 1e-3) / (args.peak_tflops * 1e12) * 100.0;
         let t = |m: &str| find(&torch, name, m);
         let _ = writeln!(
             table,

@@ -480,6 +480,11 @@ fn find(rows: &[Row], model: &str, opt: &str, mode: &str) -> Option<f64> {
     rows.iter().find(|r| r.model == model && r.opt == opt && r.mode == mode).map(|r| r.us)
 }
 
+/// The fastest of `modes` for this model and optimizer (NaN if none was measured).
+fn best(rows: &[Row], model: &str, opt: &str, modes: &[&str]) -> f64 {
+    modes.iter().filter_map(|mode| find(rows, model, opt, mode)).fold(f64::NAN, f64::min)
+}
+
 fn main() {
     let args = reference::args_or_exit("step", parse_args(), USAGE);
     if args.as_test {
@@ -550,10 +555,7 @@ fn main() {
             let tf = find(&rows, m, o, "tch_eager_fused").unwrap_or(f64::NAN);
             let gt = find(&rows, m, o, "graph_torch_kernels").unwrap_or(f64::NAN);
             let pe = find(&rows, m, o, "torch_eager").unwrap_or(f64::NAN);
-            let pg = ["torch_graph", "torch_graph_capturable", "torch_graph_fused"]
-                .iter()
-                .filter_map(|mode| find(&rows, m, o, mode))
-                .fold(f64::NAN, f64::min);
+            let pg = best(&rows, m, o, &["torch_graph", "torch_graph_capturable", "torch_graph_fused"]);
             let _ = writeln!(
                 table,
                 "| {m} | {o} | {te:.1} | {tf:.1} | **{g:.1}** | {gt:.1} | {pe:.1} | {pg:.1} | {:.2}x | {:.2} |",
@@ -621,10 +623,7 @@ fn main() {
             let g = find(&rows, m, o, "graph").unwrap_or(f64::NAN);
             let gb = find(&rows, m, o, "graph_bf16").unwrap_or(f64::NAN);
             let gi = find(&rows, m, o, "graph_bf16_bwd_in_autocast").unwrap_or(f64::NAN);
-            let tb = ["torch_graph_bf16_capturable", "torch_graph_bf16_fused"]
-                .iter()
-                .filter_map(|mode| find(&rows, m, o, mode))
-                .fold(f64::NAN, f64::min);
+            let tb = best(&rows, m, o, &["torch_graph_bf16_capturable", "torch_graph_bf16_fused"]);
             let c32 = find(&rows, m, o, "torch_compile_graph").unwrap_or(f64::NAN);
             let c16 = find(&rows, m, o, "torch_compile_graph_bf16").unwrap_or(f64::NAN);
             let _ = writeln!(
@@ -677,9 +676,6 @@ fn headline_table(rows: &[Row]) -> String {
     let mut t = String::from(
         "| model | opt | **fp32: this crate** | torch graph | compile + graph | ours / graph | ours / compile | **bf16: this crate** | torch graph | compile + graph | ours / graph | ours / compile |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    let best = |m: &str, o: &str, modes: &[&str]| {
-        modes.iter().filter_map(|mode| find(rows, m, o, mode)).fold(f64::NAN, f64::min)
-    };
     for kind in ModelKind::ALL {
         for opt in Opt::ALL {
             let (m, o) = (kind.name(), opt.name());
@@ -693,7 +689,7 @@ fn headline_table(rows: &[Row]) -> String {
                 ),
             ] {
                 let us = find(rows, m, o, ours).unwrap_or(f64::NAN);
-                let g = best(m, o, graph);
+                let g = best(rows, m, o, graph);
                 let c = find(rows, m, o, compile).unwrap_or(f64::NAN);
                 let _ = write!(t, " **{us:.1}** | {g:.1} | {c:.1} | {:.2} | {:.2} |", us / g, us / c);
             }

@@ -18,7 +18,7 @@ mod data;
 mod model;
 mod step;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
 use std::path::PathBuf;
@@ -168,7 +168,7 @@ fn main() -> Result<()> {
     let vs = nn::VarStore::new(device);
     let gpt = model::Gpt::new(&vs.root(), config);
     let params = model::Gpt::param_count(&vs);
-    let flops_per_iter = gpt.flops_per_token(params) * (batch * block * args.accum) as f64;
+    let flops_per_iter = config.flops_per_token(params) * (batch * block * args.accum) as f64;
     let model = Arc::new(Mutex::new(gpt));
     let hyper = step::Hyper {
         batch,
@@ -276,8 +276,5 @@ fn main() -> Result<()> {
     std::fs::write(args.out.join("sample.txt"), &text)?;
     println!("loss curve: {}; checkpoint: {}", args.out.join("loss.csv").display(), ckpt.display());
     println!("--- sampled ---\n{text}\n---");
-    if text.is_empty() && args.sample > 0 {
-        bail!("sampling produced nothing");
-    }
     Ok(())
 }

@@ -5,8 +5,7 @@
 //! `benches/torch_gpt.py`.
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::cell::Cell;
 use tch::{nn, nn::Module, Kind, Reduction, Tensor};
 
 /// The model's shape.
@@ -37,6 +36,11 @@ impl Config {
         Config { vocab, block: 1024, layers: 12, heads: 12, embd: 768, dropout: 0.0 }
     }
 
+    /// FLOPs of one forward and backward per token (nanoGPT's `estimate_mfu`: 6N + 12·L·H·Q·T).
+    pub fn flops_per_token(&self, params: i64) -> f64 {
+        6.0 * params as f64 + 12.0 * (self.layers * self.heads * (self.embd / self.heads) * self.block) as f64
+    }
+
     /// A tiny model for CPU runs and tests.
     pub fn tiny(vocab: i64) -> Config {
         Config { vocab, block: 32, layers: 2, heads: 2, embd: 32, dropout: 0.1 }
@@ -53,8 +57,8 @@ struct Block {
     mlp_proj: nn::Linear,
 }
 
-/// The GPT. `forward` is dropout-on while [`Gpt::set_train`] says so (the flag is shared by
-/// clones of [`Gpt::train_flag`], so a step closure and the loop around it agree).
+/// The GPT. Its dropout is on while [`Gpt::set_train`] says so; a captured step records what
+/// the flag was at capture.
 #[derive(Debug)]
 pub struct Gpt {
     pub config: Config,
@@ -62,7 +66,7 @@ pub struct Gpt {
     wpe: nn::Embedding,
     blocks: Vec<Block>,
     ln_f: nn::LayerNorm,
-    train: Arc<AtomicBool>,
+    train: Cell<bool>,
 }
 
 impl Gpt {
@@ -104,18 +108,13 @@ impl Gpt {
             wpe: nn::embedding(p / "wpe", config.block, e, emb),
             blocks,
             ln_f: nn::layer_norm(p / "ln_f", vec![e], Default::default()),
-            train: Arc::new(AtomicBool::new(true)),
+            train: Cell::new(true),
         }
     }
 
     /// Dropout on (training) or off (evaluation, sampling).
     pub fn set_train(&self, on: bool) {
-        self.train.store(on, Ordering::Relaxed);
-    }
-
-    /// The training flag, shared.
-    pub fn train_flag(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.train)
+        self.train.set(on);
     }
 
     fn attention(&self, b: &Block, x: &Tensor, train: bool) -> Result<Tensor, tch::TchError> {
@@ -132,7 +131,7 @@ impl Gpt {
 
     /// Logits for tokens `idx` ([batch, time], time ≤ block).
     pub fn logits(&self, idx: &Tensor) -> Result<Tensor, tch::TchError> {
-        let train = self.train.load(Ordering::Relaxed);
+        let train = self.train.get();
         let t = idx.size()[1];
         let pos = Tensor::f_arange(t, (Kind::Int64, idx.device()))?;
         let mut x = self.wte.forward(idx).f_add(&self.wpe.forward(&pos))?.f_dropout(self.config.dropout, train)?;
@@ -160,11 +159,5 @@ impl Gpt {
     /// Parameters as nanoGPT counts them (without the position embedding).
     pub fn param_count(vs: &nn::VarStore) -> i64 {
         vs.variables().iter().filter(|(n, _)| !n.ends_with("wpe.weight")).map(|(_, t)| t.numel() as i64).sum()
-    }
-
-    /// FLOPs of one forward and backward per token (nanoGPT's `estimate_mfu`: 6N + 12·L·H·Q·T).
-    pub fn flops_per_token(&self, params: i64) -> f64 {
-        let c = self.config;
-        6.0 * params as f64 + 12.0 * (c.layers * c.heads * (c.embd / c.heads) * c.block) as f64
     }
 }
