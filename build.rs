@@ -196,6 +196,7 @@ fn main() {
             "csrc/optim.cpp",
             "csrc/profiler.cpp",
             "csrc/watch.cpp",
+            "csrc/layout.cpp",
         ]);
     if with_cuda {
         let cuda_include = match find_cuda_include(&torch_root) {

@@ -15,10 +15,10 @@ struct tcg_autocast_guard {
 
 extern "C" {
 
-tcg_status tcg_autocast_guard_new(int dtype, int cache, tcg_autocast_guard** out) {
+tcg_status tcg_autocast_guard_new(tcg_dtype dtype, bool cache, tcg_autocast_guard** out) {
   return tcg::guard([&] {
+    if (dtype != TCG_DTYPE_HALF && dtype != TCG_DTYPE_BFLOAT16) tcg::misuse("autocast dtype must be Half or BFloat16");
     auto st = static_cast<at::ScalarType>(dtype);
-    if (st != at::kHalf && st != at::kBFloat16) tcg::misuse("autocast dtype must be Half or BFloat16");
     auto g = std::make_unique<tcg_autocast_guard>();
     g->prev_enabled = at::autocast::is_autocast_enabled(at::kCUDA);
     g->prev_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
@@ -26,7 +26,7 @@ tcg_status tcg_autocast_guard_new(int dtype, int cache, tcg_autocast_guard** out
     // torch.autocast.__enter__, for CUDA
     at::autocast::set_autocast_enabled(at::kCUDA, true);
     at::autocast::set_autocast_dtype(at::kCUDA, st);
-    at::autocast::set_autocast_cache_enabled(cache != 0);
+    at::autocast::set_autocast_cache_enabled(cache);
     at::autocast::increment_nesting();
     g->entered = true;
     *out = g.release();
@@ -58,24 +58,24 @@ void tcg_autocast_guard_free(tcg_autocast_guard* g) {
   delete g;
 }
 
-tcg_status tcg_autocast_state(int* enabled, int* dtype, int* cache) {
+tcg_status tcg_autocast_state(bool* enabled, tcg_dtype* dtype, bool* cache) {
   return tcg::guard([&] {
-    *enabled = at::autocast::is_autocast_enabled(at::kCUDA) ? 1 : 0;
-    *dtype = static_cast<int>(at::autocast::get_autocast_dtype(at::kCUDA));
-    *cache = at::autocast::is_autocast_cache_enabled() ? 1 : 0;
+    *enabled = at::autocast::is_autocast_enabled(at::kCUDA);
+    *dtype = static_cast<tcg_dtype>(at::autocast::get_autocast_dtype(at::kCUDA));
+    *cache = at::autocast::is_autocast_cache_enabled();
   });
 }
 
-tcg_status tcg_amp_check_unscale(tcg_tensor* grads, size_t n, tcg_tensor found_inf, tcg_tensor inv_scale) {
+tcg_status tcg_scaler_check_unscale(tcg_tensors grads, tcg_tensor found_inf, tcg_tensor inv_scale) {
   return tcg::guard([&] {
-    auto g = tcg::tensor_list(grads, n);
+    auto g = tcg::tensor_list(grads);
     if (g.empty()) return;
     at::_amp_foreach_non_finite_check_and_unscale_(g, tcg::tensor_ref(found_inf), tcg::tensor_ref(inv_scale));
   });
 }
 
-tcg_status tcg_amp_update_scale(tcg_tensor scale, tcg_tensor growth_tracker, tcg_tensor found_inf,
-                                double growth, double backoff, int64_t interval) {
+tcg_status tcg_scaler_update(tcg_tensor scale, tcg_tensor growth_tracker, tcg_tensor found_inf,
+                             double growth, double backoff, int64_t interval) {
   return tcg::guard([&] {
     at::_amp_update_scale_(tcg::tensor_ref(scale), tcg::tensor_ref(growth_tracker),
                            tcg::tensor_ref(found_inf), growth, backoff, interval);

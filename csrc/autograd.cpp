@@ -11,16 +11,16 @@ using namespace tcg;
 extern "C" {
 
 tcg_status tcg_autograd_grad(tcg_tensor* outputs, size_t n_out, tcg_tensor* inputs, size_t n_in,
-                             tcg_tensor* grad_outputs, int retain_graph, int create_graph,
-                             int allow_unused, tcg_tensor* out) {
+                             tcg_tensor* grad_outputs, bool retain_graph, bool create_graph,
+                             bool allow_unused, tcg_tensor* out) {
   return guard([&] {
     for (size_t i = 0; i < n_in; ++i) out[i] = nullptr;
     auto outs = tensor_list(outputs, n_out);
     auto ins = tensor_list(inputs, n_in);
     std::vector<at::Tensor> gouts;
     if (grad_outputs != nullptr) gouts = tensor_list(grad_outputs, n_out);
-    auto grads = torch::autograd::grad(outs, ins, gouts, retain_graph != 0, create_graph != 0,
-                                       allow_unused != 0);
+    auto grads = torch::autograd::grad(outs, ins, gouts, retain_graph, create_graph,
+                                       allow_unused);
     if (grads.size() != n_in) misuse("autograd::grad returned a gradient count unlike the inputs'");
     // Hand out only once every handle exists: none is leaked if an allocation throws.
     std::vector<std::unique_ptr<at::Tensor>> made(n_in);

@@ -78,7 +78,7 @@ bool failpoint(const char* point) noexcept {
 
 extern "C" {
 
-char* tcg_take_last_error(void) {
+char* tcg_error_take_last(void) {
   if (!has_error) return nullptr;
   const char* src = message_lost ? "(the error message could not be stored: out of memory)"
                                  : last_error.c_str();

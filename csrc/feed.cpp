@@ -5,21 +5,21 @@
 
 extern "C" {
 
-tcg_status tcg_copy_(tcg_tensor dst, tcg_tensor src, int non_blocking) {
+tcg_status tcg_feed_copy(tcg_tensor dst, tcg_tensor src, bool non_blocking) {
   return tcg::guard([&] {
     c10::AutoGradMode no_grad(false);
-    tcg::tensor_ref(dst).copy_(tcg::tensor_ref(src), non_blocking != 0);
+    tcg::tensor_ref(dst).copy_(tcg::tensor_ref(src), non_blocking);
   });
 }
 
-tcg_status tcg_is_pinned(tcg_tensor t, int* out) {
+tcg_status tcg_feed_is_pinned(tcg_tensor t, bool* out) {
   return tcg::guard([&] {
     const at::Tensor& x = tcg::tensor_ref(t);
-    *out = x.is_cpu() && x.is_pinned() ? 1 : 0;  // is_pinned(device) is deprecated: no device
+    *out = x.is_cpu() && x.is_pinned();  // is_pinned(device) is deprecated: no device
   });
 }
 
-tcg_status tcg_pin_memory(tcg_tensor t, tcg_tensor* out) {
+tcg_status tcg_feed_pin(tcg_tensor t, tcg_tensor* out) {
   return tcg::guard([&] { *out = new at::Tensor(tcg::tensor_ref(t).pin_memory()); });
 }
 

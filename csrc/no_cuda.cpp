@@ -15,19 +15,19 @@ tcg_status no_cuda() noexcept {
 
 extern "C" {
 
-int tcg_built_with_cuda(void) { return 0; }
+bool tcg_device_built_with_cuda(void) { return false; }
 tcg_status tcg_device_count(int* out) {
   *out = 0;
   return TCG_OK;
 }
-tcg_status tcg_current_device(int*) { return no_cuda(); }
+tcg_status tcg_device_current(int*) { return no_cuda(); }
 tcg_status tcg_device_synchronize(int) { return no_cuda(); }
-tcg_status tcg_stream_from_pool(int, int, tcg_stream*) { return no_cuda(); }
+tcg_status tcg_stream_from_pool(int, bool, tcg_stream*) { return no_cuda(); }
 tcg_status tcg_stream_current(int, tcg_stream*) { return no_cuda(); }
 tcg_status tcg_stream_default(int, tcg_stream*) { return no_cuda(); }
 tcg_status tcg_stream_synchronize(tcg_stream) { return no_cuda(); }
 tcg_status tcg_stream_wait_stream(tcg_stream, tcg_stream) { return no_cuda(); }
-tcg_status tcg_stream_capture_status(tcg_stream, int*) { return no_cuda(); }
+tcg_status tcg_stream_capture_status(tcg_stream, tcg_capture_status*) { return no_cuda(); }
 tcg_status tcg_stream_guard_new(tcg_stream, tcg_stream_guard**) { return no_cuda(); }
 void tcg_stream_guard_free(tcg_stream_guard*) {}
 tcg_status tcg_event_new(int, tcg_event**) { return no_cuda(); }
@@ -36,9 +36,9 @@ tcg_status tcg_event_record(tcg_event*, tcg_stream) { return no_cuda(); }
 tcg_status tcg_stream_wait_event(tcg_stream, tcg_event*) { return no_cuda(); }
 tcg_status tcg_event_synchronize(tcg_event*) { return no_cuda(); }
 
-tcg_status tcg_graph_new(int, tcg_graph**) { return no_cuda(); }
-tcg_status tcg_graph_update_from(tcg_graph*, tcg_graph*, int*, int*) { return no_cuda(); }
-tcg_status tcg_cond_begin(int, tcg_tensor, tcg_pool_id, int64_t, tcg_tensor, tcg_tensor, tcg_cond**) {
+tcg_status tcg_graph_new(bool, tcg_graph**) { return no_cuda(); }
+tcg_status tcg_graph_update_from(tcg_graph*, tcg_graph*, bool*, int*) { return no_cuda(); }
+tcg_status tcg_cond_begin(tcg_cond_kind, tcg_tensor, tcg_pool_id, int64_t, tcg_tensor, tcg_tensor, tcg_cond**) {
   return no_cuda();
 }
 tcg_status tcg_cond_end(tcg_cond*) { return no_cuda(); }
@@ -50,9 +50,9 @@ tcg_status tcg_graphed_new(tcg_graph*, tcg_graph*, tcg_tensor*, size_t, size_t, 
 void tcg_graphed_free(tcg_graphed*) {}
 tcg_status tcg_graphed_apply(tcg_graphed*, tcg_tensor*, size_t, tcg_tensor*, size_t) { return no_cuda(); }
 void tcg_graph_free(tcg_graph*) {}
-tcg_status tcg_graph_capture_begin(tcg_graph*, tcg_pool_id, int) { return no_cuda(); }
+tcg_status tcg_graph_capture_begin(tcg_graph*, tcg_pool_id, tcg_capture_mode) { return no_cuda(); }
 tcg_status tcg_graph_capture_end(tcg_graph*) { return no_cuda(); }
-tcg_status tcg_graph_capture_abort(tcg_graph*, int*) { return no_cuda(); }
+tcg_status tcg_graph_capture_abort(tcg_graph*, bool*) { return no_cuda(); }
 tcg_status tcg_graph_instantiate(tcg_graph*) { return no_cuda(); }
 tcg_status tcg_graph_replay(tcg_graph*) { return no_cuda(); }
 tcg_status tcg_graph_upload(tcg_graph*) { return no_cuda(); }
@@ -62,17 +62,17 @@ tcg_status tcg_graph_debug_dump(tcg_graph*, const char*) { return no_cuda(); }
 tcg_status tcg_graph_node_count(tcg_graph*, size_t*) { return no_cuda(); }
 tcg_status tcg_graph_node_kinds(tcg_graph*, tcg_node_kinds*) { return no_cuda(); }
 
-tcg_status tcg_graph_pool_handle(tcg_pool_id*) { return no_cuda(); }
-tcg_status tcg_mempool_new(int, tcg_pool_id, tcg_mempool**) { return no_cuda(); }
-void tcg_mempool_free(tcg_mempool*) {}
-tcg_status tcg_mempool_id(tcg_mempool*, tcg_pool_id*, int*) { return no_cuda(); }
-tcg_status tcg_mempool_use_count(tcg_mempool*, int*) { return no_cuda(); }
+tcg_status tcg_pool_id_new(tcg_pool_id*) { return no_cuda(); }
+tcg_status tcg_pool_hold_new(int, tcg_pool_id, tcg_pool_hold**) { return no_cuda(); }
+void tcg_pool_hold_free(tcg_pool_hold*) {}
+tcg_status tcg_pool_hold_id(tcg_pool_hold*, tcg_pool_id*, int*) { return no_cuda(); }
+tcg_status tcg_pool_hold_use_count(tcg_pool_hold*, int*) { return no_cuda(); }
 tcg_status tcg_memory_stats(int, tcg_mem_stats*) { return no_cuda(); }
-tcg_status tcg_reset_peak_stats(int) { return no_cuda(); }
+tcg_status tcg_memory_reset_peak(int) { return no_cuda(); }
 tcg_status tcg_pool_memory(int, tcg_pool_id, int64_t*, int64_t*) { return no_cuda(); }
 tcg_status tcg_pool_blocks(int, tcg_pool_id, tcg_pool_block*, size_t, size_t*) { return no_cuda(); }
-tcg_status tcg_empty_cache(void) { return no_cuda(); }
-tcg_status tcg_host_empty_cache(void) { return no_cuda(); }
+tcg_status tcg_memory_empty_cache(void) { return no_cuda(); }
+tcg_status tcg_memory_host_empty_cache(void) { return no_cuda(); }
 
 }  // extern "C"
 

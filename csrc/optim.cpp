@@ -48,7 +48,7 @@ std::optional<at::Tensor> optional_tensor(tcg_tensor t) {
 
 // Whether the own kernels ran (`tried` returned true); if they could not where only they were
 // asked for, TCG_UNSUPPORTED with the reason.
-bool own_ran(int kernels, bool ran, const std::string& why) {
+bool own_ran(tcg_kernels kernels, bool ran, const std::string& why) {
   if (!ran && kernels == TCG_KERNELS_OWN) {
     throw tcg::exception(TCG_UNSUPPORTED, "the crate's own optimizer kernels cannot run this step: " + why);
   }
@@ -58,88 +58,93 @@ bool own_ran(int kernels, bool ran, const std::string& why) {
 
 extern "C" {
 
-int tcg_own_kernels_built(void) { return tcg::optim::built() ? 1 : 0; }
+bool tcg_optim_own_kernels_built(void) { return tcg::optim::built(); }
 
-tcg_status tcg_own_kernels_check(int device) {
+tcg_status tcg_optim_own_kernels_check(int device) {
   return guard([&] {
     auto why = tcg::optim::unavailable(device);
     if (!why.empty()) throw tcg::exception(TCG_UNSUPPORTED, why);
   });
 }
 
-tcg_status tcg_fused_sgd(tcg_tensor* params, tcg_tensor* grads, tcg_tensor* bufs, size_t n,
-                         size_t n_bufs, double weight_decay, double momentum, tcg_tensor lr,
-                         double dampening, int nesterov, int maximize, int is_first_step,
-                         tcg_tensor grad_scale, tcg_tensor found_inf, int kernels, int* ran_own) {
+tcg_status tcg_optim_sgd(const tcg_sgd_tensors* t, tcg_tensor lr, const tcg_sgd_hyper* h,
+                         bool is_first_step, tcg_amp_scaling amp, tcg_kernels kernels, bool* ran_own) {
   return guard([&] {
-    *ran_own = 0;
-    if (n_bufs != 0 && n_bufs != n) misuse("momentum buffers must be empty or one per parameter");
-    auto p = tensor_list(params, n);
-    auto g = tensor_list(grads, n);
-    auto b = tensor_list(bufs, n_bufs);
+    *ran_own = false;
+    size_t n = t->params.len;
+    if (t->grads.len != n) misuse("sgd: one gradient per parameter");
+    if (t->momentum_buffers.len != 0 && t->momentum_buffers.len != n) {
+      misuse("sgd: momentum buffers must be empty or one per parameter");
+    }
+    auto p = tensor_list(t->params);
+    auto g = tensor_list(t->grads);
+    auto b = tensor_list(t->momentum_buffers);
+    auto scale = optional_tensor(amp.grad_scale);
+    auto found = optional_tensor(amp.found_inf);
     if (kernels != TCG_KERNELS_PYTORCH) {
       std::string why;
-      bool ran = tcg::optim::sgd(p, g, b, weight_decay, momentum, tensor_ref(lr), dampening,
-                                 nesterov != 0, maximize != 0, is_first_step != 0,
-                                 optional_tensor(grad_scale), optional_tensor(found_inf), &why);
+      bool ran = tcg::optim::sgd(p, g, b, h->weight_decay, h->momentum, tensor_ref(lr), h->dampening,
+                                 h->nesterov, h->maximize, is_first_step, scale, found, &why);
       if (own_ran(kernels, ran, why)) {
-        *ran_own = 1;
+        *ran_own = true;
         return;
       }
     }
-    at::_fused_sgd_(p, g, b, weight_decay, momentum, tensor_ref(lr), dampening, nesterov != 0,
-                    maximize != 0, is_first_step != 0, optional_tensor(grad_scale),
-                    optional_tensor(found_inf));
+    at::_fused_sgd_(p, g, b, h->weight_decay, h->momentum, tensor_ref(lr), h->dampening, h->nesterov,
+                    h->maximize, is_first_step, scale, found);
   });
 }
 
-tcg_status tcg_fused_adam(int adamw, tcg_tensor* params, tcg_tensor* grads, tcg_tensor* exp_avgs,
-                          tcg_tensor* exp_avg_sqs, tcg_tensor* max_exp_avg_sqs, size_t n_max,
-                          tcg_tensor* steps, size_t n, tcg_tensor lr, double beta1, double beta2,
-                          double weight_decay, double eps, int amsgrad, int maximize,
-                          tcg_tensor grad_scale, tcg_tensor found_inf, int kernels,
-                          tcg_tensor arrivals, const size_t* slots, int* ran_own) {
+tcg_status tcg_optim_adam(const tcg_adam_tensors* t, tcg_tensor lr, const tcg_adam_hyper* h,
+                          tcg_amp_scaling amp, tcg_kernels kernels, tcg_tensor arrivals,
+                          const size_t* slots, bool* ran_own) {
   return guard([&] {
-    *ran_own = 0;
-    if (amsgrad != 0 && n_max != n) misuse("amsgrad needs one max_exp_avg_sq per parameter");
-    auto p = tensor_list(params, n);
-    auto g = tensor_list(grads, n);
-    auto m = tensor_list(exp_avgs, n);
-    auto v = tensor_list(exp_avg_sqs, n);
-    auto vmax = tensor_list(max_exp_avg_sqs, n_max);
-    auto s = tensor_list(steps, n);
-    auto scale = optional_tensor(grad_scale);
-    auto found = optional_tensor(found_inf);
+    *ran_own = false;
+    size_t n = t->params.len;
+    for (const tcg_tensors* l : {&t->grads, &t->exp_avgs, &t->exp_avg_sqs, &t->steps}) {
+      if (l->len != n) misuse("adam: one gradient, exp_avg, exp_avg_sq and step per parameter");
+    }
+    if (t->max_exp_avg_sqs.len != (h->amsgrad ? n : 0)) {
+      misuse("adam: one max_exp_avg_sq per parameter with amsgrad, none without");
+    }
+    auto p = tensor_list(t->params);
+    auto g = tensor_list(t->grads);
+    auto m = tensor_list(t->exp_avgs);
+    auto v = tensor_list(t->exp_avg_sqs);
+    auto vmax = tensor_list(t->max_exp_avg_sqs);
+    auto s = tensor_list(t->steps);
+    auto scale = optional_tensor(amp.grad_scale);
+    auto found = optional_tensor(amp.found_inf);
     if (kernels != TCG_KERNELS_PYTORCH) {
       std::string why = "no arrival counters given";
       bool ran = arrivals != nullptr && slots != nullptr &&
-                 tcg::optim::adam(adamw != 0, p, g, m, v, vmax, s, tensor_ref(lr), beta1, beta2,
-                                  weight_decay, eps, amsgrad != 0, maximize != 0, scale, found,
+                 tcg::optim::adam(h->adamw, p, g, m, v, vmax, s, tensor_ref(lr), h->beta1, h->beta2,
+                                  h->weight_decay, h->eps, h->amsgrad, h->maximize, scale, found,
                                   tensor_ref(arrivals), slots, &why);
       if (own_ran(kernels, ran, why)) {
-        *ran_own = 1;
+        *ran_own = true;
         return;
       }
     }
     // PyTorch's _fused_adam: the per-parameter step counts go up first, in one kernel.
     at::_foreach_add_(s, 1);
-    if (adamw != 0) {
-      at::_fused_adamw_(p, g, m, v, vmax, s, tensor_ref(lr), beta1, beta2, weight_decay, eps,
-                        amsgrad != 0, maximize != 0, scale, found);
+    if (h->adamw) {
+      at::_fused_adamw_(p, g, m, v, vmax, s, tensor_ref(lr), h->beta1, h->beta2, h->weight_decay,
+                        h->eps, h->amsgrad, h->maximize, scale, found);
     } else {
-      at::_fused_adam_(p, g, m, v, vmax, s, tensor_ref(lr), beta1, beta2, weight_decay, eps,
-                       amsgrad != 0, maximize != 0, scale, found);
+      at::_fused_adam_(p, g, m, v, vmax, s, tensor_ref(lr), h->beta1, h->beta2, h->weight_decay,
+                       h->eps, h->amsgrad, h->maximize, scale, found);
     }
     // a skipped step (inf/NaN grads) does not count (PyTorch's _fused_adam does the same)
     if (found.has_value()) at::_foreach_sub_(s, std::vector<at::Tensor>(s.size(), *found));
   });
 }
 
-tcg_status tcg_grads_set_to_none(tcg_tensor* params, size_t n) {
+tcg_status tcg_grads_set_to_none(tcg_tensors params) {
   return guard([&] {
     std::vector<at::Tensor> views;  // bucket views (tcg::keep_grad): zeroed, never dropped
-    for (size_t i = 0; i < n; ++i) {
-      auto& p = tensor_ref(params[i]);
+    for (size_t i = 0; i < params.len; ++i) {
+      auto& p = tensor_ref(params.data[i]);
       if (p.grad().defined() && tcg::grad_kept(p)) {
         views.push_back(p.grad());
       } else {
@@ -150,21 +155,20 @@ tcg_status tcg_grads_set_to_none(tcg_tensor* params, size_t n) {
   });
 }
 
-tcg_status tcg_grads_zero(tcg_tensor* params, size_t n) {
+tcg_status tcg_grads_zero(tcg_tensors params) {
   return guard([&] {
     std::vector<at::Tensor> grads;
-    for (size_t i = 0; i < n; ++i) {
-      const auto& g = tensor_ref(params[i]).grad();
+    for (size_t i = 0; i < params.len; ++i) {
+      const auto& g = tensor_ref(params.data[i]).grad();
       if (g.defined()) grads.push_back(g);
     }
     if (!grads.empty()) at::_foreach_zero_(grads);
   });
 }
 
-tcg_status tcg_clip_grad_norm(tcg_tensor* grads, size_t n, double max_norm, double norm_type,
-                              tcg_tensor* total_out) {
+tcg_status tcg_grads_clip_norm(tcg_tensors grads, double max_norm, double norm_type, tcg_tensor* total_out) {
   return guard([&] {
-    auto g = tensor_list(grads, n);
+    auto g = tensor_list(grads);
     if (g.empty()) misuse("clip_grad_norm: no gradients (call backward first)");
     auto norms = at::_foreach_norm(g, norm_type);
     at::Tensor total = at::linalg_vector_norm(at::stack(norms), norm_type);

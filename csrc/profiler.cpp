@@ -19,7 +19,7 @@ using tcg::misuse;
 namespace {
 std::atomic<bool> active{false};
 
-int kind_of(uint8_t activity) {
+tcg_prof_kind kind_of(uint8_t activity) {
   switch (static_cast<libkineto::ActivityType>(activity)) {
     case libkineto::ActivityType::CONCURRENT_KERNEL: return TCG_PROF_KERNEL;
     case libkineto::ActivityType::GPU_MEMCPY: return TCG_PROF_MEMCPY;
@@ -40,7 +40,7 @@ struct tcg_profile {
 
 extern "C" {
 
-tcg_status tcg_profiler_start(int cuda) {
+tcg_status tcg_profile_start(bool cuda) {
   return guard([&] {
     bool expected = false;
     if (!active.compare_exchange_strong(expected, true)) {
@@ -50,7 +50,7 @@ tcg_status tcg_profiler_start(int cuda) {
       namespace impl = torch::profiler::impl;
       impl::ProfilerConfig config(impl::ProfilerState::KINETO);
       std::set<impl::ActivityType> acts{impl::ActivityType::CPU};
-      if (cuda != 0 && at::hasCUDA()) acts.insert(impl::ActivityType::CUDA);
+      if (cuda && at::hasCUDA()) acts.insert(impl::ActivityType::CUDA);
       torch::autograd::profiler::prepareProfiler(config, acts);
       torch::autograd::profiler::enableProfiler(config, acts);
     } catch (...) {
@@ -60,7 +60,7 @@ tcg_status tcg_profiler_start(int cuda) {
   });
 }
 
-tcg_status tcg_profiler_stop(tcg_profile** out) {
+tcg_status tcg_profile_stop(tcg_profile** out) {
   return guard([&] {
     if (out != nullptr) *out = nullptr;
     if (!active) misuse("no profiler is running");

@@ -58,11 +58,14 @@ inline at::Tensor& tensor_ref(tcg_tensor t) {
   return *static_cast<at::Tensor*>(t);
 }
 
-inline std::vector<at::Tensor> tensor_list(tcg_tensor* ts, size_t n) {
+inline std::vector<at::Tensor> tensor_list(const tcg_tensor* ts, size_t n) {
+  if (ts == nullptr && n != 0) misuse("null tensor list");
   std::vector<at::Tensor> v;
   v.reserve(n);
   for (size_t i = 0; i < n; ++i) v.push_back(tensor_ref(ts[i]));
   return v;
 }
+
+inline std::vector<at::Tensor> tensor_list(tcg_tensors ts) { return tensor_list(ts.data, ts.len); }
 
 }  // namespace tcg

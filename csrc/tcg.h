@@ -1,15 +1,20 @@
 // tch-cuda-graphs C shim: a C API over libtorch's CUDA graph, stream, allocator and fused
 // optimizer functions. The contract:
 // - Every function that can fail returns a tcg_status; on failure a message is kept in a
-//   thread-local slot that tcg_take_last_error() hands over (and clears) exactly once. No C++
+//   thread-local slot that tcg_error_take_last() hands over (and clears) exactly once. No C++
 //   exception leaves any function (tcg::guard in shim.h catches all of them).
-// - Three kinds of function return something else and cannot fail: the *_free functions (void;
-//   each takes a handle the caller owns and frees it exactly once), tcg_take_last_error /
-//   tcg_string_free (the message and its release), and the build queries that answer 0 or 1
-//   (tcg_built_with_cuda, tcg_own_kernels_built, tcg_dist_available).
+// - Four kinds of function return something else and cannot fail: the *_free functions (void;
+//   each takes a handle the caller owns and frees it exactly once), tcg_error_take_last /
+//   tcg_string_free (the message and its release), the build queries that answer a bool
+//   (tcg_device_built_with_cuda, tcg_optim_own_kernels_built, tcg_pg_available), and tcg_layout.
 // - A handle returned through an out pointer on TCG_OK is owned by the caller until its *_free.
-// Naming: one prefix per object family (tcg_graph_*, tcg_stream_*, tcg_mempool_*,
-// tcg_watch_*, ...), each owning family with a matching *_free.
+// - Types: enumerations are typed enums (passed as an int), flags are `bool`, hyper-parameters
+//   and tensor lists are structs; src/sys/layout.rs checks every struct against tcg_layout.
+// Naming: one prefix per family: tcg_error_*, tcg_device_*, tcg_stream_*, tcg_event_*,
+// tcg_graph_*, tcg_cond_*, tcg_graphed_*, tcg_pool_* (ids, holds, a pool's memory),
+// tcg_memory_* (the allocator's figures and caches), tcg_autocast_*, tcg_scaler_*, tcg_optim_*,
+// tcg_grads_*, tcg_autograd_*, tcg_watch_*, tcg_feed_*, tcg_profile_*, tcg_pg_*, tcg_buckets_*;
+// each owning family has a matching *_free.
 //
 // Where each family lives:
 //   csrc/error.cpp        errors, statuses, fault injection for tests
@@ -28,7 +33,9 @@
 //   csrc/cuda/grad_buckets.cpp  gradient buckets fed by autograd hooks (same builds)
 //   csrc/no_cuda.cpp      the CUDA families as NO_CUDA stubs (builds without CUDA)
 //   csrc/no_dist.cpp      the process-group family as NO_CUDA stubs (no c10d/NCCL)
+//   csrc/layout.cpp       the layout of the shared structs (all builds)
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,7 +45,7 @@ extern "C" {
 
 typedef enum {
   TCG_OK = 0,
-  TCG_ERROR = 1,                // libtorch or CUDA error; message in tcg_take_last_error()
+  TCG_ERROR = 1,                // libtorch or CUDA error; message in tcg_error_take_last()
   TCG_NO_CUDA = 2,              // built without CUDA, or no CUDA device
   TCG_CAPTURE_INVALIDATED = 3,  // the stream capture was invalidated (e.g. a sync during capture)
   TCG_MISUSE = 4,               // an API used out of order (replay before capture, ...)
@@ -51,9 +58,16 @@ typedef enum {
 
 // tch's C_tensor: a pointer to a heap-allocated at::Tensor.
 typedef void* tcg_tensor;
+// A list of tensor handles the callee reads (data may be NULL when len is 0).
+typedef struct {
+  const tcg_tensor* data;
+  size_t len;
+} tcg_tensors;
+// The c10::ScalarType codes this API names.
+typedef enum { TCG_DTYPE_HALF = 5, TCG_DTYPE_FLOAT = 6, TCG_DTYPE_BFLOAT16 = 15 } tcg_dtype;
 typedef struct tcg_graph tcg_graph;
 typedef struct tcg_stream_guard tcg_stream_guard;
-typedef struct tcg_mempool tcg_mempool;
+typedef struct tcg_pool_hold tcg_pool_hold;
 typedef struct tcg_watch tcg_watch;
 typedef struct tcg_event tcg_event;
 typedef struct tcg_autocast_guard tcg_autocast_guard;
@@ -75,11 +89,12 @@ typedef struct {
   uint64_t second;
 } tcg_pool_id;
 
+// The caching allocator's figures for one device (bytes; the current and peak of each).
 typedef struct {
-  int64_t allocated_current, allocated_peak;
-  int64_t reserved_current, reserved_peak;
-  int64_t active_current;
-  int64_t num_alloc_retries, num_ooms;
+  int64_t allocated, allocated_peak;
+  int64_t reserved, reserved_peak;
+  int64_t active;
+  int64_t alloc_retries, ooms;
 } tcg_mem_stats;
 
 // One block of a pool's segment (c10::CachingDeviceAllocator's SegmentInfo / BlockInfo).
@@ -89,8 +104,8 @@ typedef struct {
   uint64_t offset;     // of the block within its segment
   uint64_t size;       // the block's (rounded) size
   uint64_t requested;  // what was asked for (allocated blocks)
-  int allocated;       // 1: held by a tensor (or by a graph's capture), 0: free in the pool
-  int large;           // 1: the segment belongs to the large-block pool
+  bool allocated;      // held by a tensor (or by a graph's capture), not free in the pool
+  bool large;          // the segment belongs to the large-block pool
 } tcg_pool_block;
 
 // Node counts of a captured graph by cudaGraphNodeType; types this shim does not name
@@ -99,9 +114,16 @@ typedef struct {
   size_t kernel, memcpy, memset, host, graph, empty, event, mem_alloc_free, other;
 } tcg_node_kinds;
 
+// cudaStreamCaptureMode: how strictly CUDA refuses unsafe calls while a stream captures.
+typedef enum { TCG_CAPTURE_MODE_GLOBAL = 0, TCG_CAPTURE_MODE_THREAD_LOCAL = 1, TCG_CAPTURE_MODE_RELAXED = 2 } tcg_capture_mode;
+// cudaStreamCaptureStatus.
+typedef enum { TCG_CAPTURE_STATUS_NONE = 0, TCG_CAPTURE_STATUS_ACTIVE = 1, TCG_CAPTURE_STATUS_INVALIDATED = 2 } tcg_capture_status;
+// A conditional node: IF (body runs when the condition is non-zero), WHILE, IF_NOT (when zero).
+typedef enum { TCG_COND_IF = 0, TCG_COND_WHILE = 1, TCG_COND_IF_NOT = 2 } tcg_cond_kind;
+
 // ---------------------------------------------------------------- error.cpp
 // Returns a malloc'ed copy of this thread's last message (NULL if none) and clears it.
-char* tcg_take_last_error(void);
+char* tcg_error_take_last(void);
 void tcg_string_free(char* s);
 // Fault injection for tests: the next time this thread reaches `point` ("graph_instantiate"),
 // the shim fails there as if libtorch had thrown. NULL clears it.
@@ -113,39 +135,58 @@ tcg_status tcg_testing_fail_next(const char* point);
 // params, own kernels loadable on the device; ATen's otherwise), or the crate's own only
 // (TCG_UNSUPPORTED, nothing done, where they do not apply).
 typedef enum { TCG_KERNELS_PYTORCH = 0, TCG_KERNELS_AUTO = 1, TCG_KERNELS_OWN = 2 } tcg_kernels;
-// Whether the own kernels were built into this binary (1) or not (0).
-int tcg_own_kernels_built(void);
+// AMP inputs of an optimizer step: NULL, or 0-d tensors the kernel divides the grads by
+// (grad_scale) and skips the step on (found_inf, non-zero: inf/NaN seen).
+typedef struct {
+  tcg_tensor grad_scale;
+  tcg_tensor found_inf;
+} tcg_amp_scaling;
+// PyTorch's torch.optim.SGD hyper-parameters (the learning rate is a tensor, passed apart).
+typedef struct {
+  double weight_decay, momentum, dampening;
+  bool nesterov, maximize;
+} tcg_sgd_hyper;
+// params, grads: n each; momentum_buffers: none (momentum 0) or n.
+typedef struct {
+  tcg_tensors params, grads, momentum_buffers;
+} tcg_sgd_tensors;
+// torch.optim.Adam / AdamW (adamw: decoupled weight decay).
+typedef struct {
+  double beta1, beta2, weight_decay, eps;
+  bool adamw, amsgrad, maximize;
+} tcg_adam_hyper;
+// n of each; max_exp_avg_sqs: n with amsgrad, none without. steps: one 0-d float tensor per
+// parameter.
+typedef struct {
+  tcg_tensors params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
+} tcg_adam_tensors;
+// Whether the own kernels were built into this binary.
+bool tcg_optim_own_kernels_built(void);
 // TCG_OK if the own kernels can run on CUDA device `device` (loading them there on first
 // call); TCG_UNSUPPORTED with the reason as message if not; TCG_NO_CUDA without CUDA.
-tcg_status tcg_own_kernels_check(int device);
-// `lr` is a tensor (device or CPU).
-// grad_scale, found_inf: NULL, or 0-d tensors the kernel divides the grads by / skips on (AMP).
-// *ran_own: 1 if the own kernels ran, 0 if ATen's did.
-tcg_status tcg_fused_sgd(tcg_tensor* params, tcg_tensor* grads, tcg_tensor* bufs, size_t n,
-                         size_t n_bufs, double weight_decay, double momentum, tcg_tensor lr,
-                         double dampening, int nesterov, int maximize, int is_first_step,
-                         tcg_tensor grad_scale, tcg_tensor found_inf, int kernels, int* ran_own);
-// adamw != 0: decoupled weight decay. n_max: 0 unless amsgrad. steps: one 0-d tensor per
-// parameter, each incremented by one before the update unless found_inf is set (a skipped step
-// does not count), as PyTorch's fused Adam does (ATen's path: one _foreach_add_ before, one
-// _foreach_sub_ of found_inf after; the own kernel in place). arrivals: an int32 tensor of
-// zeros on the device (NULL: own kernels not tried) and slots[k] its element for parameter k,
-// the own kernel's per-tensor counters (back to zero after each launch).
-tcg_status tcg_fused_adam(int adamw, tcg_tensor* params, tcg_tensor* grads, tcg_tensor* exp_avgs,
-                          tcg_tensor* exp_avg_sqs, tcg_tensor* max_exp_avg_sqs, size_t n_max,
-                          tcg_tensor* steps, size_t n, tcg_tensor lr, double beta1, double beta2,
-                          double weight_decay, double eps, int amsgrad, int maximize,
-                          tcg_tensor grad_scale, tcg_tensor found_inf, int kernels,
-                          tcg_tensor arrivals, const size_t* slots, int* ran_own);
+tcg_status tcg_optim_own_kernels_check(int device);
+// One fused SGD step (torch.optim.SGD(fused=True)). `lr`: a tensor (device or CPU).
+// is_first_step: the momentum buffers were just made (the kernel initialises them).
+// *ran_own: whether the own kernels ran (else ATen's did).
+tcg_status tcg_optim_sgd(const tcg_sgd_tensors* t, tcg_tensor lr, const tcg_sgd_hyper* h,
+                         bool is_first_step, tcg_amp_scaling amp, tcg_kernels kernels, bool* ran_own);
+// One fused Adam/AdamW step. Each step counter goes up by one before the update unless
+// found_inf is set (a skipped step does not count), as PyTorch's fused Adam does (ATen's path:
+// one _foreach_add_ before, one _foreach_sub_ of found_inf after; the own kernel in place).
+// arrivals: an int32 tensor of zeros on the device (NULL: own kernels not tried) and slots[k]
+// its element for parameter k, the own kernel's per-tensor counters (back to zero after each
+// launch).
+tcg_status tcg_optim_adam(const tcg_adam_tensors* t, tcg_tensor lr, const tcg_adam_hyper* h,
+                          tcg_amp_scaling amp, tcg_kernels kernels, tcg_tensor arrivals,
+                          const size_t* slots, bool* ran_own);
 // Sets every tensor's .grad to undefined (PyTorch's zero_grad(set_to_none=True)), except the
 // gradients that are views into gradient buckets (cuda/grad_buckets.cpp): zeroed in place.
-tcg_status tcg_grads_set_to_none(tcg_tensor* params, size_t n);
+tcg_status tcg_grads_set_to_none(tcg_tensors params);
 // Zeroes every defined .grad in place, one _foreach_zero_ (zero_grad(set_to_none=False)).
-tcg_status tcg_grads_zero(tcg_tensor* params, size_t n);
+tcg_status tcg_grads_zero(tcg_tensors params);
 // Global-norm clipping on the device: total = ||(||g_i||_p)_i||_p; g_i *= min(1, max/(total+1e-6)).
 // Returns the total norm as a new 0-d tensor; no host sync.
-tcg_status tcg_clip_grad_norm(tcg_tensor* grads, size_t n, double max_norm, double norm_type,
-                              tcg_tensor* total_out);
+tcg_status tcg_grads_clip_norm(tcg_tensors grads, double max_norm, double norm_type, tcg_tensor* total_out);
 
 // ---------------------------------------------------------------- autograd.cpp (CPU and CUDA)
 // torch::autograd::grad(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused).
@@ -153,24 +194,25 @@ tcg_status tcg_clip_grad_norm(tcg_tensor* grads, size_t n, double max_norm, doub
 // each a new tensor handle, or NULL where allow_unused and the input was not used. .grad
 // fields are not touched.
 tcg_status tcg_autograd_grad(tcg_tensor* outputs, size_t n_out, tcg_tensor* inputs, size_t n_in,
-                             tcg_tensor* grad_outputs, int retain_graph, int create_graph,
-                             int allow_unused, tcg_tensor* out);
+                             tcg_tensor* grad_outputs, bool retain_graph, bool create_graph,
+                             bool allow_unused, tcg_tensor* out);
 
 // ---------------------------------------------------------------- amp.cpp (CPU and CUDA)
-// Turns CUDA autocast on with `dtype` (c10::ScalarType: 5 Half, 15 BFloat16) and the weight-cast
+// Turns CUDA autocast on with `dtype` (TCG_DTYPE_HALF or TCG_DTYPE_BFLOAT16) and the weight-cast
 // cache on or off, as torch.autocast's __enter__ does; freeing the guard restores the previous
 // state (and clears the cast cache when leaving the outermost autocast region). Thread-local:
 // free it on the thread that made it.
-tcg_status tcg_autocast_guard_new(int dtype, int cache, tcg_autocast_guard** out);
+tcg_status tcg_autocast_guard_new(tcg_dtype dtype, bool cache, tcg_autocast_guard** out);
 // Turns CUDA autocast off until freed (for backward: PyTorch runs it outside the autocast region).
 tcg_status tcg_autocast_suspend_new(tcg_autocast_guard** out);
 void tcg_autocast_guard_free(tcg_autocast_guard* g);
-tcg_status tcg_autocast_state(int* enabled, int* dtype, int* cache);
+// CUDA autocast's state on this thread (dtype: any c10::ScalarType code).
+tcg_status tcg_autocast_state(bool* enabled, tcg_dtype* dtype, bool* cache);
 // found_inf (0-d f32) is set to 1 if any grad has an inf/NaN; grads are multiplied by inv_scale.
-tcg_status tcg_amp_check_unscale(tcg_tensor* grads, size_t n, tcg_tensor found_inf, tcg_tensor inv_scale);
+tcg_status tcg_scaler_check_unscale(tcg_tensors grads, tcg_tensor found_inf, tcg_tensor inv_scale);
 // PyTorch's GradScaler.update, on the device.
-tcg_status tcg_amp_update_scale(tcg_tensor scale, tcg_tensor growth_tracker, tcg_tensor found_inf,
-                                double growth, double backoff, int64_t interval);
+tcg_status tcg_scaler_update(tcg_tensor scale, tcg_tensor growth_tracker, tcg_tensor found_inf,
+                             double growth, double backoff, int64_t interval);
 
 // ---------------------------------------------------------------- watch.cpp (CPU and CUDA)
 // A watch holds references to tensors and what their storage was when added (data pointer,
@@ -179,7 +221,7 @@ tcg_status tcg_amp_update_scale(tcg_tensor scale, tcg_tensor growth_tracker, tcg
 tcg_status tcg_watch_new(tcg_watch** out);
 // Bytes of the storage `t` views (0 for an undefined tensor or one without storage): more than
 // the tensor's own bytes when it is a view into a larger buffer.
-tcg_status tcg_tensor_storage_nbytes(tcg_tensor t, size_t* out);
+tcg_status tcg_watch_storage_nbytes(tcg_tensor t, size_t* out);
 void tcg_watch_free(tcg_watch* w);
 tcg_status tcg_watch_add(tcg_watch* w, tcg_tensor* ts, size_t n);
 tcg_status tcg_watch_check(tcg_watch* w, size_t* index);
@@ -189,24 +231,23 @@ tcg_status tcg_watch_refresh(tcg_watch* w);
 // ---------------------------------------------------------------- feed.cpp (CPU and CUDA)
 // dst.copy_(src, non_blocking): from pinned host memory (or device to device) the copy is queued
 // on the current stream and the host does not wait.
-tcg_status tcg_copy_(tcg_tensor dst, tcg_tensor src, int non_blocking);
+tcg_status tcg_feed_copy(tcg_tensor dst, tcg_tensor src, bool non_blocking);
 // Whether a CPU tensor is in page-locked memory; a page-locked copy of a CPU tensor (new handle).
-tcg_status tcg_is_pinned(tcg_tensor t, int* out);
-tcg_status tcg_pin_memory(tcg_tensor t, tcg_tensor* out);
+tcg_status tcg_feed_is_pinned(tcg_tensor t, bool* out);
+tcg_status tcg_feed_pin(tcg_tensor t, tcg_tensor* out);
 
 // ---------------------------------------------------------------- cuda/device.cpp
-int tcg_built_with_cuda(void);
+bool tcg_device_built_with_cuda(void);
 tcg_status tcg_device_count(int* out);
-tcg_status tcg_current_device(int* out);
+tcg_status tcg_device_current(int* out);
 tcg_status tcg_device_synchronize(int device);
-tcg_status tcg_stream_from_pool(int device, int high_priority, tcg_stream* out);
+tcg_status tcg_stream_from_pool(int device, bool high_priority, tcg_stream* out);
 tcg_status tcg_stream_current(int device, tcg_stream* out);
 tcg_status tcg_stream_default(int device, tcg_stream* out);
 tcg_status tcg_stream_synchronize(tcg_stream s);
 // `waiter` waits (on the device) for all work queued so far on `waitee`.
 tcg_status tcg_stream_wait_stream(tcg_stream waiter, tcg_stream waitee);
-// 0 none, 1 active, 2 invalidated.
-tcg_status tcg_stream_capture_status(tcg_stream s, int* out);
+tcg_status tcg_stream_capture_status(tcg_stream s, tcg_capture_status* out);
 // Makes `s` (and its device) current; tcg_stream_guard_free restores what was current before.
 tcg_status tcg_stream_guard_new(tcg_stream s, tcg_stream_guard** out);
 void tcg_stream_guard_free(tcg_stream_guard* g);
@@ -220,27 +261,29 @@ tcg_status tcg_stream_wait_event(tcg_stream s, tcg_event* e);
 tcg_status tcg_event_synchronize(tcg_event* e);
 
 // ---------------------------------------------------------------- cuda/graph.cpp
-tcg_status tcg_graph_new(int keep_graph, tcg_graph** out);
+tcg_status tcg_graph_new(bool keep_graph, tcg_graph** out);
 void tcg_graph_free(tcg_graph* g);
-// mode: 0 global, 1 thread-local, 2 relaxed (cudaStreamCaptureMode). pool {0,0}: private pool.
-tcg_status tcg_graph_capture_begin(tcg_graph* g, tcg_pool_id pool, int mode);
+// Captures the current stream (not the default one) into g; pool {0,0}: a private pool. The
+// calling thread's cuBLAS and cuBLASLt handles and their workspaces for that stream are made
+// first, outside the capture (cublasCreate cannot run inside one).
+tcg_status tcg_graph_capture_begin(tcg_graph* g, tcg_pool_id pool, tcg_capture_mode mode);
 // Ends the capture and instantiates the graph. On any failure the capture is torn down
 // completely (stream capture ended, allocator routing ended, pool reference released, graph
 // and executable destroyed) before the status returns.
 tcg_status tcg_graph_capture_end(tcg_graph* g);
 // Tears down a capture that is under way without keeping anything (error/panic paths).
 // *was_invalidated tells whether CUDA had already invalidated it.
-tcg_status tcg_graph_capture_abort(tcg_graph* g, int* was_invalidated);
+tcg_status tcg_graph_capture_abort(tcg_graph* g, bool* was_invalidated);
 tcg_status tcg_graph_instantiate(tcg_graph* g);
 tcg_status tcg_graph_replay(tcg_graph* g);
 tcg_status tcg_graph_upload(tcg_graph* g);
 // Makes g's executable run other's captured work (cudaGraphExecUpdate), instead of
 // instantiating other: other must keep its cudaGraph_t and be captured on g's device; g is
-// instantiated first if it was not. Updated (*updated = 1): g takes over other's capture (graph,
+// instantiated first if it was not. Updated (*updated true): g takes over other's capture (graph,
 // pool reference, RNG states) and other is reset (empty, its old capture released with g's old
-// one). Not updated (*updated = 0, *result the cudaGraphExecUpdateResult: 2 topology changed,
-// 3 node type changed, 5 parameters changed, ...): nothing changed.
-tcg_status tcg_graph_update_from(tcg_graph* g, tcg_graph* other, int* updated, int* result);
+// one). Not updated (*result the cudaGraphExecUpdateResult: 2 topology changed, 3 node type
+// changed, 5 parameters changed, ...): nothing changed.
+tcg_status tcg_graph_update_from(tcg_graph* g, tcg_graph* other, bool* updated, int* result);
 tcg_status tcg_graph_reset(tcg_graph* g);
 tcg_status tcg_graph_pool(tcg_graph* g, tcg_pool_id* out);
 tcg_status tcg_graph_debug_dump(tcg_graph* g, const char* path);
@@ -273,20 +316,27 @@ tcg_status tcg_graphed_apply(tcg_graphed* g, tcg_tensor* inputs, size_t n, tcg_t
 
 // ---------------------------------------------------------------- profiler.cpp
 // One profiled event: a GPU kernel, copy or memset (device, stream), a CPU op, a runtime call.
-enum { TCG_PROF_KERNEL = 0, TCG_PROF_MEMCPY = 1, TCG_PROF_MEMSET = 2, TCG_PROF_CPU_OP = 3, TCG_PROF_RUNTIME = 4, TCG_PROF_OTHER = 5 };
+typedef enum {
+  TCG_PROF_KERNEL = 0,
+  TCG_PROF_MEMCPY = 1,
+  TCG_PROF_MEMSET = 2,
+  TCG_PROF_CPU_OP = 3,
+  TCG_PROF_RUNTIME = 4,
+  TCG_PROF_OTHER = 5,
+} tcg_prof_kind;
 typedef struct {
   uint64_t start_ns;
   uint64_t end_ns;
   int64_t stream;  // GPU events: the stream id (Kineto's resource id)
   int32_t device;  // GPU events: the device index; -1 otherwise
-  int32_t kind;    // TCG_PROF_*
+  int32_t kind;    // a tcg_prof_kind
 } tcg_prof_event;
 // Starts Kineto for CPU ops (this thread) and, when `cuda` and CUDA is there, GPU activity
 // (CUPTI: every kernel, copy and memset of the process, inside graph launches too). One profiler
 // at a time per process (TCG_MISUSE otherwise).
-tcg_status tcg_profiler_start(int cuda);
+tcg_status tcg_profile_start(bool cuda);
 // Stops it (on the thread that started it) and returns what it recorded (NULL `out`: discarded).
-tcg_status tcg_profiler_stop(tcg_profile** out);
+tcg_status tcg_profile_stop(tcg_profile** out);
 void tcg_profile_free(tcg_profile* p);
 tcg_status tcg_profile_len(tcg_profile* p, size_t* n);
 // Event i and its name (malloc'ed; release with tcg_string_free).
@@ -295,8 +345,8 @@ tcg_status tcg_profile_event(tcg_profile* p, size_t i, tcg_prof_event* out, char
 tcg_status tcg_profile_save(tcg_profile* p, const char* path);
 
 // ---------------------------------------------------------------- cuda/conditional.cpp
-// Inside a capture under way on the current stream: adds an IF (type 0; type 2: an IF whose body
-// runs when `cond` is zero) or WHILE (type 1) node whose condition is `cond` (one
+// Inside a capture under way on the current stream: adds an IF, IF_NOT or WHILE node whose
+// condition is `cond` (one
 // bool/uint8/int32/int64/float32/float64 value on the device, true when non-zero), set on the device by a kernel captured just before the node, and starts
 // capturing its body on a body stream, current until tcg_cond_end; the body's allocations go to
 // `body_pool` (a pool the caller holds until the graph is gone; not the capture's own). WHILE:
@@ -304,7 +354,7 @@ tcg_status tcg_profile_save(tcg_profile* p, const char* path);
 // stop at `max_iters`; the body runs while cond is true after each iteration, at most max_iters
 // times. TCG_UNSUPPORTED without a CUDA 12.3 driver or the own kernels; TCG_MISUSE outside a
 // capture. The body may hold kernels, memsets and memcopies only (no event nodes).
-tcg_status tcg_cond_begin(int type, tcg_tensor cond, tcg_pool_id body_pool, int64_t max_iters, tcg_tensor counter,
+tcg_status tcg_cond_begin(tcg_cond_kind kind, tcg_tensor cond, tcg_pool_id body_pool, int64_t max_iters, tcg_tensor counter,
                           tcg_tensor hit, tcg_cond** out);
 // Ends the body's capture (WHILE: after capturing the condition's re-evaluation) and makes the
 // capturing stream current again. On failure everything begin started is undone too.
@@ -316,7 +366,7 @@ void tcg_cond_free(tcg_cond* c);
 // ---------------------------------------------------------------- cuda/memory.cpp
 // Every function here initializes CUDA lazily (as torch.cuda.memory_stats() does), so any of
 // them may be the first CUDA call of a process.
-tcg_status tcg_graph_pool_handle(tcg_pool_id* out);
+tcg_status tcg_pool_id_new(tcg_pool_id* out);
 // A hold on a pool in both of libtorch's caching allocators (device memory, and pinned host
 // memory, which CUDAGraph also routes to the pool during capture). Without a hold, a pool whose
 // last graph is freed becomes "freeable" (use count 0) and stays so until an empty_cache erases
@@ -326,22 +376,22 @@ tcg_status tcg_graph_pool_handle(tcg_pool_id* out);
 // still alive it stays freeable and this fails with TCG_MISUSE. Freeing the hold releases both
 // references and, as at::cuda::MemPool does, returns the pool's cached device memory to CUDA if
 // nothing else holds it. Not safe to call while a capture into the same pool is under way.
-tcg_status tcg_mempool_new(int device, tcg_pool_id pool, tcg_mempool** out);
-void tcg_mempool_free(tcg_mempool* p);
-tcg_status tcg_mempool_id(tcg_mempool* p, tcg_pool_id* out, int* device);
+tcg_status tcg_pool_hold_new(int device, tcg_pool_id pool, tcg_pool_hold** out);
+void tcg_pool_hold_free(tcg_pool_hold* p);
+tcg_status tcg_pool_hold_id(tcg_pool_hold* p, tcg_pool_id* out, int* device);
 // Holders of the pool in the device allocator (this hold, graphs captured into it, ...).
-tcg_status tcg_mempool_use_count(tcg_mempool* p, int* out);
+tcg_status tcg_pool_hold_use_count(tcg_pool_hold* p, int* out);
 tcg_status tcg_memory_stats(int device, tcg_mem_stats* out);
-tcg_status tcg_reset_peak_stats(int device);
+tcg_status tcg_memory_reset_peak(int device);
 // Bytes of the caching allocator's segments owned by `pool` on `device`.
 tcg_status tcg_pool_memory(int device, tcg_pool_id pool, int64_t* reserved, int64_t* allocated);
 // The blocks of the segments owned by `pool` on `device`, segment by segment in address order:
 // writes at most `cap` of them to `out` and the total count to `*n` (call with cap 0 to size).
 tcg_status tcg_pool_blocks(int device, tcg_pool_id pool, tcg_pool_block* out, size_t cap, size_t* n);
-tcg_status tcg_empty_cache(void);
+tcg_status tcg_memory_empty_cache(void);
 // The pinned host allocator's empty_cache (torch._C._host_emptyCache): frees its cached blocks
 // and erases its freeable pools.
-tcg_status tcg_host_empty_cache(void);
+tcg_status tcg_memory_host_empty_cache(void);
 
 // ---------------------------------------------------------------- cuda/dist.cpp
 // A NCCL process group (c10d::ProcessGroupNCCL) on this rank's device. From torchrun's
@@ -349,7 +399,7 @@ tcg_status tcg_host_empty_cache(void);
 // agent store when TORCHELASTIC_USE_AGENT_STORE is set, else rank 0 hosts the TCPStore), or
 // explicit. The device is made current. Collectives make the current stream wait (no host
 // wait), so they can be captured; the first collective must run eagerly (communicator set-up).
-int tcg_dist_available(void);
+bool tcg_pg_available(void);
 tcg_status tcg_pg_new_from_env(int64_t timeout_ms, tcg_pg** out);
 tcg_status tcg_pg_new_tcp(const char* host, int port, int rank, int size, int device, int64_t timeout_ms,
                           tcg_pg** out);
@@ -358,7 +408,8 @@ tcg_status tcg_pg_new_tcp(const char* host, int port, int rank, int size, int de
 tcg_status tcg_pg_new_file(const char* path, int rank, int size, int device, int64_t timeout_ms, tcg_pg** out);
 void tcg_pg_free(tcg_pg* p);
 tcg_status tcg_pg_info(tcg_pg* p, int* rank, int* size, int* device);
-tcg_status tcg_pg_allreduce(tcg_pg* p, tcg_tensor t, int op);  // op: 0 sum, 1 average
+typedef enum { TCG_REDUCE_SUM = 0, TCG_REDUCE_AVG = 1 } tcg_reduce_op;
+tcg_status tcg_pg_allreduce(tcg_pg* p, tcg_tensor t, tcg_reduce_op op);
 tcg_status tcg_pg_broadcast(tcg_pg* p, tcg_tensor t, int root);
 tcg_status tcg_pg_barrier(tcg_pg* p);
 // The host waits at most timeout_ms for the device's current stream (graph replays included:
@@ -370,29 +421,31 @@ tcg_status tcg_pg_abort(tcg_pg* p);
 // ---------------------------------------------------------------- cuda/grad_buckets.cpp
 // Gradient buckets (DDP-style) over `params` (leaves of one dtype on the group's device), with a
 // post-accumulate-grad hook on each; buckets of up to `bucket_bytes`, the first (the last
-// parameters) up to `first_bucket_bytes` (0: the same). Flags: VIEWS: each parameter's .grad
+// parameters) up to `first_bucket_bytes` (0: the same). Options: views: each parameter's .grad
 // becomes a view into its bucket's flat buffer (16-byte aligned offsets), all-reduced in place;
-// otherwise a bucket is packed before its all-reduce and each .grad then made its view. BF16: all-reduced in bf16
-// (float32 grads only), cast back. HIGH_PRIORITY: the side stream is of high priority. At most
-// one of NCCL_MEM (the buffers from ncclMemAlloc), NCCL_REGISTER (and ncclCommRegister'ed),
-// NCCL_WINDOW (and a symmetric window, ncclCommWindowRegister): collective, outside a capture.
-// SPLIT: each bucket is reduce-scattered and all-gathered in place instead of all-reduced.
-// GROUPED (packed, alone): no bucket buffer; a bucket's gradients are all-reduced where they
+// otherwise a bucket is packed before its all-reduce and each .grad then made its view. bf16: all-reduced in bf16
+// (float32 grads only), cast back. high_priority: the side stream is of high priority. memory:
+// the caching allocator's, or NCCL_MEM (the buffers from ncclMemAlloc), NCCL_REGISTERED (and
+// ncclCommRegister'ed), NCCL_WINDOW (and a symmetric window, ncclCommWindowRegister):
+// collective, outside a capture. split: each bucket is reduce-scattered and all-gathered in place
+// instead of all-reduced. grouped (packed, alone): no bucket buffer; a bucket's gradients are all-reduced where they
 // are, in one NCCL group. Armed, a bucket is all-reduced (average) on a side stream as soon as all its
 // gradients are ready, in bucket order; finish does the rest there and makes the current stream
 // wait for the side stream (no host wait), then disarms. Not armed, finish does every bucket on
 // the current stream. The group must outlive the buckets. tcg_buckets_free removes the hooks
 // (the gradients stay views of the buffers, which they keep alive).
-#define TCG_BUCKETS_VIEWS 1
-#define TCG_BUCKETS_BF16 2
-#define TCG_BUCKETS_HIGH_PRIORITY 4
-#define TCG_BUCKETS_NCCL_MEM 8
-#define TCG_BUCKETS_NCCL_REGISTER 16
-#define TCG_BUCKETS_NCCL_WINDOW 32
-#define TCG_BUCKETS_SPLIT 64
-#define TCG_BUCKETS_GROUPED 128
-tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensor* params, size_t n, int64_t bucket_bytes, int64_t first_bucket_bytes,
-                           int flags, tcg_buckets** out);
+typedef enum {
+  TCG_BUCKET_MEMORY_CACHING = 0,
+  TCG_BUCKET_MEMORY_NCCL_MEM = 1,
+  TCG_BUCKET_MEMORY_NCCL_REGISTERED = 2,
+  TCG_BUCKET_MEMORY_NCCL_WINDOW = 3,
+} tcg_bucket_memory;
+typedef struct {
+  int64_t bucket_bytes, first_bucket_bytes;
+  bool views, bf16, high_priority, split, grouped;
+  tcg_bucket_memory memory;
+} tcg_buckets_options;
+tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensors params, const tcg_buckets_options* options, tcg_buckets** out);
 void tcg_buckets_free(tcg_buckets* b);
 tcg_status tcg_buckets_count(tcg_buckets* b, size_t* out);
 tcg_status tcg_buckets_arm(tcg_buckets* b);
@@ -404,6 +457,28 @@ tcg_status tcg_buckets_launch_rest(tcg_buckets* b);
 tcg_status tcg_buckets_wait_bucket(tcg_buckets* b, size_t k);
 tcg_status tcg_buckets_join(tcg_buckets* b);
 tcg_status tcg_buckets_members(tcg_buckets* b, size_t k, size_t* out, size_t cap, size_t* n);
+
+// ---------------------------------------------------------------- layout.cpp
+// Every struct above that crosses the boundary, named for tcg_layout.
+typedef enum {
+  TCG_LAYOUT_STREAM,
+  TCG_LAYOUT_POOL_ID,
+  TCG_LAYOUT_MEM_STATS,
+  TCG_LAYOUT_POOL_BLOCK,
+  TCG_LAYOUT_NODE_KINDS,
+  TCG_LAYOUT_PROF_EVENT,
+  TCG_LAYOUT_TENSORS,
+  TCG_LAYOUT_AMP_SCALING,
+  TCG_LAYOUT_SGD_HYPER,
+  TCG_LAYOUT_SGD_TENSORS,
+  TCG_LAYOUT_ADAM_HYPER,
+  TCG_LAYOUT_ADAM_TENSORS,
+  TCG_LAYOUT_BUCKETS_OPTIONS,
+} tcg_layout_struct;
+// The size and alignment of struct `s` as this shim was compiled, and the offsets of its fields
+// in declaration order (at most `cap` written); returns the number of fields (0: unknown `s`).
+// The Rust side checks its declarations against it (src/sys/layout.rs). Cannot fail.
+size_t tcg_layout(tcg_layout_struct s, size_t* size, size_t* align, size_t* offsets, size_t cap);
 
 #ifdef __cplusplus
 }

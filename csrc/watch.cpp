@@ -58,7 +58,7 @@ struct tcg_watch {
 
 extern "C" {
 
-tcg_status tcg_tensor_storage_nbytes(tcg_tensor t, size_t* out) {
+tcg_status tcg_watch_storage_nbytes(tcg_tensor t, size_t* out) {
   return tcg::guard([&] {
     const auto& x = tcg::tensor_ref(t);
     *out = x.defined() && x.has_storage() ? x.storage().nbytes() : 0;

@@ -2,8 +2,8 @@
 //! `torch::autograd::grad` (PyTorch's `torch.autograd.grad`), with what tch's
 //! `Tensor::run_backward` lacks: explicit output gradients and unused inputs.
 
-use crate::error::{check, Error, Result};
-use crate::ffi;
+use crate::error::{Error, Result};
+use crate::sys::autograd as sys;
 use tch::Tensor;
 
 /// The gradients of `outputs` with respect to `inputs` (`torch.autograd.grad(outputs, inputs,
@@ -57,25 +57,5 @@ pub(crate) fn grad_refs(
             )));
         }
     }
-    let outs = ffi::tensor_ptrs(outputs.iter().copied());
-    let ins = ffi::tensor_ptrs(inputs.iter().copied());
-    let gouts = grad_outputs.map(ffi::tensor_ptrs);
-    let mut out: Vec<ffi::tcg_tensor> = vec![std::ptr::null_mut(); ins.len()];
-    // SAFETY: every pointer array holds live tensor handles borrowed for the call (or is null
-    // for grad_outputs); `out` has one slot per input. On success each non-null slot is a new
-    // heap at::Tensor that we own and hand to tch, which frees it on drop.
-    unsafe {
-        check(ffi::tcg_autograd_grad(
-            outs.as_ptr(),
-            outs.len(),
-            ins.as_ptr(),
-            ins.len(),
-            gouts.as_ref().map_or(std::ptr::null(), |g| g.as_ptr()),
-            i32::from(retain_graph),
-            0,
-            i32::from(allow_unused),
-            out.as_mut_ptr(),
-        ))?;
-        Ok(out.into_iter().map(|p| (!p.is_null()).then(|| Tensor::from_ptr(p))).collect())
-    }
+    sys::grad(outputs, inputs, grad_outputs, retain_graph, allow_unused)
 }

@@ -48,7 +48,7 @@
 
 use crate::amp::refuse_cached_autocast;
 use crate::device::{current_device, synchronize};
-use crate::error::{check, Error, Result};
+use crate::error::{Error, Result};
 use crate::graph::{CaptureMode, CudaGraph};
 use crate::memory::{empty_cache, empty_host_cache, OomWatch};
 use crate::pool::PoolId;
@@ -342,10 +342,8 @@ pub(crate) fn record<T>(
     let keep = KeepAliveSlot::open(index);
     // The crate's own kernels (optimizers, conditional nodes) load outside the capture, where a
     // load is allowed; without them (not built, no code for this GPU) the capture goes on and
-    // what needs them says so.
-    // SAFETY: a plain device index; the shim only loads and checks. `check` reads (and clears)
-    // the message of a refusal.
-    let _ = check(unsafe { crate::ffi::tcg_own_kernels_check(index as i32) });
+    // what needs them says so (a refusal's message is read and dropped here).
+    let _ = crate::sys::optim::own_kernels_check(i32::try_from(index).unwrap_or(i32::MAX));
     graph.capture_begin(options.pool, options.mode)?;
     let mut guard = AbortOnDrop { graph, armed: true };
     match catch_unwind(AssertUnwindSafe(f)) {

@@ -1,8 +1,8 @@
 //! Gradient clipping by global norm that stays on the device (usable inside a captured step).
 
-use crate::error::{check, Error, Result};
-use crate::ffi;
+use crate::error::{Error, Result};
 use crate::optim::with_grads;
+use crate::sys::optim as sys;
 use tch::Tensor;
 
 /// Scales the gradients of `params` so that their global `norm_type`-norm is at most
@@ -22,12 +22,5 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64, norm_type: f64) -> Resul
         return Err(Error::Misuse(format!("clip_grad_norm: invalid max_norm {max_norm} or norm_type {norm_type}")));
     }
     let (_, grads) = with_grads(params)?;
-    let g = ffi::tensor_ptrs(&grads);
-    let mut total: ffi::tcg_tensor = std::ptr::null_mut();
-    // SAFETY: `g` holds live tensor handles borrowed for the call; on success `total` is a new
-    // heap at::Tensor that we own and hand to tch, which frees it on drop.
-    unsafe {
-        check(ffi::tcg_clip_grad_norm(g.as_ptr(), g.len(), max_norm, norm_type, &mut total))?;
-        Ok(Tensor::from_ptr(total))
-    }
+    sys::clip_norm(&grads, max_norm, norm_type)
 }

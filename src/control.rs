@@ -47,11 +47,10 @@
 //! ```
 
 use crate::capture::{recording, retain_in_capture};
-use crate::error::{check, Error, Result};
-use crate::ffi;
+use crate::error::{Error, Result};
 use crate::pool::MemPool;
+use crate::sys::conditional::CondHandle;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::ptr::NonNull;
 use tch::{Device, Kind, Tensor};
 
 /// What a captured WHILE node did in the last replay, on the device (read after it, e.g.
@@ -74,18 +73,16 @@ impl WhileLoop {
     }
 }
 
-/// The shim's conditional node under construction; dropped, it undoes what is still open.
-struct CondGuard(NonNull<ffi::tcg_cond>);
-
-impl Drop for CondGuard {
-    fn drop(&mut self) {
-        // SAFETY: the handle came from tcg_cond_begin and is freed once, here; never throws.
-        unsafe { ffi::tcg_cond_free(self.0.as_ptr()) }
-    }
+/// Which conditional node [`conditional`] adds.
+#[derive(Clone, Copy)]
+enum NodeKind {
+    If,
+    IfNot,
+    While,
 }
 
 fn conditional(
-    kind: i32,
+    kind: NodeKind,
     cond: &Tensor,
     max: i64,
     counters: Option<(&Tensor, &Tensor)>,
@@ -106,22 +103,16 @@ fn conditional(
         ));
     }
     let pool = MemPool::on(device)?;
-    let (counter, hit) = match counters {
-        Some((c, h)) => (ffi::tensor_ptr(c), ffi::tensor_ptr(h)),
-        None => (std::ptr::null_mut(), std::ptr::null_mut()),
-    };
-    let mut raw = std::ptr::null_mut();
-    // SAFETY: `cond`, and the counters when given, are live tensor handles borrowed for the call;
-    // `raw` is a valid out pointer and on success holds a handle that the guard owns.
-    check(unsafe { ffi::tcg_cond_begin(kind, ffi::tensor_ptr(cond), pool.id().ffi(), max, counter, hit, &mut raw) })?;
-    let guard = CondGuard(NonNull::new(raw).ok_or_else(|| Error::Libtorch("conditional node: null handle".into()))?);
+    let counters = if matches!(kind, NodeKind::While) { counters } else { None };
+    let node = CondHandle::begin(cond, matches!(kind, NodeKind::IfNot), pool.id().raw(), max, counters)?;
     let outcome = catch_unwind(AssertUnwindSafe(body));
-    // SAFETY: the guard's handle is live; the shim undoes everything on failure.
     let ended = match &outcome {
-        Ok(Ok(())) => check(unsafe { ffi::tcg_cond_end(guard.0.as_ptr()) }),
-        _ => Ok(()), // the guard ends and discards the body's capture
+        Ok(Ok(())) => node.end(),
+        _ => {
+            drop(node); // ends and discards the body's capture
+            Ok(())
+        }
     };
-    drop(guard);
     // The graph keeps the body's pool (on every path: a caller that went on capturing after an
     // error must not leave the node's body on freed memory) and the tensors its kernels use.
     retain_in_capture(device, pool);
@@ -143,14 +134,14 @@ fn conditional(
 /// [`Error::Misuse`] outside a capture or for an unfit condition, and whatever `body`
 /// returns (the body's capture is undone; the enclosing capture then fails as usual).
 pub fn capture_if(cond: &Tensor, body: impl FnOnce() -> Result<()>) -> Result<()> {
-    conditional(0, cond, 0, None, body)
+    conditional(NodeKind::If, cond, 0, None, body)
 }
 
 /// Inside a capture: records `body` into an IF node that runs it, at each replay, when `cond`
 /// is zero at that point (the negation of [`capture_if`], with no kernel to negate `cond`).
 /// Errors as [`capture_if`].
 pub fn capture_unless(cond: &Tensor, body: impl FnOnce() -> Result<()>) -> Result<()> {
-    conditional(2, cond, 0, None, body)
+    conditional(NodeKind::IfNot, cond, 0, None, body)
 }
 
 /// Inside a capture: records `body` into a WHILE node that, at each replay, runs it while
@@ -165,6 +156,6 @@ pub fn capture_while(cond: &Tensor, max_iterations: i64, body: impl FnOnce() -> 
     // in the graph's pool (no kernel: nothing to record).
     let counter = Tensor::f_empty([1], (Kind::Int, device))?;
     let hit = Tensor::f_empty([1], (Kind::Int, device))?;
-    conditional(1, cond, max_iterations, Some((&counter, &hit)), body)?;
+    conditional(NodeKind::While, cond, max_iterations, Some((&counter, &hit)), body)?;
     Ok(WhileLoop { counter, hit })
 }

@@ -1,23 +1,17 @@
 //! CUDA devices: availability and synchronization.
 
-use crate::error::{check, Error, Result};
-use crate::ffi;
+use crate::error::{Error, Result};
+use crate::sys;
 use tch::Device;
 
 /// Whether this crate was compiled against a libtorch with CUDA.
 pub fn built_with_cuda() -> bool {
-    // SAFETY: no arguments, no preconditions.
-    unsafe { ffi::tcg_built_with_cuda() != 0 }
+    sys::device::built_with_cuda()
 }
 
 /// The number of visible CUDA devices (0 without a driver, a GPU, or a CUDA build).
 pub fn cuda_device_count() -> usize {
-    let mut n = 0;
-    // SAFETY: `n` is a valid out pointer for the duration of the call.
-    match check(unsafe { ffi::tcg_device_count(&mut n) }) {
-        Ok(()) => n.max(0) as usize,
-        Err(_) => 0,
-    }
+    sys::device::device_count().map_or(0, |n| n.max(0) as usize)
 }
 
 /// Whether at least one CUDA device is usable by this crate.
@@ -27,10 +21,7 @@ pub fn cuda_is_available() -> bool {
 
 /// The current CUDA device of this thread.
 pub fn current_device() -> Result<Device> {
-    let mut d = 0;
-    // SAFETY: `d` is a valid out pointer for the duration of the call.
-    check(unsafe { ffi::tcg_current_device(&mut d) })?;
-    Ok(Device::Cuda(d as usize))
+    Ok(Device::Cuda(sys::device::current_device()?.max(0) as usize))
 }
 
 /// The CUDA index of `device`, or [`Error::Misuse`] for a non-CUDA device
@@ -51,6 +42,5 @@ pub fn cuda_index(device: Device) -> Result<i32> {
 /// Blocks the host until all work queued on `device` (every stream) has finished.
 pub fn synchronize(device: Device) -> Result<()> {
     let idx = cuda_index(device)?;
-    // SAFETY: plain value argument; the shim validates the index.
-    check(unsafe { ffi::tcg_device_synchronize(idx) })
+    sys::device::device_synchronize(idx)
 }

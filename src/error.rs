@@ -1,11 +1,8 @@
-//! The crate's one error type, and the check every FFI status goes through.
+//! The crate's one error type (the safe layer, `sys`, turns every shim status into it).
 //!
 //! Errors are classified by what the shim and CUDA report (the C++ exception's type, the CUDA
 //! error code, the capture stream's status, the allocator's OOM counter), never by searching
 //! message texts. The underlying error stays reachable as the [`std::error::Error::source`].
-
-use crate::ffi;
-use std::ffi::CStr;
 
 /// Everything that can go wrong in this crate. Match on the variant; the message is for people.
 ///
@@ -141,44 +138,3 @@ impl Error {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// Reads and clears this thread's shim error message (git2-style: read once, cannot leak into
-/// the next call).
-fn take_last_error() -> String {
-    // SAFETY: tcg_take_last_error has no preconditions; it returns NULL or a malloc'ed,
-    // NUL-terminated string that we own and release with tcg_string_free exactly once.
-    unsafe {
-        let p = ffi::tcg_take_last_error();
-        if p.is_null() {
-            return "unknown error (the shim left no message)".to_owned();
-        }
-        let s = CStr::from_ptr(p).to_string_lossy().into_owned();
-        ffi::tcg_string_free(p);
-        s
-    }
-}
-
-/// Turns a shim status into a `Result`, taking the thread-local message on failure.
-pub(crate) fn check(status: ffi::tcg_status) -> Result<()> {
-    match status {
-        ffi::TCG_OK => Ok(()),
-        ffi::TCG_NO_CUDA => Err(Error::NoCuda(take_last_error())),
-        ffi::TCG_CAPTURE_INVALIDATED => {
-            Err(Error::CaptureInvalidated { source: Box::new(Error::Libtorch(take_last_error())) })
-        }
-        ffi::TCG_MISUSE => Err(Error::Misuse(take_last_error())),
-        ffi::TCG_DIST => Err(Error::Distributed(take_last_error())),
-        ffi::TCG_DIST_TIMEOUT => Err(Error::DistributedTimeout(take_last_error())),
-        ffi::TCG_UNSUPPORTED => Err(Error::Unsupported(take_last_error())),
-        ffi::TCG_OUT_OF_MEMORY => Err(Error::OutOfMemory { source: Box::new(Error::Libtorch(take_last_error())) }),
-        // TCG_STALE is read by the watch, which knows the tensor's name; elsewhere it is plain,
-        // as is TCG_ERROR (a libtorch or CUDA failure of no more specific kind).
-        ffi::TCG_ERROR | ffi::TCG_STALE => Err(Error::Libtorch(take_last_error())),
-        _ => Err(Error::Libtorch(take_last_error())),
-    }
-}
-
-/// The raw message of a failed status (for callers that build their own variant from it).
-pub(crate) fn take_message() -> String {
-    take_last_error()
-}

@@ -8,17 +8,16 @@
 //!   to the device on a copy stream into one of two staging sets, ordered with events, so the
 //!   copy of the next batch overlaps the graph of the current one.
 
-use crate::error::{check, Error, Result};
-use crate::ffi;
+use crate::error::{Error, Result};
 use crate::stream::{Event, Stream, StreamGuard};
+use crate::sys::feed as sys;
 use tch::{Device, Kind, Tensor};
 
 /// `dst.copy_(src, non_blocking=true)`: from pinned host memory, or between device tensors, the
 /// copy is queued on the current stream and the host does not wait. From pageable host memory
 /// CUDA copies synchronously. `src` must not be overwritten until the copy has run.
 pub fn copy_non_blocking(dst: &mut Tensor, src: &Tensor) -> Result<()> {
-    // SAFETY: both handles are live for the call; the shim copies data in place, under no_grad.
-    check(unsafe { ffi::tcg_copy_(ffi::tensor_ptr(dst), ffi::tensor_ptr(src), 1) })
+    sys::copy(dst, src, true)
 }
 
 /// A pinned copy of `t` (CPU), through the shim (libtorch's `pin_memory()` without the
@@ -27,13 +26,7 @@ fn pin(t: &Tensor) -> Result<Tensor> {
     if !crate::device::cuda_is_available() {
         return Err(Error::NoCuda("pinned memory needs CUDA".into()));
     }
-    let mut out: ffi::tcg_tensor = std::ptr::null_mut();
-    // SAFETY: `t` is live for the call; on success `out` is a new heap at::Tensor that we own
-    // and hand to tch, which frees it on drop.
-    unsafe {
-        check(ffi::tcg_pin_memory(ffi::tensor_ptr(t), &mut out))?;
-        Ok(Tensor::from_ptr(out))
-    }
+    sys::pin(t)
 }
 
 /// A page-locked (pinned) copy of the CPU tensor `t`. [`Error::NoCuda`] without CUDA.
@@ -59,10 +52,7 @@ pub fn pinned_empty(shape: &[i64], kind: Kind) -> Result<Tensor> {
 
 /// Whether `t` lives in page-locked host memory (false for device tensors, and without CUDA).
 pub fn is_pinned(t: &Tensor) -> bool {
-    let mut out = 0;
-    // SAFETY: `t` is live for the call; `out` is a valid out pointer. The shim only reads.
-    let ok = check(unsafe { ffi::tcg_is_pinned(ffi::tensor_ptr(t), &mut out) }).is_ok();
-    ok && out != 0
+    sys::is_pinned(t).unwrap_or(false)
 }
 
 /// Sums a scalar metric on the device, so a training loop reads it every N steps instead of

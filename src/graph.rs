@@ -2,13 +2,12 @@
 //! only: how captures are run (side streams, warmup, locking) is [`crate::capture`]'s business,
 //! which builds on this module and not the other way round.
 
-use crate::error::{check, Error, Result};
-use crate::ffi;
+use crate::error::{Error, Result};
 use crate::pool::PoolId;
+use crate::sys::graph::{GraphHandle, RawCaptureMode, Update};
+use crate::sys::graphed::HoldsGraph;
 use std::any::Any;
-use std::ffi::CString;
 use std::path::Path;
-use std::ptr::NonNull;
 
 /// How strictly CUDA checks for unsafe API calls during capture (`cudaStreamCaptureMode`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -24,6 +23,14 @@ pub enum CaptureMode {
 }
 
 impl CaptureMode {
+    fn raw(self) -> RawCaptureMode {
+        match self {
+            CaptureMode::Global => RawCaptureMode::TCG_CAPTURE_MODE_GLOBAL,
+            CaptureMode::ThreadLocal => RawCaptureMode::TCG_CAPTURE_MODE_THREAD_LOCAL,
+            CaptureMode::Relaxed => RawCaptureMode::TCG_CAPTURE_MODE_RELAXED,
+        }
+    }
+
     /// From PyTorch's names: "global", "thread_local", "relaxed".
     pub fn from_name(name: &str) -> Result<Self> {
         match name {
@@ -53,59 +60,7 @@ enum State {
     Captured,
 }
 
-/// Node counts of a captured graph, by kind ([`CudaGraph::node_kinds`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NodeKinds {
-    /// Kernel launches.
-    pub kernel: usize,
-    /// Memory copies.
-    pub memcpy: usize,
-    /// Memory sets.
-    pub memset: usize,
-    /// Host callbacks.
-    pub host: usize,
-    /// Child graphs.
-    pub graph: usize,
-    /// Empty (dependency) nodes.
-    pub empty: usize,
-    /// Event waits and records.
-    pub event: usize,
-    /// Memory allocation and free nodes.
-    pub mem_alloc_free: usize,
-    /// Any other kind (semaphores, conditionals, kinds newer than this crate).
-    pub other: usize,
-}
-
-impl From<ffi::tcg_node_kinds> for NodeKinds {
-    fn from(k: ffi::tcg_node_kinds) -> Self {
-        NodeKinds {
-            kernel: k.kernel,
-            memcpy: k.memcpy,
-            memset: k.memset,
-            host: k.host,
-            graph: k.graph,
-            empty: k.empty,
-            event: k.event,
-            mem_alloc_free: k.mem_alloc_free,
-            other: k.other,
-        }
-    }
-}
-
-impl NodeKinds {
-    /// All nodes.
-    pub fn total(&self) -> usize {
-        self.kernel
-            + self.memcpy
-            + self.memset
-            + self.host
-            + self.graph
-            + self.empty
-            + self.event
-            + self.mem_alloc_free
-            + self.other
-    }
-}
+pub use crate::sys::graph::NodeKinds;
 
 /// A CUDA graph: work captured once from a stream, replayed with one launch.
 ///
@@ -144,10 +99,11 @@ impl NodeKinds {
 /// and CUDA graph objects are not internally synchronized, so every method that reaches the
 /// C++ object takes `&mut self`. Share one between threads behind a `Mutex`.
 pub struct CudaGraph {
-    raw: NonNull<ffi::tcg_graph>,
+    /// Freed first: fields drop in declaration order, so the C++ graph goes before what it
+    /// retained.
+    handle: GraphHandle,
     state: State,
     keep_graph: bool,
-    /// Dropped after the C++ graph (fields drop after `Drop::drop`).
     retained: Vec<Box<dyn Any + Send>>,
 }
 
@@ -161,13 +117,6 @@ impl std::fmt::Debug for CudaGraph {
     }
 }
 
-// SAFETY: the C++ CUDAGraph holds no thread-local state: its capture stream and device are
-// explicit members, its replay takes the calling thread's current stream and sets the device
-// itself, and libtorch's capture bookkeeping is behind global mutexes. Moving it to another
-// thread is sound; concurrent use is prevented by `&mut self` (no Sync impl). What `retain`
-// keeps is `Send` by its bound.
-unsafe impl Send for CudaGraph {}
-
 impl CudaGraph {
     /// A new, empty graph (libtorch's default `keep_graph = false`: the `cudaGraph_t` is
     /// instantiated and freed at the end of capture). [`Error::NoCuda`] without a GPU.
@@ -180,11 +129,8 @@ impl CudaGraph {
     /// [`debug_dump`](Self::debug_dump) can read it; it is instantiated at the first
     /// [`replay`](Self::replay) or [`instantiate`](Self::instantiate).
     pub fn with_keep_graph(keep_graph: bool) -> Result<Self> {
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: `raw` is a valid out pointer; on success it holds a graph that we own.
-        check(unsafe { ffi::tcg_graph_new(i32::from(keep_graph), &mut raw) })?;
-        let raw = NonNull::new(raw).ok_or_else(|| Error::Libtorch("CUDAGraph: null handle".into()))?;
-        Ok(CudaGraph { raw, state: State::Empty, keep_graph, retained: Vec::new() })
+        let handle = GraphHandle::new(keep_graph)?;
+        Ok(CudaGraph { handle, state: State::Empty, keep_graph, retained: Vec::new() })
     }
 
     /// Whether this graph holds a successful capture.
@@ -212,8 +158,7 @@ impl CudaGraph {
             }
             State::Empty => {}
         }
-        // SAFETY: `self.raw` is live (owned by self); plain value arguments.
-        check(unsafe { ffi::tcg_graph_capture_begin(self.raw.as_ptr(), pool.ffi(), mode as i32) })?;
+        self.handle.capture_begin(pool.raw(), mode.raw())?;
         self.state = State::Capturing;
         Ok(())
     }
@@ -225,8 +170,7 @@ impl CudaGraph {
         if self.state != State::Capturing {
             return Err(Error::Misuse("capture_end without capture_begin".into()));
         }
-        // SAFETY: `self.raw` is live (owned by self).
-        let r = check(unsafe { ffi::tcg_graph_capture_end(self.raw.as_ptr()) });
+        let r = self.handle.capture_end();
         self.state = if r.is_ok() { State::Captured } else { State::Empty };
         r
     }
@@ -237,11 +181,9 @@ impl CudaGraph {
         if self.state != State::Capturing {
             return Ok(false);
         }
-        let mut invalidated = 0;
-        // SAFETY: `self.raw` is live (owned by self); `invalidated` is a valid out pointer.
-        let r = check(unsafe { ffi::tcg_graph_capture_abort(self.raw.as_ptr(), &mut invalidated) });
+        let r = self.handle.capture_abort();
         self.state = State::Empty;
-        r.map(|()| invalidated != 0)
+        r
     }
 
     /// Instantiates a kept graph now (otherwise the first replay does it).
@@ -250,23 +192,20 @@ impl CudaGraph {
         if !self.keep_graph {
             return Ok(()); // already instantiated at capture end
         }
-        // SAFETY: `self.raw` is live (owned by self).
-        check(unsafe { ffi::tcg_graph_instantiate(self.raw.as_ptr()) })
+        self.handle.instantiate()
     }
 
     /// Launches the captured work on the current stream of the capture device.
     pub fn replay(&mut self) -> Result<()> {
         self.require_captured("replay")?;
-        // SAFETY: `self.raw` is live (owned by self).
-        check(unsafe { ffi::tcg_graph_replay(self.raw.as_ptr()) })
+        self.handle.replay()
     }
 
     /// Uploads the executable graph to the device (`cudaGraphUpload`) so that the first replay
     /// does not pay for it. libtorch's replay does not do this.
     pub fn upload(&mut self) -> Result<()> {
         self.require_captured("upload")?;
-        // SAFETY: `self.raw` is live (owned by self).
-        check(unsafe { ffi::tcg_graph_upload(self.raw.as_ptr()) })
+        self.handle.upload()
     }
 
     /// Makes this graph's executable run `other`'s captured work without instantiating it
@@ -310,10 +249,7 @@ impl CudaGraph {
     pub fn update_from(&mut self, other: &mut CudaGraph) -> Result<bool> {
         self.require_captured("update_from")?;
         other.require_captured("update_from (the other graph)")?;
-        let (mut updated, mut result) = (0, 0);
-        // SAFETY: both handles are live and distinct (two `&mut` borrows); out pointers valid.
-        check(unsafe { ffi::tcg_graph_update_from(self.raw.as_ptr(), other.raw.as_ptr(), &mut updated, &mut result) })?;
-        if updated == 0 {
+        if let Update::Refused(_) = self.handle.update_from(&mut other.handle)? {
             return Ok(false);
         }
         // This graph now runs other's work: it keeps what other's capture needs alive; its own
@@ -331,8 +267,7 @@ impl CudaGraph {
         if self.state == State::Capturing {
             return Err(Error::Misuse("reset during a capture: end or abort it first".into()));
         }
-        // SAFETY: `self.raw` is live (owned by self).
-        check(unsafe { ffi::tcg_graph_reset(self.raw.as_ptr()) })?;
+        self.handle.reset()?;
         self.state = State::Empty;
         self.retained.clear();
         Ok(())
@@ -361,43 +296,26 @@ impl CudaGraph {
     /// The id of the pool this graph's memory lives in; give it to another capture to share it.
     pub fn pool(&self) -> Result<PoolId> {
         self.require_captured("pool")?;
-        let mut raw = ffi::tcg_pool_id::default();
-        // SAFETY: `self.raw` is live; `raw` is a valid out pointer. pool() only reads.
-        check(unsafe { ffi::tcg_graph_pool(self.raw.as_ptr(), &mut raw) })?;
-        Ok(PoolId::from_ffi(raw))
+        Ok(PoolId::from_raw_id(self.handle.pool()?))
     }
 
     /// Writes the kept graph as Graphviz DOT (`cudaGraphDebugDotPrint`, verbose).
     pub fn debug_dump(&mut self, path: impl AsRef<Path>) -> Result<()> {
         self.require_kept("debug_dump")?;
         let p = path.as_ref().to_str().ok_or_else(|| Error::Misuse("debug_dump: path is not UTF-8".into()))?;
-        let c = CString::new(p).map_err(|_| Error::Misuse("debug_dump: path contains NUL".into()))?;
-        // SAFETY: `self.raw` is live; `c` is a NUL-terminated string that outlives the call.
-        check(unsafe { ffi::tcg_graph_debug_dump(self.raw.as_ptr(), c.as_ptr()) })
+        self.handle.debug_dump(p)
     }
 
     /// The number of nodes of the kept graph.
     pub fn node_count(&mut self) -> Result<usize> {
         self.require_kept("node_count")?;
-        let mut n = 0usize;
-        // SAFETY: `self.raw` is live; `n` is a valid out pointer.
-        check(unsafe { ffi::tcg_graph_node_count(self.raw.as_ptr(), &mut n) })?;
-        Ok(n)
+        self.handle.node_count()
     }
 
     /// The nodes of the kept graph by kind.
     pub fn node_kinds(&mut self) -> Result<NodeKinds> {
         self.require_kept("node_kinds")?;
-        let mut kinds = ffi::tcg_node_kinds::default();
-        // SAFETY: `self.raw` is live; `kinds` is a valid out pointer.
-        check(unsafe { ffi::tcg_graph_node_kinds(self.raw.as_ptr(), &mut kinds) })?;
-        Ok(kinds.into())
-    }
-
-    /// The shim's handle, for the crate's own users of graphs (graphed callables). Valid while
-    /// `self` lives; the graph stays owned by `self`.
-    pub(crate) fn raw(&self) -> *mut ffi::tcg_graph {
-        self.raw.as_ptr()
+        self.handle.node_kinds()
     }
 
     fn require_captured(&self, what: &str) -> Result<()> {
@@ -419,10 +337,8 @@ impl CudaGraph {
     }
 }
 
-impl Drop for CudaGraph {
-    fn drop(&mut self) {
-        // SAFETY: `raw` came from tcg_graph_new and is freed exactly once, here. The shim aborts
-        // a capture still under way and never throws.
-        unsafe { ffi::tcg_graph_free(self.raw.as_ptr()) }
+impl HoldsGraph for CudaGraph {
+    fn graph_handle(&self) -> &GraphHandle {
+        &self.handle
     }
 }

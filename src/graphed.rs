@@ -88,14 +88,13 @@ use crate::amp::refuse_cached_autocast;
 use crate::autograd::grad_refs;
 use crate::capture::{record, side_stream, CaptureLock, CaptureOptions};
 use crate::device::cuda_is_available;
-use crate::error::{check, Error, Result};
-use crate::ffi;
+use crate::error::{Error, Result};
 use crate::graph::CudaGraph;
 use crate::memory::OomWatch;
 use crate::pool::{MemPool, PoolId};
 use crate::stream::StreamGuard;
+use crate::sys::graphed::{GraphedHandle, GraphedStatics};
 use crate::watch::TensorWatch;
-use std::ptr::NonNull;
 use tch::{Device, Kind, Tensor};
 
 type CallableFn<'f> = Box<dyn FnMut(&[Tensor]) -> Result<Vec<Tensor>> + 'f>;
@@ -226,11 +225,9 @@ impl Meta {
 /// `Send`, not `Sync`: use it from one thread at a time. Its backward may run on autograd's
 /// device thread; the shim serializes that with calls under a lock of its own.
 pub struct GraphedCallable {
-    /// Freed first (in `Drop`), cutting the autograd nodes' tie to the graphs below.
-    raw: NonNull<ffi::tcg_graphed>,
-    /// The forward graph and the backward graph (none if no output required grad), replayed by
-    /// the shim's state through `raw`.
-    graphs: (CudaGraph, Option<CudaGraph>),
+    /// The shim's state with the forward graph and the backward graph (none if no output
+    /// required grad) it replays; it frees itself before the graphs.
+    handle: GraphedHandle<CudaGraph>,
     samples: Vec<Meta>,
     params: Vec<Tensor>,
     params_grad: Vec<bool>,
@@ -253,12 +250,6 @@ impl std::fmt::Debug for GraphedCallable {
             .finish()
     }
 }
-
-// SAFETY: the shim's graphed state is reached only through its own mutex (calls, backwards on
-// autograd's threads, and the free), the graphs are Send (see CudaGraph), and the tensors,
-// watch and pool hold are Send. Nothing is tied to the making thread. Not Sync: `call` takes
-// `&self`, and one caller at a time is the contract.
-unsafe impl Send for GraphedCallable {}
 
 impl GraphedCallable {
     /// Runs the callable on `inputs` (like its samples): copies them into the static inputs,
@@ -296,15 +287,8 @@ impl GraphedCallable {
             }
         }
         self.watch.check()?;
-        let ptrs = ffi::tensor_ptrs(inputs.iter().chain(&self.params));
-        let mut out: Vec<ffi::tcg_tensor> = vec![std::ptr::null_mut(); self.n_out];
-        // SAFETY: `self.raw` is live (owned by self); `ptrs` holds live tensor handles borrowed
-        // for the call; `out` has n_out slots. On success each slot is a new heap at::Tensor that
-        // we own and hand to tch, which frees it on drop.
-        unsafe {
-            check(ffi::tcg_graphed_apply(self.raw.as_ptr(), ptrs.as_ptr(), ptrs.len(), out.as_mut_ptr(), out.len()))?;
-            Ok(out.into_iter().map(|p| Tensor::from_ptr(p)).collect())
-        }
+        let all: Vec<&Tensor> = inputs.iter().chain(&self.params).collect();
+        self.handle.apply(&all)
     }
 
     /// [`call`](Self::call) for a callable of one input and one output.
@@ -331,20 +315,12 @@ impl GraphedCallable {
 
     /// Whether it has a backward graph (some output required grad at capture).
     pub fn has_backward(&self) -> bool {
-        self.graphs.1.is_some()
+        self.handle.graphs().1.is_some()
     }
 
     /// The id of the pool its graphs live in.
     pub fn pool(&self) -> PoolId {
         self._pool.id()
-    }
-}
-
-impl Drop for GraphedCallable {
-    fn drop(&mut self) {
-        // SAFETY: `raw` came from tcg_graphed_new and is freed exactly once, here, before the
-        // graphs it refers to (fields drop after this). The shim never throws from it.
-        unsafe { ffi::tcg_graphed_free(self.raw.as_ptr()) }
     }
 }
 
@@ -512,13 +488,6 @@ pub fn make_graphed_callables(
         }
         let statics: Vec<Tensor> = outs.iter().map(Tensor::detach).collect();
         let surface: Vec<&Tensor> = c.samples.iter().chain(&c.params).collect();
-        let s_ptrs = ffi::tensor_ptrs(surface.iter().copied());
-        let o_ptrs = ffi::tensor_ptrs(&statics);
-        let optional = |ts: &[Option<Tensor>]| -> Vec<ffi::tcg_tensor> {
-            ts.iter().map(|t| t.as_ref().map_or(std::ptr::null_mut(), ffi::tensor_ptr)).collect()
-        };
-        let (go_ptrs, gi_ptrs) = (optional(&gouts), optional(&gins));
-        let bwd_raw = bwd.as_ref().map_or(std::ptr::null_mut(), CudaGraph::raw);
         // Everything fallible before the handle exists.
         let samples = c.samples.iter().map(Meta::of).collect::<Result<Vec<_>>>()?;
         let params_grad = c.params.iter().map(Tensor::requires_grad).collect();
@@ -528,30 +497,16 @@ pub fn make_graphed_callables(
             .chain((0..c.params.len()).map(|j| format!("graphed callable #{index} parameter #{j}")));
         watch.add(names, surface.iter().copied())?;
         let hold = MemPool::hold(device, pool.id())?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: the graphs are live and stay owned by the GraphedCallable built below, which
-        // frees the handle before them; every pointer array holds live tensor handles (or null
-        // where the contract allows) borrowed for the call; `raw` is a valid out pointer, and on
-        // success holds a handle that we own.
-        check(unsafe {
-            ffi::tcg_graphed_new(
-                fwd.raw(),
-                bwd_raw,
-                s_ptrs.as_ptr(),
-                s_ptrs.len(),
-                c.samples.len(),
-                o_ptrs.as_ptr(),
-                o_ptrs.len(),
-                go_ptrs.as_ptr(),
-                gi_ptrs.as_ptr(),
-                &mut raw,
-            )
-        })?;
-        // Owned from here on, by the GraphedCallable, which frees it before the graphs.
-        let raw = NonNull::new(raw).ok_or_else(|| Error::Libtorch("graphed callable: null handle".into()))?;
+        let statics_of = GraphedStatics {
+            surface: &surface,
+            n_user: c.samples.len(),
+            outputs: &statics,
+            grad_outputs: &gouts,
+            grad_inputs: &gins,
+        };
+        let handle = GraphedHandle::new(fwd, bwd, &statics_of)?;
         made.push(GraphedCallable {
-            raw,
-            graphs: (fwd, bwd),
+            handle,
             samples,
             params: c.params,
             params_grad,

@@ -5,7 +5,8 @@
 //! one graph launch instead of hundreds of kernel launches.
 //!
 //! Where to look:
-//! - `ffi` (crate-private): the raw C API of the C++ shim (`csrc/`); [`error`]: [`Error`] and the status check.
+//! - `sys` (crate-private): the safe layer over the C++ shim (`csrc/`), one file per shim family,
+//!   and the only code that calls into it; [`error`]: [`Error`].
 //! - [`graph`]: [`CudaGraph`], the safe owner of an `at::cuda::CUDAGraph` (no capture policy).
 //! - [`capture`]: [`CaptureOptions`], [`CudaGraph::capture`], [`capture_with_warmup`] (capture
 //!   stream, warmup, capture) and the per-device [`CaptureLock`] (one capture at a time).
@@ -51,7 +52,6 @@ pub mod device;
 pub mod dist;
 pub mod error;
 pub mod feed;
-mod ffi;
 pub mod graph;
 pub mod graphed;
 pub mod memory;
@@ -61,6 +61,7 @@ pub mod profiler;
 mod scalar;
 pub mod schedule;
 pub mod stream;
+mod sys;
 pub mod testing;
 pub mod train_step;
 pub mod watch;

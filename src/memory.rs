@@ -1,52 +1,21 @@
 //! Figures of libtorch's CUDA caching allocator: per device and per pool.
 
 use crate::device::cuda_index;
-use crate::error::{check, Error, Result};
-use crate::ffi;
+use crate::error::{Error, Result};
 use crate::pool::PoolId;
+use crate::sys::memory as sys;
 use tch::Device;
 
-/// The caching allocator's statistics for one device (bytes).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MemoryStats {
-    /// Bytes held by live tensors.
-    pub allocated: i64,
-    /// Peak of `allocated` since the last [`reset_peak_stats`].
-    pub allocated_peak: i64,
-    /// Bytes reserved from CUDA by the allocator (cached or in use).
-    pub reserved: i64,
-    /// Peak of `reserved`.
-    pub reserved_peak: i64,
-    /// Bytes of active blocks (allocated, or freed but awaiting stream use).
-    pub active: i64,
-    /// Times a cudaMalloc failed and the allocator freed its cache to retry.
-    pub alloc_retries: i64,
-    /// Out-of-memory errors raised.
-    pub ooms: i64,
-}
+pub use crate::sys::memory::{MemoryStats, PoolBlock};
 
 /// The allocator's statistics for `device`.
 pub fn memory_stats(device: Device) -> Result<MemoryStats> {
-    let idx = cuda_index(device)?;
-    let mut s = ffi::tcg_mem_stats::default();
-    // SAFETY: `s` is a valid out pointer for the duration of the call.
-    check(unsafe { ffi::tcg_memory_stats(idx, &mut s) })?;
-    Ok(MemoryStats {
-        allocated: s.allocated_current,
-        allocated_peak: s.allocated_peak,
-        reserved: s.reserved_current,
-        reserved_peak: s.reserved_peak,
-        active: s.active_current,
-        alloc_retries: s.num_alloc_retries,
-        ooms: s.num_ooms,
-    })
+    sys::stats(cuda_index(device)?)
 }
 
 /// Resets the peak figures of `device`.
 pub fn reset_peak_stats(device: Device) -> Result<()> {
-    let idx = cuda_index(device)?;
-    // SAFETY: plain value argument; the shim validates it.
-    check(unsafe { ffi::tcg_reset_peak_stats(idx) })
+    sys::reset_peak(cuda_index(device)?)
 }
 
 /// Memory of one pool on one device (bytes).
@@ -60,45 +29,21 @@ pub struct PoolMemory {
 
 /// The memory `pool` holds on `device` (from an allocator snapshot; not for hot loops).
 pub fn pool_memory(device: Device, pool: PoolId) -> Result<PoolMemory> {
-    let idx = cuda_index(device)?;
-    let (mut reserved, mut allocated) = (0i64, 0i64);
-    // SAFETY: both out pointers are valid for the duration of the call.
-    check(unsafe { ffi::tcg_pool_memory(idx, pool.ffi(), &mut reserved, &mut allocated) })?;
+    let (reserved, allocated) = sys::pool_memory(cuda_index(device)?, pool.raw())?;
     Ok(PoolMemory { reserved, allocated })
 }
 
 /// Returns the allocator's unused cached memory to CUDA (`torch.cuda.empty_cache()`); this is
 /// also when the memory of released graph pools goes back.
 pub fn empty_cache() -> Result<()> {
-    // SAFETY: no arguments; the shim checks for CUDA.
-    check(unsafe { ffi::tcg_empty_cache() })
+    sys::empty_cache(false)
 }
 
 /// Also returns the pinned host allocator's unused cached memory (`torch._C._host_emptyCache()`),
 /// which `torch.cuda.graph` does before every capture beside [`empty_cache`]: pinned memory that
 /// a capture allocated goes to the graph's pool, and this is when a released pool's goes back.
 pub fn empty_host_cache() -> Result<()> {
-    // SAFETY: no arguments; the shim checks for CUDA.
-    check(unsafe { ffi::tcg_host_empty_cache() })
-}
-
-/// One block of a pool's memory: a piece of one of the segments (`cudaMalloc`s) the pool owns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PoolBlock {
-    /// The device address of the block's segment.
-    pub segment: u64,
-    /// The segment's size (bytes).
-    pub segment_size: u64,
-    /// Where the block starts within its segment.
-    pub offset: u64,
-    /// The block's size (bytes, rounded by the allocator).
-    pub size: u64,
-    /// The size that was asked for (for allocated blocks).
-    pub requested: u64,
-    /// Held by a live tensor (or by a graph's captured work), rather than free in the pool.
-    pub allocated: bool,
-    /// From the allocator's large-block pool (segments of 2 MiB and more).
-    pub large: bool,
+    sys::empty_cache(true)
 }
 
 /// Every block of the segments `pool` owns on `device`, segment by segment in address order:
@@ -113,31 +58,7 @@ pub struct PoolBlock {
 /// # let _ = live; Ok(()) }
 /// ```
 pub fn pool_blocks(device: Device, pool: PoolId) -> Result<Vec<PoolBlock>> {
-    let idx = cuda_index(device)?;
-    let mut raw: Vec<ffi::tcg_pool_block> = Vec::new();
-    loop {
-        let mut n = 0usize;
-        // SAFETY: `raw` has room for `raw.len()` blocks, which is the capacity passed; `n` is a
-        // valid out pointer. The shim writes at most that many.
-        check(unsafe { ffi::tcg_pool_blocks(idx, pool.ffi(), raw.as_mut_ptr(), raw.len(), &mut n) })?;
-        if n <= raw.len() {
-            raw.truncate(n);
-            break;
-        }
-        raw = vec![ffi::tcg_pool_block::default(); n]; // blocks came and went: ask again
-    }
-    Ok(raw
-        .into_iter()
-        .map(|b| PoolBlock {
-            segment: b.segment,
-            segment_size: b.segment_size,
-            offset: b.offset,
-            size: b.size,
-            requested: b.requested,
-            allocated: b.allocated != 0,
-            large: b.large != 0,
-        })
-        .collect())
+    sys::pool_blocks(cuda_index(device)?, pool.raw())
 }
 
 /// Watches the caching allocator's OOM counter of one device around a call of the user's work,

@@ -1,9 +1,8 @@
 //! Memory pools for graphs: pool ids that several captures can share, and libtorch's `MemPool`.
 
 use crate::device::cuda_index;
-use crate::error::{check, Error, Result};
-use crate::ffi;
-use std::ptr::NonNull;
+use crate::error::{Error, Result};
+use crate::sys::memory::{self as sys, PoolHoldHandle, RawPoolId};
 use tch::Device;
 
 /// The id of a memory pool of libtorch's CUDA caching allocator (`MempoolId_t`).
@@ -43,11 +42,11 @@ impl PoolId {
         self == PoolId::PRIVATE
     }
 
-    pub(crate) fn ffi(self) -> ffi::tcg_pool_id {
-        ffi::tcg_pool_id { first: self.first, second: self.second }
+    pub(crate) fn raw(self) -> RawPoolId {
+        RawPoolId { first: self.first, second: self.second }
     }
 
-    pub(crate) fn from_ffi(raw: ffi::tcg_pool_id) -> Self {
+    pub(crate) fn from_raw_id(raw: RawPoolId) -> Self {
         PoolId { first: raw.first, second: raw.second }
     }
 }
@@ -62,10 +61,7 @@ impl PoolId {
 /// # Ok(()) }
 /// ```
 pub fn graph_pool_handle() -> Result<PoolId> {
-    let mut raw = ffi::tcg_pool_id::default();
-    // SAFETY: `raw` is a valid out pointer for the duration of the call.
-    check(unsafe { ffi::tcg_graph_pool_handle(&mut raw) })?;
-    Ok(PoolId::from_ffi(raw))
+    Ok(PoolId::from_raw_id(sys::new_pool_id()?))
 }
 
 /// A hold on a memory pool of libtorch's caching allocators (PyTorch's `torch.cuda.MemPool`,
@@ -93,15 +89,10 @@ pub fn graph_pool_handle() -> Result<PoolId> {
 /// ```
 #[derive(Debug)]
 pub struct MemPool {
-    raw: NonNull<ffi::tcg_mempool>,
+    hold: PoolHoldHandle,
     id: PoolId,
     device: Device,
 }
-
-// SAFETY: the shim's hold is plain data (a pool id and a device index); creating and releasing
-// references locks the caching allocators' own mutexes, so it may be dropped on any thread. No
-// `&self` method mutates it, but nothing needs Sync, so it is not claimed.
-unsafe impl Send for MemPool {}
 
 impl MemPool {
     /// A fresh pool on the current device, held.
@@ -126,18 +117,9 @@ impl MemPool {
     }
 
     fn make(device: i32, id: PoolId) -> Result<Self> {
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: `raw` is a valid out pointer; on success it holds a hold that we own.
-        check(unsafe { ffi::tcg_mempool_new(device, id.ffi(), &mut raw) })?;
-        let raw = NonNull::new(raw).ok_or_else(|| Error::Libtorch("MemPool: null handle".into()))?;
-        // Dropped (released) if reading the id fails.
-        let mut pool = MemPool { raw, id, device: Device::Cpu };
-        let (mut out, mut dev) = (ffi::tcg_pool_id::default(), 0);
-        // SAFETY: `pool.raw` is live (owned by `pool`); both out pointers are valid.
-        check(unsafe { ffi::tcg_mempool_id(pool.raw.as_ptr(), &mut out, &mut dev) })?;
-        pool.id = PoolId::from_ffi(out);
-        pool.device = Device::Cuda(dev as usize);
-        Ok(pool)
+        let hold = PoolHoldHandle::new(device, id.raw())?;
+        let (id, dev) = hold.id()?; // on failure `hold` is dropped: released
+        Ok(MemPool { hold, id: PoolId::from_raw_id(id), device: Device::Cuda(dev.max(0) as usize) })
     }
 
     /// The pool's id, for [`crate::CaptureOptions::pool`].
@@ -153,17 +135,6 @@ impl MemPool {
     /// How many hold the pool in the device allocator: this hold, other `MemPool`s, and one per
     /// graph captured into it.
     pub fn use_count(&self) -> Result<i32> {
-        let mut n = 0;
-        // SAFETY: `self.raw` is live (owned by self); `n` is a valid out pointer.
-        check(unsafe { ffi::tcg_mempool_use_count(self.raw.as_ptr(), &mut n) })?;
-        Ok(n)
-    }
-}
-
-impl Drop for MemPool {
-    fn drop(&mut self) {
-        // SAFETY: `raw` came from tcg_mempool_new and is freed exactly once, here; the shim's
-        // free never throws.
-        unsafe { ffi::tcg_mempool_free(self.raw.as_ptr()) }
+        self.hold.use_count()
     }
 }

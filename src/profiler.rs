@@ -28,12 +28,9 @@
 //! # Ok(()) }
 //! ```
 
-use crate::error::{check, Error, Result};
-use crate::ffi;
-use std::ffi::{CStr, CString};
-use std::marker::PhantomData;
+use crate::error::{Error, Result};
+use crate::sys::profiler::{ProfileHandle, ProfilerSession, RawEventKind};
 use std::path::Path;
-use std::ptr::NonNull;
 
 /// What a profiled event is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +53,19 @@ impl EventKind {
     /// Whether it ran on a GPU (kernel, copy, memset).
     pub fn on_gpu(self) -> bool {
         matches!(self, EventKind::Kernel | EventKind::Memcpy | EventKind::Memset)
+    }
+}
+
+impl EventKind {
+    fn from_raw(kind: RawEventKind) -> Self {
+        match kind {
+            RawEventKind::TCG_PROF_KERNEL => EventKind::Kernel,
+            RawEventKind::TCG_PROF_MEMCPY => EventKind::Memcpy,
+            RawEventKind::TCG_PROF_MEMSET => EventKind::Memset,
+            RawEventKind::TCG_PROF_CPU_OP => EventKind::CpuOp,
+            RawEventKind::TCG_PROF_RUNTIME => EventKind::Runtime,
+            _ => EventKind::Other,
+        }
     }
 }
 
@@ -83,100 +93,46 @@ impl Event {
     }
 }
 
-/// A running profiler (see the [module docs](self)).
+/// A running profiler (see the [module docs](self)). Not `Send`: Kineto's CPU-side state
+/// belongs to the thread that started it.
 #[derive(Debug)]
 pub struct Profiler {
-    stopped: bool,
-    /// Not Send: Kineto's CPU-side state belongs to the thread that started it.
-    _thread: PhantomData<*const ()>,
+    session: ProfilerSession,
 }
 
 impl Profiler {
     /// Starts profiling CPU ops (this thread) and, when CUDA is there, every GPU activity.
     /// [`Error::Misuse`] if a profiler is running already.
     pub fn start() -> Result<Profiler> {
-        // SAFETY: no pointers; the shim refuses a second profiler.
-        check(unsafe { ffi::tcg_profiler_start(1) })?;
-        Ok(Profiler { stopped: false, _thread: PhantomData })
+        Ok(Profiler { session: ProfilerSession::start(true)? })
     }
 
     /// Stops and returns what was recorded. Synchronize the device first if the last GPU work
     /// must be in the profile (CUPTI reports what has finished).
-    pub fn stop(mut self) -> Result<Profile> {
-        self.stopped = true;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: `raw` is a valid out pointer; on success it holds a profile we own.
-        check(unsafe { ffi::tcg_profiler_stop(&mut raw) })?;
-        let raw = NonNull::new(raw).ok_or_else(|| Error::Libtorch("profiler: null profile".into()))?;
-        let mut profile = Profile { raw, events: Vec::new() };
-        let mut n = 0usize;
-        // SAFETY: the profile is live (owned by `profile`); `n` is a valid out pointer.
-        check(unsafe { ffi::tcg_profile_len(raw.as_ptr(), &mut n) })?;
-        profile.events.reserve(n);
-        for i in 0..n {
-            let mut e = ffi::tcg_prof_event::default();
-            let mut name = std::ptr::null_mut();
-            // SAFETY: i < n; out pointers valid; `name` comes back malloc'ed (or NULL) and is
-            // released below with tcg_string_free exactly once.
-            let status = unsafe { ffi::tcg_profile_event(raw.as_ptr(), i, &mut e, &mut name) };
-            let text = if name.is_null() {
-                String::new()
-            } else {
-                // SAFETY: a NUL-terminated string from the shim, freed right after the copy.
-                unsafe {
-                    let s = CStr::from_ptr(name).to_string_lossy().into_owned();
-                    ffi::tcg_string_free(name);
-                    s
-                }
-            };
-            check(status)?;
-            let kind = match e.kind {
-                ffi::TCG_PROF_KERNEL => EventKind::Kernel,
-                ffi::TCG_PROF_MEMCPY => EventKind::Memcpy,
-                ffi::TCG_PROF_MEMSET => EventKind::Memset,
-                ffi::TCG_PROF_CPU_OP => EventKind::CpuOp,
-                ffi::TCG_PROF_RUNTIME => EventKind::Runtime,
-                _ => EventKind::Other,
-            };
-            profile.events.push(Event {
-                name: text,
-                kind,
-                device: e.device,
-                stream: e.stream,
-                start_ns: e.start_ns,
-                end_ns: e.end_ns.max(e.start_ns),
-            });
-        }
-        Ok(profile)
-    }
-}
-
-impl Drop for Profiler {
-    fn drop(&mut self) {
-        if !self.stopped {
-            // SAFETY: a null out pointer discards the result; the shim never throws.
-            let _ = unsafe { ffi::tcg_profiler_stop(std::ptr::null_mut()) };
-        }
+    pub fn stop(self) -> Result<Profile> {
+        let handle = self.session.stop()?;
+        let events = (0..handle.len()?)
+            .map(|i| {
+                let (e, name) = handle.event(i)?;
+                Ok(Event {
+                    name,
+                    kind: EventKind::from_raw(e.kind),
+                    device: e.device,
+                    stream: e.stream,
+                    start_ns: e.start_ns,
+                    end_ns: e.end_ns.max(e.start_ns),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Profile { handle, events })
     }
 }
 
 /// What a [`Profiler`] recorded.
 #[derive(Debug)]
 pub struct Profile {
-    raw: NonNull<ffi::tcg_profile>,
+    handle: ProfileHandle,
     events: Vec<Event>,
-}
-
-// SAFETY: the shim's profile is immutable after stop (events copied out, the Kineto result only
-// read by save); no thread affinity. Sync is not claimed: save goes through &self but Kineto's
-// save is not known to be reentrant.
-unsafe impl Send for Profile {}
-
-impl Drop for Profile {
-    fn drop(&mut self) {
-        // SAFETY: `raw` came from tcg_profiler_stop and is freed once, here; never throws.
-        unsafe { ffi::tcg_profile_free(self.raw.as_ptr()) }
-    }
 }
 
 impl Profile {
@@ -188,9 +144,7 @@ impl Profile {
     /// Writes a Chrome trace (JSON) to `path`: open it in Perfetto or `chrome://tracing`.
     pub fn save_chrome_trace(&self, path: impl AsRef<Path>) -> Result<()> {
         let p = path.as_ref().to_str().ok_or_else(|| Error::Misuse("profile path is not UTF-8".into()))?;
-        let c = CString::new(p).map_err(|_| Error::Misuse("profile path contains NUL".into()))?;
-        // SAFETY: `raw` is live; `c` outlives the call.
-        check(unsafe { ffi::tcg_profile_save(self.raw.as_ptr(), c.as_ptr()) })
+        self.handle.save(p)
     }
 
     /// The figures of the GPU events (see [`Summary`]).

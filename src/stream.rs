@@ -2,10 +2,9 @@
 //! the previous stream, and the capture status of a stream.
 
 use crate::device::cuda_index;
-use crate::error::{check, Error, Result};
-use crate::ffi;
+use crate::error::{Error, Result};
+use crate::sys::device::{self as sys, EventHandle, RawCaptureStatus, RawStream, StreamGuardHandle, WhichStream};
 use std::collections::HashMap;
-use std::ptr::NonNull;
 use std::sync::{Mutex, OnceLock};
 use tch::Device;
 
@@ -21,13 +20,13 @@ pub enum CaptureStatus {
 }
 
 impl CaptureStatus {
-    /// Maps the shim's code (0 none, 1 active, 2 invalidated).
-    pub fn from_code(code: i32) -> Result<Self> {
-        match code {
-            0 => Ok(CaptureStatus::None),
-            1 => Ok(CaptureStatus::Active),
-            2 => Ok(CaptureStatus::Invalidated),
-            other => Err(Error::Libtorch(format!("unknown capture status code {other}"))),
+    /// Maps the shim's status.
+    fn from_raw(raw: RawCaptureStatus) -> Result<Self> {
+        match raw {
+            RawCaptureStatus::TCG_CAPTURE_STATUS_NONE => Ok(CaptureStatus::None),
+            RawCaptureStatus::TCG_CAPTURE_STATUS_ACTIVE => Ok(CaptureStatus::Active),
+            RawCaptureStatus::TCG_CAPTURE_STATUS_INVALIDATED => Ok(CaptureStatus::Invalidated),
+            other => Err(Error::Libtorch(format!("unknown capture status code {}", other.0))),
         }
     }
 }
@@ -36,35 +35,24 @@ impl CaptureStatus {
 /// handle is free and never frees anything).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Stream {
-    raw: ffi::tcg_stream,
+    raw: RawStream,
 }
 
 impl Stream {
     /// The current stream of `device` on this thread.
     pub fn current(device: Device) -> Result<Self> {
-        let idx = cuda_index(device)?;
-        let mut raw = ffi::tcg_stream::default();
-        // SAFETY: `raw` is a valid out pointer for the duration of the call.
-        check(unsafe { ffi::tcg_stream_current(idx, &mut raw) })?;
-        Ok(Stream { raw })
+        Ok(Stream { raw: sys::stream_of(cuda_index(device)?, WhichStream::Current)? })
     }
 
     /// The default (legacy, null) stream of `device`. Graphs cannot be captured on it.
     pub fn default_stream(device: Device) -> Result<Self> {
-        let idx = cuda_index(device)?;
-        let mut raw = ffi::tcg_stream::default();
-        // SAFETY: `raw` is a valid out pointer for the duration of the call.
-        check(unsafe { ffi::tcg_stream_default(idx, &mut raw) })?;
-        Ok(Stream { raw })
+        Ok(Stream { raw: sys::stream_of(cuda_index(device)?, WhichStream::Default)? })
     }
 
     /// A side stream from libtorch's stream pool on `device` (round-robin; never the default).
     pub fn from_pool(device: Device) -> Result<Self> {
-        let idx = cuda_index(device)?;
-        let mut raw = ffi::tcg_stream::default();
-        // SAFETY: `raw` is a valid out pointer for the duration of the call.
-        check(unsafe { ffi::tcg_stream_from_pool(idx, 0, &mut raw) })?;
-        Ok(Stream { raw })
+        let which = WhichStream::FromPool { high_priority: false };
+        Ok(Stream { raw: sys::stream_of(cuda_index(device)?, which)? })
     }
 
     /// The stream this crate captures on for `device`: one side stream per device for the whole
@@ -92,23 +80,18 @@ impl Stream {
 
     /// Blocks the host until all work queued on this stream has finished.
     pub fn synchronize(&self) -> Result<()> {
-        // SAFETY: plain value argument; the shim validates it.
-        check(unsafe { ffi::tcg_stream_synchronize(self.raw) })
+        sys::stream_synchronize(self.raw)
     }
 
     /// Makes this stream wait (on the device, without blocking the host) for all work queued so
     /// far on `other`.
     pub fn wait_stream(&self, other: &Stream) -> Result<()> {
-        // SAFETY: plain value arguments; the shim validates them.
-        check(unsafe { ffi::tcg_stream_wait_stream(self.raw, other.raw) })
+        sys::stream_wait_stream(self.raw, other.raw)
     }
 
     /// This stream's capture status.
     pub fn capture_status(&self) -> Result<CaptureStatus> {
-        let mut code = 0;
-        // SAFETY: `code` is a valid out pointer for the duration of the call.
-        check(unsafe { ffi::tcg_stream_capture_status(self.raw, &mut code) })?;
-        CaptureStatus::from_code(code)
+        CaptureStatus::from_raw(sys::stream_capture_status(self.raw)?)
     }
 }
 
@@ -139,26 +122,13 @@ pub fn is_current_stream_capturing() -> Result<bool> {
 /// ```
 #[derive(Debug)]
 pub struct StreamGuard {
-    raw: NonNull<ffi::tcg_stream_guard>,
+    _handle: StreamGuardHandle,
 }
 
 impl StreamGuard {
     /// Makes `stream` current on its device, remembering what to restore.
     pub fn new(stream: &Stream) -> Result<Self> {
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: `raw` is a valid out pointer; on success it holds a guard we own.
-        check(unsafe { ffi::tcg_stream_guard_new(stream.raw, &mut raw) })?;
-        NonNull::new(raw)
-            .map(|raw| StreamGuard { raw })
-            .ok_or_else(|| Error::Libtorch("stream guard: null handle".into()))
-    }
-}
-
-impl Drop for StreamGuard {
-    fn drop(&mut self) {
-        // SAFETY: `raw` came from tcg_stream_guard_new and is freed exactly once, here; the
-        // shim's free never throws.
-        unsafe { ffi::tcg_stream_guard_free(self.raw.as_ptr()) }
+        Ok(StreamGuard { _handle: StreamGuardHandle::new(stream.raw)? })
     }
 }
 
@@ -178,48 +148,48 @@ impl Drop for StreamGuard {
 /// ```
 #[derive(Debug)]
 pub struct Event {
-    raw: NonNull<ffi::tcg_event>,
+    handle: EventHandle,
 }
-
-// SAFETY: a CUDA event is a driver handle usable from any thread; the shim's wrapper holds only
-// the handle and its device index. Recording takes `&mut self`; waits only read the handle.
-unsafe impl Send for Event {}
 
 impl Event {
     /// A new event on `device`.
     pub fn new(device: Device) -> Result<Self> {
-        let idx = cuda_index(device)?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: `raw` is a valid out pointer; on success it holds an event we own.
-        check(unsafe { ffi::tcg_event_new(idx, &mut raw) })?;
-        NonNull::new(raw).map(|raw| Event { raw }).ok_or_else(|| Error::Libtorch("event: null handle".into()))
+        Ok(Event { handle: EventHandle::new(cuda_index(device)?)? })
     }
 
     /// Records the work queued so far on `stream` (which must be on the event's device).
     pub fn record(&mut self, stream: &Stream) -> Result<()> {
-        // SAFETY: `self.raw` is live (owned by self); the stream is plain data the shim checks.
-        check(unsafe { ffi::tcg_event_record(self.raw.as_ptr(), stream.raw) })
+        self.handle.record(stream.raw)
     }
 
     /// Blocks the host until the work of the last [`record`](Self::record) has finished.
     pub fn synchronize(&self) -> Result<()> {
-        // SAFETY: `self.raw` is live; cudaEventSynchronize only reads the handle.
-        check(unsafe { ffi::tcg_event_synchronize(self.raw.as_ptr()) })
-    }
-}
-
-impl Drop for Event {
-    fn drop(&mut self) {
-        // SAFETY: `raw` came from tcg_event_new and is freed exactly once, here; the shim's free
-        // never throws.
-        unsafe { ffi::tcg_event_free(self.raw.as_ptr()) }
+        self.handle.synchronize()
     }
 }
 
 impl Stream {
     /// Makes this stream wait (on the device) for the last record of `event`.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
-        // SAFETY: plain stream data; `event.raw` is live for the call and only read.
-        check(unsafe { ffi::tcg_stream_wait_event(self.raw, event.raw.as_ptr()) })
+        event.handle.wait_on(self.raw)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capture_statuses_map_and_unknown_codes_are_errors() {
+        assert_eq!(CaptureStatus::from_raw(RawCaptureStatus::TCG_CAPTURE_STATUS_NONE).unwrap(), CaptureStatus::None);
+        assert_eq!(
+            CaptureStatus::from_raw(RawCaptureStatus::TCG_CAPTURE_STATUS_ACTIVE).unwrap(),
+            CaptureStatus::Active
+        );
+        assert_eq!(
+            CaptureStatus::from_raw(RawCaptureStatus::TCG_CAPTURE_STATUS_INVALIDATED).unwrap(),
+            CaptureStatus::Invalidated
+        );
+        assert!(matches!(CaptureStatus::from_raw(RawCaptureStatus(7)), Err(Error::Libtorch(_))));
     }
 }

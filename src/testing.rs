@@ -1,9 +1,8 @@
 //! Fault injection, for tests of this crate's failure paths (and of code built on it). Not for
 //! production use: an armed fault makes the next call that reaches it fail.
 
-use crate::error::{check, Error, Result};
-use crate::ffi;
-use std::ffi::CString;
+use crate::error::Result;
+use crate::sys;
 
 /// A place in the shim where a failure can be injected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,8 +24,5 @@ impl FaultPoint {
 /// Makes the next call on this thread that reaches `point` fail as if libtorch had thrown
 /// there (`Error::Libtorch`). `None` disarms.
 pub fn fail_next(point: Option<FaultPoint>) -> Result<()> {
-    let name = CString::new(point.map(FaultPoint::name).unwrap_or(""))
-        .map_err(|_| Error::Misuse("fault point name contains NUL".into()))?;
-    // SAFETY: `name` is a NUL-terminated string that outlives the call; the shim copies it.
-    check(unsafe { ffi::tcg_testing_fail_next(name.as_ptr()) })
+    sys::error::testing_fail_next(point.map(FaultPoint::name).unwrap_or(""))
 }

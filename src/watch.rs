@@ -4,9 +4,8 @@
 //! storage is replaced afterwards (`set_data`, `VarStore::set_kind`, a resize), the graph would
 //! silently keep working on the old (possibly freed) memory. A watch notices.
 
-use crate::error::{check, take_message, Error, Result};
-use crate::ffi;
-use std::ptr::NonNull;
+use crate::error::{Error, Result};
+use crate::sys::watch::{self as sys, Checked, WatchHandle};
 use tch::Tensor;
 
 /// References to tensors plus each one's data pointer, dtype and shape at the time it was
@@ -26,23 +25,14 @@ use tch::Tensor;
 /// ```
 #[derive(Debug)]
 pub struct TensorWatch {
-    raw: NonNull<ffi::tcg_watch>,
+    handle: WatchHandle,
     names: Vec<String>,
 }
-
-// SAFETY: the C++ watch holds at::Tensor references (atomically reference-counted, usable from
-// any thread) and plain data; it has no thread affinity. Mutation goes through `&mut self` and
-// `check` only reads, but we do not claim Sync since nothing needs it.
-unsafe impl Send for TensorWatch {}
 
 impl TensorWatch {
     /// An empty watch.
     pub fn new() -> Result<Self> {
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: `raw` is a valid out pointer; on success it holds a watch we own.
-        check(unsafe { ffi::tcg_watch_new(&mut raw) })?;
-        let raw = NonNull::new(raw).ok_or_else(|| Error::Libtorch("tensor watch: null handle".into()))?;
-        Ok(TensorWatch { raw, names: Vec::new() })
+        Ok(TensorWatch { handle: WatchHandle::new()?, names: Vec::new() })
     }
 
     /// Adds `tensors` (named by `names`, in order, for error messages), recording their storage
@@ -52,14 +42,12 @@ impl TensorWatch {
         names: impl IntoIterator<Item = String>,
         tensors: impl IntoIterator<Item = &'a Tensor>,
     ) -> Result<()> {
-        let ptrs = ffi::tensor_ptrs(tensors);
+        let tensors: Vec<&Tensor> = tensors.into_iter().collect();
         let names: Vec<String> = names.into_iter().collect();
-        if names.len() != ptrs.len() {
-            return Err(Error::Misuse(format!("watch: {} names for {} tensors", names.len(), ptrs.len())));
+        if names.len() != tensors.len() {
+            return Err(Error::Misuse(format!("watch: {} names for {} tensors", names.len(), tensors.len())));
         }
-        // SAFETY: `self.raw` is live; `ptrs` holds live tensor handles borrowed for the call
-        // (the shim copies the at::Tensor references it keeps).
-        check(unsafe { ffi::tcg_watch_add(self.raw.as_ptr(), ptrs.as_ptr(), ptrs.len()) })?;
+        self.handle.add(&tensors)?;
         self.names.extend(names);
         Ok(())
     }
@@ -78,38 +66,24 @@ impl TensorWatch {
     /// [`check`](Self::check) compares with them from here on (after whatever uses the tensors
     /// was rebuilt on the new storage, e.g. [`crate::TrainStep::recapture`]).
     pub fn refresh(&mut self) -> Result<()> {
-        // SAFETY: `self.raw` is live and exclusively borrowed; the shim re-reads the tensors it holds.
-        check(unsafe { ffi::tcg_watch_refresh(self.raw.as_ptr()) })
+        self.handle.refresh()
     }
 
     /// `Ok` when every watched tensor still has the storage, dtype and shape it had when added;
     /// otherwise [`Error::StaleGraph`] naming the first that changed.
     pub fn check(&self) -> Result<()> {
-        let mut index = usize::MAX;
-        // SAFETY: `self.raw` is live; `index` is a valid out pointer. The shim only reads.
-        let status = unsafe { ffi::tcg_watch_check(self.raw.as_ptr(), &mut index) };
-        if status != ffi::TCG_STALE {
-            return check(status);
+        match self.handle.check()? {
+            Checked::Unchanged => Ok(()),
+            Checked::Stale { index, detail } => {
+                let what = self.names.get(index).cloned().unwrap_or_else(|| format!("watched tensor #{index}"));
+                Err(Error::StaleGraph { what, detail })
+            }
         }
-        let detail = take_message();
-        let what = self.names.get(index).cloned().unwrap_or_else(|| format!("watched tensor #{index}"));
-        Err(Error::StaleGraph { what, detail })
-    }
-}
-
-impl Drop for TensorWatch {
-    fn drop(&mut self) {
-        // SAFETY: `raw` came from tcg_watch_new and is freed exactly once, here; the shim's
-        // free never throws.
-        unsafe { ffi::tcg_watch_free(self.raw.as_ptr()) }
     }
 }
 
 /// Bytes of the storage `t` views (0 for an undefined tensor): more than `t`'s own bytes when it
 /// is a view into a larger buffer, which keeps the whole buffer alive.
 pub(crate) fn storage_nbytes(t: &Tensor) -> Result<usize> {
-    let mut n = 0usize;
-    // SAFETY: `t` is live for the call; `n` is a valid out pointer. The shim only reads.
-    check(unsafe { ffi::tcg_tensor_storage_nbytes(ffi::tensor_ptr(t), &mut n) })?;
-    Ok(n)
+    sys::storage_nbytes(t)
 }

@@ -5,7 +5,10 @@
 
 use std::process::Command;
 use tch::Device;
-use tch_cuda_graphs::{empty_cache, graph_pool_handle, memory_stats, pool_memory, reset_peak_stats, Error, PoolId};
+use tch_cuda_graphs::{
+    empty_cache, graph_pool_handle, memory_stats, pool_memory, reset_peak_stats, CaptureOptions, CudaGraph, Error,
+    PoolId,
+};
 
 const CHILD: &str = "TCG_FIRST_CALL";
 
@@ -50,4 +53,69 @@ fn allocator_entry_points_work_as_the_first_cuda_call() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// The process's first cuBLAS call inside a capture, with no warmup: `cublasCreate` cannot run
+/// while a stream captures, so the crate makes the cuBLAS and cuBLASLt handles (and their
+/// workspaces) for the capture stream before the capture begins. Runs in a fresh process.
+const FIRST_MATMUL: &str = "TCG_FIRST_MATMUL";
+
+fn capture_first_matmul() -> Result<f64, Error> {
+    let d = Device::Cuda(0);
+    let a = tch::Tensor::ones([64, 64], (tch::Kind::Float, d));
+    let b = tch::Tensor::ones([64, 64], (tch::Kind::Float, d)) * 2.0;
+    let mut graph = CudaGraph::new()?;
+    let out = graph.capture(CaptureOptions::default(), || Ok(a.matmul(&b)))?;
+    graph.replay()?;
+    let linear = tch::Tensor::ones([64, 512], (tch::Kind::Float, d));
+    let biased = graph_linear(&linear, d)?;
+    // every element of ones(64x64) @ (2 * ones(64x64)) is 64 * 2 = 128
+    let max_err = (&out - 128.0).abs().max().double_value(&[]) + biased;
+    Ok(max_err)
+}
+
+/// A second capture in the same process, of `addmm` (cuBLASLt with a bias epilogue on recent
+/// GPUs), also without warmup: the cuBLASLt handle and workspace exist already. Returns its error.
+fn graph_linear(x: &tch::Tensor, d: Device) -> Result<f64, Error> {
+    let w = tch::Tensor::ones([8, 512], (tch::Kind::Float, d));
+    let bias = tch::Tensor::ones([8], (tch::Kind::Float, d));
+    let mut graph = CudaGraph::new()?;
+    let out = graph.capture(CaptureOptions::default(), || Ok(x.linear(&w, Some(&bias))))?;
+    graph.replay()?;
+    Ok((&out - 513.0).abs().max().double_value(&[]))
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_capture_whose_matmul_is_the_processs_first_cublas_call_works() {
+    if std::env::var(FIRST_MATMUL).is_ok() {
+        match capture_first_matmul() {
+            Ok(err) => {
+                assert_eq!(err, 0.0, "replayed matmul differs from the exact result by {err}");
+                println!("CHILD-OK first matmul captured raw, max error {err}");
+            }
+            Err(e) => panic!("capturing the first matmul of the process failed: {e:?}"),
+        }
+        return;
+    }
+    assert!(tch::Cuda::is_available(), "this test needs a CUDA device, and none is available");
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(&exe)
+        .args([
+            "--exact",
+            "a_capture_whose_matmul_is_the_processs_first_cublas_call_works",
+            "--include-ignored",
+            "--nocapture",
+        ])
+        .env(FIRST_MATMUL, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().find(|l| l.contains("CHILD-OK")).map(str::to_owned);
+    println!("child: {}", line.as_deref().unwrap_or("(no result)"));
+    assert!(
+        out.status.success() && line.is_some(),
+        "the first matmul captured raw failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -45,7 +45,7 @@ void require_driver() {
 }  // namespace
 
 struct tcg_cond {
-  int type = 0;  // 0 IF, 1 WHILE, 2 IF on zero
+  tcg_cond_kind type = TCG_COND_IF;
   c10::DeviceIndex device = 0;
   CUDAStream outer;
   CUDAStream body;
@@ -95,12 +95,14 @@ struct tcg_cond {
 
 extern "C" {
 
-tcg_status tcg_cond_begin(int type, tcg_tensor cond, tcg_pool_id body_pool, int64_t max_iters, tcg_tensor counter,
+tcg_status tcg_cond_begin(tcg_cond_kind type, tcg_tensor cond, tcg_pool_id body_pool, int64_t max_iters, tcg_tensor counter,
                           tcg_tensor hit, tcg_cond** out) {
   return guard([&] {
     *out = nullptr;
     require_cuda();
-    if (type < 0 || type > 2) misuse("conditional node: type must be 0 (IF), 1 (WHILE) or 2 (IF on zero)");
+    if (type != TCG_COND_IF && type != TCG_COND_WHILE && type != TCG_COND_IF_NOT) {
+      misuse("conditional node: unknown kind " + std::to_string(static_cast<int>(type)));
+    }
     const at::Tensor& c = tensor_ref(cond);
     if (!c.is_cuda() || c.numel() != 1) misuse("conditional node: the condition must be one value on a CUDA device");
     (void)dtype_code(c);
@@ -122,7 +124,7 @@ tcg_status tcg_cond_begin(int type, tcg_tensor cond, tcg_pool_id body_pool, int6
     st->setter = setter;
     st->cond = c;
     st->max_iters = max_iters;
-    if (type == 1) {
+    if (type == TCG_COND_WHILE) {
       if (counter == nullptr || hit == nullptr) misuse("conditional node: a WHILE node needs its counter and flag");
       st->counter = tensor_ref(counter);
       st->hit = tensor_ref(hit);
@@ -137,7 +139,7 @@ tcg_status tcg_cond_begin(int type, tcg_tensor cond, tcg_pool_id body_pool, int6
     check_cuda(cudaStreamGetCaptureInfo(outer.stream(), &status, nullptr, &graph, nullptr, nullptr, nullptr),
                "cudaStreamGetCaptureInfo");
     check_cuda(cudaGraphConditionalHandleCreate(&st->handle, graph, 0, 0), "cudaGraphConditionalHandleCreate");
-    st->launch_setter(type == 2 ? 2 : 0, outer.stream());  // captured: assigns the handle at every launch
+    st->launch_setter(type == TCG_COND_IF_NOT ? 2 : 0, outer.stream());  // captured: assigns the handle at every launch
     const cudaGraphNode_t* deps = nullptr;
     const cudaGraphEdgeData* edges = nullptr;
     size_t n = 0;
@@ -146,7 +148,7 @@ tcg_status tcg_cond_begin(int type, tcg_tensor cond, tcg_pool_id body_pool, int6
     cudaGraphNodeParams params{};
     params.type = cudaGraphNodeTypeConditional;
     params.conditional.handle = st->handle;
-    params.conditional.type = type == 1 ? cudaGraphCondTypeWhile : cudaGraphCondTypeIf;
+    params.conditional.type = type == TCG_COND_WHILE ? cudaGraphCondTypeWhile : cudaGraphCondTypeIf;
     params.conditional.size = 1;
     cudaGraphNode_t node = nullptr;
     check_cuda(cudaGraphAddNode(&node, graph, deps, edges, n, &params), "cudaGraphAddNode (conditional)");
@@ -172,7 +174,7 @@ tcg_status tcg_cond_end(tcg_cond* c) {
     if (!c->capturing) misuse("conditional node: its body is not being captured");
     c10::cuda::CUDAGuard device_guard(c->device);
     try {
-      if (c->type == 1) c->launch_setter(1, c->body.stream());
+      if (c->type == TCG_COND_WHILE) c->launch_setter(1, c->body.stream());
       cudaGraph_t g = nullptr;
       cudaError_t e = cudaStreamEndCapture(c->body.stream(), &g);
       c->capturing = false;

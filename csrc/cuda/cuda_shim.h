@@ -68,7 +68,7 @@ inline void check_cuda(cudaError_t err, const char* what) {
 }
 
 // A reference on a pool in both of libtorch's caching allocators, device and pinned host (see
-// tcg_mempool_new in tcg.h for why). The constructor reopens a pool whose holders are all gone
+// tcg_pool_hold_new in tcg.h for why). The constructor reopens a pool whose holders are all gone
 // if none of its blocks is still allocated, and throws TCG_MISUSE (having changed nothing) if
 // some are. With `empty_on_release`, the destructor also returns the pool's cached device
 // memory to CUDA when nothing else holds it (as ~at::cuda::MemPool does). Defined in memory.cpp.
@@ -101,7 +101,7 @@ inline int capture_status_of(cudaStream_t s) {
 namespace optim {
 // A kernel of the crate's own fat binary by name (optim_own.cpp), loaded and checked on
 // `device`; throws TCG_UNSUPPORTED with the reason where it cannot run (also when first asked
-// during a capture: load it before, see tcg_own_kernels_check).
+// during a capture: load it before, see tcg_optim_own_kernels_check).
 cudaKernel_t kernel(const char* name, int device);
 }  // namespace optim
 

@@ -26,13 +26,13 @@ struct tcg_event {
 
 extern "C" {
 
-int tcg_built_with_cuda(void) { return 1; }
+bool tcg_device_built_with_cuda(void) { return true; }
 
 tcg_status tcg_device_count(int* out) {
   return guard([&] { *out = static_cast<int>(c10::cuda::device_count()); });
 }
 
-tcg_status tcg_current_device(int* out) {
+tcg_status tcg_device_current(int* out) {
   return guard([&] {
     require_cuda();
     *out = static_cast<int>(c10::cuda::current_device());
@@ -46,9 +46,9 @@ tcg_status tcg_device_synchronize(int device) {
   });
 }
 
-tcg_status tcg_stream_from_pool(int device, int high_priority, tcg_stream* out) {
+tcg_status tcg_stream_from_pool(int device, bool high_priority, tcg_stream* out) {
   return guard(
-      [&] { *out = pack(c10::cuda::getStreamFromPool(high_priority != 0, checked_device(device))); });
+      [&] { *out = pack(c10::cuda::getStreamFromPool(high_priority, checked_device(device))); });
 }
 
 tcg_status tcg_stream_current(int device, tcg_stream* out) {
@@ -78,8 +78,8 @@ tcg_status tcg_stream_wait_stream(tcg_stream waiter, tcg_stream waitee) {
   });
 }
 
-tcg_status tcg_stream_capture_status(tcg_stream s, int* out) {
-  return guard([&] { *out = capture_status_of(unpack(s).stream()); });
+tcg_status tcg_stream_capture_status(tcg_stream s, tcg_capture_status* out) {
+  return guard([&] { *out = static_cast<tcg_capture_status>(capture_status_of(unpack(s).stream())); });
 }
 
 tcg_status tcg_stream_guard_new(tcg_stream s, tcg_stream_guard** out) {

@@ -143,7 +143,7 @@ void abort_group(tcg_pg* p) {
 
 extern "C" {
 
-int tcg_dist_available(void) { return 1; }
+bool tcg_pg_available(void) { return true; }
 
 tcg_status tcg_pg_new_from_env(int64_t timeout_ms, tcg_pg** out) {
   return guard([&] {
@@ -219,12 +219,13 @@ tcg_status tcg_pg_info(tcg_pg* p, int* rank, int* size, int* device) {
 }
 
 // op: 0 sum, 1 average. The current stream waits for the result (no host wait): capturable.
-tcg_status tcg_pg_allreduce(tcg_pg* p, tcg_tensor t, int op) {
+tcg_status tcg_pg_allreduce(tcg_pg* p, tcg_tensor t, tcg_reduce_op op) {
   return guard([&] {
     std::vector<at::Tensor> v{tensor_ref(t)};
     check_collective(p, v[0]);
     c10d::AllreduceOptions o;
-    o.reduceOp = op == 1 ? c10d::ReduceOp(c10d::ReduceOp::AVG) : c10d::ReduceOp(c10d::ReduceOp::SUM);
+    if (op != TCG_REDUCE_SUM && op != TCG_REDUCE_AVG) misuse("all_reduce: unknown reduce op");
+    o.reduceOp = op == TCG_REDUCE_AVG ? c10d::ReduceOp(c10d::ReduceOp::AVG) : c10d::ReduceOp(c10d::ReduceOp::SUM);
     o.asyncOp = false;
     run_on_current_stream(p->pg->allreduce(v, o));
   });

@@ -351,117 +351,148 @@ struct tcg_buckets {
   std::shared_ptr<State> state;
 };
 
+namespace {
+
+Buffers buffers_of(tcg_bucket_memory m) {
+  switch (m) {
+    case TCG_BUCKET_MEMORY_CACHING: return Buffers::caching;
+    case TCG_BUCKET_MEMORY_NCCL_MEM: return Buffers::nccl_mem;
+    case TCG_BUCKET_MEMORY_NCCL_REGISTERED: return Buffers::registered;
+    case TCG_BUCKET_MEMORY_NCCL_WINDOW: return Buffers::window;
+  }
+  misuse("GradAllReduce: unknown bucket memory " + std::to_string(static_cast<int>(m)));
+}
+
+// Every parameter a leaf that requires grad, of one dtype, on the group's device, without a
+// hook of another GradAllReduce; bf16 compression of float32 gradients only.
+void check_params(const State& s) {
+  const auto kind = s.params[0].scalar_type();
+  if (s.compress && kind != at::kFloat) misuse("GradAllReduce: bf16 compression needs float32 gradients");
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const auto& p = s.params[i];
+    check_collective(s.pg, p);
+    if (p.scalar_type() != kind) misuse("GradAllReduce: parameters of more than one dtype");
+    if (!p.is_leaf() || !p.requires_grad()) misuse("GradAllReduce: parameter #" + std::to_string(i) + " is not a leaf that requires grad");
+    if (torch::autograd::impl::post_acc_grad_hooks(p) != nullptr) {
+      misuse("GradAllReduce: parameter #" + std::to_string(i) +
+             " already has a post-accumulate-grad hook (is it in another GradAllReduce?)");
+    }
+  }
+}
+
+// Buckets of up to `bucket_bytes` in reverse parameter order (the order backward produces
+// gradients), the first up to `first_bucket_bytes` (0: the same): members, offsets, lengths.
+void plan_buckets(State& s, int64_t bucket_bytes, int64_t first_bucket_bytes) {
+  const size_t n = s.params.size();
+  const int64_t elt = static_cast<int64_t>(c10::elementSize(s.params[0].scalar_type()));
+  const int64_t cap = std::max<int64_t>(bucket_bytes, 1);
+  // the first bucket (the last parameters: their gradients come first) may be smaller, so
+  // that communication starts early (PyTorch DDP: 1 MiB)
+  const int64_t first_cap = first_bucket_bytes > 0 ? first_bucket_bytes : cap;
+  const int64_t align = std::max<int64_t>(16 / elt, 1);  // elements per 16 bytes
+  s.bucket_of.assign(n, 0);
+  s.seen.assign(n, false);
+  for (size_t r = n; r-- > 0;) {
+    const int64_t numel = s.params[r].numel();
+    const int64_t limit = s.buckets.size() == 1 ? first_cap : cap;
+    if (s.buckets.empty() || (!s.buckets.back().members.empty() && (s.buckets.back().numel + numel) * elt > limit)) {
+      s.buckets.emplace_back();
+    }
+    auto& b = s.buckets.back();
+    // views: each member starts 16-byte aligned; packed: back to back (cat's layout)
+    const int64_t at = s.as_views ? (b.numel + align - 1) / align * align : b.numel;
+    b.members.push_back(r);
+    b.offsets.push_back(at);
+    b.numel = at + numel;
+    s.bucket_of[r] = s.buckets.size() - 1;
+  }
+  for (auto& b : s.buckets) {
+    b.used = b.numel;
+    // split: every rank's chunk of the same length, each 16-byte aligned
+    if (s.split) b.numel = (b.numel + s.pg->size * align - 1) / (s.pg->size * align) * (s.pg->size * align);
+  }
+}
+
+// The flat (and bf16) buffers of the buckets: from the caching allocator, or all in one
+// allocation of NCCL's allocator.
+void allocate_buffers(State& s, Buffers mode) {
+  const auto opts = s.params[0].options().requires_grad(false);
+  const int64_t elt = static_cast<int64_t>(c10::elementSize(s.params[0].scalar_type()));
+  if (mode == Buffers::caching) {
+    for (auto& b : s.buckets) {
+      if (!s.grouped && (s.as_views || s.split || b.members.size() > 1)) b.flat = at::zeros({b.numel}, opts);
+      if (s.compress) b.low = at::zeros({b.numel}, opts.dtype(at::kBFloat16));
+    }
+    return;
+  }
+  // every buffer in one allocation of NCCL's allocator, each at a 256-byte aligned offset
+  // (the same on every rank: the same parameters give the same layout); every bucket gets
+  // a flat buffer there, so every all-reduce uses NCCL's memory
+  auto round = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  int64_t total = 0;
+  for (auto& b : s.buckets) total += round(b.numel * elt) + (s.compress ? round(b.numel * 2) : 0);
+  s.arena = make_arena(s.pg, static_cast<size_t>(std::max<int64_t>(total, 256)), mode);
+  int64_t at = 0;
+  for (auto& b : s.buckets) {
+    b.flat = s.arena->bytes.narrow(0, at, b.numel * elt).view(opts.dtype().toScalarType()).zero_();
+    at += round(b.numel * elt);
+    if (s.compress) {
+      b.low = s.arena->bytes.narrow(0, at, b.numel * 2).view(at::kBFloat16).zero_();
+      at += round(b.numel * 2);
+    }
+  }
+}
+
+// Each member's view of its bucket's flat buffer; as views, each parameter's .grad becomes it
+// (keeping a gradient already there).
+void attach_views(State& s) {
+  c10::AutoGradMode no_grad(false);
+  s.views.resize(s.params.size());
+  for (auto& b : s.buckets) {
+    if (!b.flat.defined()) continue;  // packed, one member: reduced where it is
+    for (size_t j = 0; j < b.members.size(); ++j) {
+      const size_t i = b.members[j];
+      auto& p = s.params[i];
+      s.views[i] = b.flat.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
+      if (!s.as_views) continue;
+      if (p.grad().defined()) s.views[i].copy_(p.grad());
+      p.mutable_grad() = s.views[i];
+    }
+  }
+  if (s.as_views) {
+    for (auto& p : s.params) keep_grad(p, true);
+  }
+}
+
+}  // namespace
+
 extern "C" {
 
-tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensor* params, size_t n, int64_t bucket_bytes, int64_t first_bucket_bytes,
-                           int flags, tcg_buckets** out) {
+tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensors params, const tcg_buckets_options* o, tcg_buckets** out) {
   return guard([&] {
     if (pg == nullptr) misuse("null process group");
-    if (n == 0) misuse("GradAllReduce: no parameters");
-    const int nccl_bits = flags & (TCG_BUCKETS_NCCL_MEM | TCG_BUCKETS_NCCL_REGISTER | TCG_BUCKETS_NCCL_WINDOW);
-    if (nccl_bits != 0 && (nccl_bits & (nccl_bits - 1)) != 0) misuse("GradAllReduce: more than one NCCL buffer mode");
-    const Buffers mode = (flags & TCG_BUCKETS_NCCL_WINDOW) != 0     ? Buffers::window
-                         : (flags & TCG_BUCKETS_NCCL_REGISTER) != 0 ? Buffers::registered
-                         : (flags & TCG_BUCKETS_NCCL_MEM) != 0      ? Buffers::nccl_mem
-                                                                    : Buffers::caching;
+    if (params.len == 0) misuse("GradAllReduce: no parameters");
+    const Buffers mode = buffers_of(o->memory);
     c10::cuda::CUDAGuard on_device(pg->device);
     if (mode != Buffers::caching && c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
       misuse("GradAllReduce: NCCL buffers are registered collectively: make the buckets outside a capture");
     }
-    const bool high = (flags & TCG_BUCKETS_HIGH_PRIORITY) != 0;
-    auto s = std::make_shared<State>(at::cuda::getStreamFromPool(high, pg->device));
+    auto s = std::make_shared<State>(at::cuda::getStreamFromPool(o->high_priority, pg->device));
     s->pg = pg;
-    s->params = tensor_list(params, n);
-    s->as_views = (flags & TCG_BUCKETS_VIEWS) != 0;
-    s->compress = (flags & TCG_BUCKETS_BF16) != 0;
-    s->split = (flags & TCG_BUCKETS_SPLIT) != 0;
-    s->grouped = (flags & TCG_BUCKETS_GROUPED) != 0;
+    s->params = tensor_list(params);
+    s->as_views = o->views;
+    s->compress = o->bf16;
+    s->split = o->split;
+    s->grouped = o->grouped;
     if (s->grouped && (s->as_views || s->compress || s->split || mode != Buffers::caching)) {
       misuse("GradAllReduce: a grouped all-reduce is for the packed layout, without compression, splitting or NCCL buffers");
     }
-    const auto kind = s->params[0].scalar_type();
-    if (s->compress && kind != at::kFloat) misuse("GradAllReduce: bf16 compression needs float32 gradients");
-    for (size_t i = 0; i < n; ++i) {
-      const auto& p = s->params[i];
-      check_collective(pg, p);
-      if (p.scalar_type() != kind) misuse("GradAllReduce: parameters of more than one dtype");
-      if (!p.is_leaf() || !p.requires_grad()) misuse("GradAllReduce: parameter #" + std::to_string(i) + " is not a leaf that requires grad");
-      if (torch::autograd::impl::post_acc_grad_hooks(p) != nullptr) {
-        misuse("GradAllReduce: parameter #" + std::to_string(i) +
-               " already has a post-accumulate-grad hook (is it in another GradAllReduce?)");
-      }
-    }
-    const int64_t elt = static_cast<int64_t>(c10::elementSize(kind));
-    const int64_t cap = std::max<int64_t>(bucket_bytes, 1);
-    // the first bucket (the last parameters: their gradients come first) may be smaller, so
-    // that communication starts early (PyTorch DDP: 1 MiB)
-    const int64_t first_cap = first_bucket_bytes > 0 ? first_bucket_bytes : cap;
-    const int64_t align = std::max<int64_t>(16 / elt, 1);  // elements per 16 bytes
-    s->bucket_of.assign(n, 0);
-    s->seen.assign(n, false);
-    for (size_t r = n; r-- > 0;) {  // reverse: the order backward produces gradients
-      const int64_t numel = s->params[r].numel();
-      const int64_t limit = s->buckets.size() == 1 ? first_cap : cap;
-      if (s->buckets.empty() || (!s->buckets.back().members.empty() && (s->buckets.back().numel + numel) * elt > limit)) {
-        s->buckets.emplace_back();
-      }
-      auto& b = s->buckets.back();
-      // views: each member starts 16-byte aligned; packed: back to back (cat's layout)
-      const int64_t at = s->as_views ? (b.numel + align - 1) / align * align : b.numel;
-      b.members.push_back(r);
-      b.offsets.push_back(at);
-      b.numel = at + numel;
-      s->bucket_of[r] = s->buckets.size() - 1;
-    }
-    for (auto& b : s->buckets) {
-      b.used = b.numel;
-      // split: every rank's chunk of the same length, each 16-byte aligned
-      if (s->split) b.numel = (b.numel + pg->size * align - 1) / (pg->size * align) * (pg->size * align);
-    }
-    const auto opts = s->params[0].options().requires_grad(false);
-    if (mode == Buffers::caching) {
-      for (auto& b : s->buckets) {
-        if (!s->grouped && (s->as_views || s->split || b.members.size() > 1)) b.flat = at::zeros({b.numel}, opts);
-        if (s->compress) b.low = at::zeros({b.numel}, opts.dtype(at::kBFloat16));
-      }
-    } else {
-      // every buffer in one allocation of NCCL's allocator, each at a 256-byte aligned offset
-      // (the same on every rank: the same parameters give the same layout); every bucket gets
-      // a flat buffer there, so every all-reduce uses NCCL's memory
-      auto round = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
-      int64_t total = 0;
-      for (auto& b : s->buckets) total += round(b.numel * elt) + (s->compress ? round(b.numel * 2) : 0);
-      s->arena = make_arena(pg, static_cast<size_t>(std::max<int64_t>(total, 256)), mode);
-      int64_t at = 0;
-      for (auto& b : s->buckets) {
-        b.flat = s->arena->bytes.narrow(0, at, b.numel * elt).view(opts.dtype().toScalarType()).zero_();
-        at += round(b.numel * elt);
-        if (s->compress) {
-          b.low = s->arena->bytes.narrow(0, at, b.numel * 2).view(at::kBFloat16).zero_();
-          at += round(b.numel * 2);
-        }
-      }
-    }
-    {
-      c10::AutoGradMode no_grad(false);
-      s->views.resize(n);
-      for (auto& b : s->buckets) {
-        if (!b.flat.defined()) continue;  // packed, one member: reduced where it is
-        for (size_t j = 0; j < b.members.size(); ++j) {
-          const size_t i = b.members[j];
-          auto& p = s->params[i];
-          s->views[i] = b.flat.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
-          if (!s->as_views) continue;
-          if (p.grad().defined()) s->views[i].copy_(p.grad());  // keep a gradient already there
-          p.mutable_grad() = s->views[i];
-        }
-      }
-      if (s->as_views) {
-        for (auto& p : s->params) keep_grad(p, true);
-      }
-    }
+    check_params(*s);
+    plan_buckets(*s, o->bucket_bytes, o->first_bucket_bytes);
+    allocate_buffers(*s, mode);
+    attach_views(*s);
     s->reset();
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i = 0; i < s->params.size(); ++i) {
       torch::autograd::impl::set_post_acc_grad_hooks(s->params[i], std::make_unique<Hook>(s, i));
     }
     *out = new tcg_buckets{std::move(s)};

@@ -185,10 +185,10 @@ void tcg::replay_graph(tcg_graph* g) {
 
 extern "C" {
 
-tcg_status tcg_graph_new(int keep_graph, tcg_graph** out) {
+tcg_status tcg_graph_new(bool keep_graph, tcg_graph** out) {
   return guard([&] {
     require_cuda();
-    *out = new tcg_graph(keep_graph != 0);
+    *out = new tcg_graph(keep_graph);
   });
 }
 
@@ -203,7 +203,7 @@ void tcg_graph_free(tcg_graph* g) {
   }
 }
 
-tcg_status tcg_graph_capture_begin(tcg_graph* g, tcg_pool_id pool, int mode) {
+tcg_status tcg_graph_capture_begin(tcg_graph* g, tcg_pool_id pool, tcg_capture_mode mode) {
   return guard([&] {
     require_cuda();
     if (g->capturing) misuse("capture_begin: this graph is already capturing");
@@ -211,10 +211,10 @@ tcg_status tcg_graph_capture_begin(tcg_graph* g, tcg_pool_id pool, int mode) {
     if (pool.first != 0 && pool.second != 0) misuse("invalid pool id: both halves are set");
     cudaStreamCaptureMode m;
     switch (mode) {
-      case 0: m = cudaStreamCaptureModeGlobal; break;
-      case 1: m = cudaStreamCaptureModeThreadLocal; break;
-      case 2: m = cudaStreamCaptureModeRelaxed; break;
-      default: misuse("invalid capture mode " + std::to_string(mode));
+      case TCG_CAPTURE_MODE_GLOBAL: m = cudaStreamCaptureModeGlobal; break;
+      case TCG_CAPTURE_MODE_THREAD_LOCAL: m = cudaStreamCaptureModeThreadLocal; break;
+      case TCG_CAPTURE_MODE_RELAXED: m = cudaStreamCaptureModeRelaxed; break;
+      default: misuse("invalid capture mode " + std::to_string(static_cast<int>(mode)));
     }
     auto stream = c10::cuda::getCurrentCUDAStream();
     if (stream == c10::cuda::getDefaultCUDAStream()) {
@@ -232,6 +232,14 @@ tcg_status tcg_graph_capture_begin(tcg_graph* g, tcg_pool_id pool, int mode) {
     if (id != c10::MempoolId_t{0, 0}) {
       reopened.emplace(c10::cuda::current_device(), id, /*empty_on_release=*/false);
     }
+    // cuBLAS and cuBLASLt handles and their workspaces for this thread and the capture stream,
+    // made now, outside the capture: cublasCreate cannot run inside one (it fails with
+    // CUBLAS_STATUS_NOT_INITIALIZED), so a capture whose matmul is the process's first would
+    // fail, and a workspace made inside would be carved from the graph's pool. ATen's getters
+    // make each once per (thread, device) and (handle, stream), then return it.
+    (void)at::cuda::getCurrentCUDABlasHandle();
+    (void)at::cuda::getCurrentCUDABlasLtHandle();
+    (void)at::cuda::getCUDABlasLtWorkspace();
     try {
       g->begin(id, m);
     } catch (...) {
@@ -255,7 +263,7 @@ tcg_status tcg_graph_capture_end(tcg_graph* g) {
       return;
     } catch (...) {
       tcg_status status = fail_current_exception();
-      char* msg = tcg_take_last_error();
+      char* msg = tcg_error_take_last();
       std::string text = "capture_end failed: ";
       text += msg == nullptr ? "" : msg;
       std::free(msg);
@@ -265,11 +273,11 @@ tcg_status tcg_graph_capture_end(tcg_graph* g) {
   });
 }
 
-tcg_status tcg_graph_capture_abort(tcg_graph* g, int* was_invalidated) {
+tcg_status tcg_graph_capture_abort(tcg_graph* g, bool* was_invalidated) {
   return guard([&] {
-    *was_invalidated = 0;
+    *was_invalidated = false;
     if (!g->capturing) return;
-    *was_invalidated = g->teardown(nullptr) ? 1 : 0;
+    *was_invalidated = g->teardown(nullptr);
   });
 }
 
@@ -308,9 +316,9 @@ tcg_status tcg_graph_upload(tcg_graph* g) {
   });
 }
 
-tcg_status tcg_graph_update_from(tcg_graph* g, tcg_graph* other, int* updated, int* result) {
+tcg_status tcg_graph_update_from(tcg_graph* g, tcg_graph* other, bool* updated, int* result) {
   return guard([&] {
-    *updated = 0;
+    *updated = false;
     *result = 0;
     if (g == other) misuse("update_from: a graph cannot update from itself");
     if (!g->captured || !other->captured) misuse("update_from: both graphs must hold a successful capture");
@@ -333,7 +341,7 @@ tcg_status tcg_graph_update_from(tcg_graph* g, tcg_graph* other, int* updated, i
     }
     check_cuda(err, "cudaGraphExecUpdate");
     g->adopt_capture_of(other);
-    *updated = 1;
+    *updated = true;
   });
 }
 

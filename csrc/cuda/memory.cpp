@@ -85,13 +85,13 @@ pool_hold::~pool_hold() {
 
 }  // namespace tcg
 
-struct tcg_mempool {
+struct tcg_pool_hold {
   tcg::pool_hold hold;
 };
 
 extern "C" {
 
-tcg_status tcg_graph_pool_handle(tcg_pool_id* out) {
+tcg_status tcg_pool_id_new(tcg_pool_id* out) {
   return guard([&] {
     require_cuda();
     auto id = at::cuda::graph_pool_handle();
@@ -99,25 +99,25 @@ tcg_status tcg_graph_pool_handle(tcg_pool_id* out) {
   });
 }
 
-tcg_status tcg_mempool_new(int device, tcg_pool_id pool, tcg_mempool** out) {
+tcg_status tcg_pool_hold_new(int device, tcg_pool_id pool, tcg_pool_hold** out) {
   return guard([&] {
     require_cuda();
     auto dev = device < 0 ? c10::cuda::current_device() : checked_device(device);
     if (pool.first != 0 && pool.second != 0) misuse("invalid pool id: both halves are set");
     MempoolId id{pool.first, pool.second};
     if (id == MempoolId{0, 0}) id = at::cuda::graph_pool_handle();
-    *out = new tcg_mempool{tcg::pool_hold(dev, id, /*empty_on_release=*/true)};
+    *out = new tcg_pool_hold{tcg::pool_hold(dev, id, /*empty_on_release=*/true)};
   });
 }
 
-void tcg_mempool_free(tcg_mempool* p) {
+void tcg_pool_hold_free(tcg_pool_hold* p) {
   try {
     delete p;
   } catch (...) {
   }
 }
 
-tcg_status tcg_mempool_id(tcg_mempool* p, tcg_pool_id* out, int* device) {
+tcg_status tcg_pool_hold_id(tcg_pool_hold* p, tcg_pool_id* out, int* device) {
   return guard([&] {
     auto id = p->hold.id();
     *out = tcg_pool_id{id.first, id.second};
@@ -125,7 +125,7 @@ tcg_status tcg_mempool_id(tcg_mempool* p, tcg_pool_id* out, int* device) {
   });
 }
 
-tcg_status tcg_mempool_use_count(tcg_mempool* p, int* out) {
+tcg_status tcg_pool_hold_use_count(tcg_pool_hold* p, int* out) {
   return guard([&] {
     *out = c10::cuda::CUDACachingAllocator::getPoolUseCount(p->hold.device(), p->hold.id());
   });
@@ -135,17 +135,17 @@ tcg_status tcg_memory_stats(int device, tcg_mem_stats* out) {
   return guard([&] {
     auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(checked_device(device));
     constexpr auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-    out->allocated_current = s.allocated_bytes[agg].current;
+    out->allocated = s.allocated_bytes[agg].current;
     out->allocated_peak = s.allocated_bytes[agg].peak;
-    out->reserved_current = s.reserved_bytes[agg].current;
+    out->reserved = s.reserved_bytes[agg].current;
     out->reserved_peak = s.reserved_bytes[agg].peak;
-    out->active_current = s.active_bytes[agg].current;
-    out->num_alloc_retries = s.num_alloc_retries;
-    out->num_ooms = s.num_ooms;
+    out->active = s.active_bytes[agg].current;
+    out->alloc_retries = s.num_alloc_retries;
+    out->ooms = s.num_ooms;
   });
 }
 
-tcg_status tcg_reset_peak_stats(int device) {
+tcg_status tcg_memory_reset_peak(int device) {
   return guard([&] { c10::cuda::CUDACachingAllocator::resetPeakStats(checked_device(device)); });
 }
 
@@ -186,7 +186,7 @@ tcg_status tcg_pool_blocks(int device, tcg_pool_id pool, tcg_pool_block* out, si
       for (const auto& b : seg->blocks) {
         if (count < cap) {
           out[count] = tcg_pool_block{seg->address, seg->total_size, offset, b.size,
-                                      b.requested_size, b.allocated ? 1 : 0, seg->is_large ? 1 : 0};
+                                      b.requested_size, b.allocated, seg->is_large};
         }
         offset += b.size;
         ++count;
@@ -196,14 +196,14 @@ tcg_status tcg_pool_blocks(int device, tcg_pool_id pool, tcg_pool_block* out, si
   });
 }
 
-tcg_status tcg_host_empty_cache(void) {
+tcg_status tcg_memory_host_empty_cache(void) {
   return guard([&] {
     require_cuda();
     host_allocator()->empty_cache();
   });
 }
 
-tcg_status tcg_empty_cache(void) {
+tcg_status tcg_memory_empty_cache(void) {
   return guard([&] {
     require_cuda();
     c10::cuda::CUDACachingAllocator::emptyCache();

@@ -17,10 +17,8 @@ mod scaler;
 
 pub use scaler::{GradScaler, ScalerConfig};
 
-use crate::error::{check, Error, Result};
-use crate::ffi;
-use std::marker::PhantomData;
-use std::ptr::NonNull;
+use crate::error::{Error, Result};
+use crate::sys::amp::{autocast_state, AutocastHandle};
 use tch::Kind;
 
 /// CUDA autocast on with a dtype until dropped; the previous autocast state (enabled, dtype,
@@ -41,8 +39,7 @@ use tch::Kind;
 /// ```
 #[derive(Debug)]
 pub struct Autocast {
-    raw: NonNull<ffi::tcg_autocast_guard>,
-    _not_send: PhantomData<*const ()>,
+    _handle: AutocastHandle,
 }
 
 /// The thread's CUDA autocast state.
@@ -56,49 +53,24 @@ pub struct AutocastState {
     pub cache: bool,
 }
 
-fn kind_code(kind: Kind) -> Result<i32> {
-    match kind {
-        Kind::Half => Ok(5),
-        Kind::BFloat16 => Ok(15),
-        other => Err(Error::Misuse(format!("autocast dtype must be Half or BFloat16, got {other:?}"))),
-    }
-}
-
 impl Autocast {
     /// Turns CUDA autocast on with `dtype` (`Kind::BFloat16` or `Kind::Half`); `cache` turns
     /// the weight-cast cache on (keep it off for anything captured).
     pub fn new(dtype: Kind, cache: bool) -> Result<Self> {
-        let code = kind_code(dtype)?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: `raw` is a valid out pointer; on success it holds a guard we own.
-        check(unsafe { ffi::tcg_autocast_guard_new(code, i32::from(cache), &mut raw) })?;
-        let raw = NonNull::new(raw).ok_or_else(|| Error::Libtorch("autocast guard: null handle".into()))?;
-        Ok(Autocast { raw, _not_send: PhantomData })
+        Ok(Autocast { _handle: AutocastHandle::enter(dtype, cache)? })
     }
 
     /// CUDA autocast off until dropped (the previous state comes back then). For backward:
     /// PyTorch runs backward outside the autocast region, and libtorch's autograd engine carries
     /// the caller's autocast state into backward, where it only adds casts. See [`backward`].
     pub fn suspend() -> Result<Self> {
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: `raw` is a valid out pointer; on success it holds a guard we own.
-        check(unsafe { ffi::tcg_autocast_suspend_new(&mut raw) })?;
-        let raw = NonNull::new(raw).ok_or_else(|| Error::Libtorch("autocast guard: null handle".into()))?;
-        Ok(Autocast { raw, _not_send: PhantomData })
+        Ok(Autocast { _handle: AutocastHandle::suspend()? })
     }
 
     /// The current thread's CUDA autocast state.
     pub fn state() -> Result<AutocastState> {
-        let (mut enabled, mut dtype, mut cache) = (0, 0, 0);
-        // SAFETY: three valid out pointers; the shim only reads thread-local autocast state.
-        check(unsafe { ffi::tcg_autocast_state(&mut enabled, &mut dtype, &mut cache) })?;
-        let dtype = match dtype {
-            5 => Kind::Half,
-            15 => Kind::BFloat16,
-            6 => Kind::Float,
-            _ => Kind::Float,
-        };
-        Ok(AutocastState { enabled: enabled != 0, dtype, cache: cache != 0 })
+        let (enabled, dtype, cache) = autocast_state()?;
+        Ok(AutocastState { enabled, dtype, cache })
     }
 }
 
@@ -114,14 +86,6 @@ impl Autocast {
 pub fn backward(loss: &tch::Tensor) -> Result<()> {
     let _off = Autocast::suspend()?;
     Ok(loss.f_backward()?)
-}
-
-impl Drop for Autocast {
-    fn drop(&mut self) {
-        // SAFETY: `raw` came from tcg_autocast_guard_new on this thread (the guard is !Send)
-        // and is freed exactly once, here; the shim's free never throws.
-        unsafe { ffi::tcg_autocast_guard_free(self.raw.as_ptr()) }
-    }
 }
 
 /// `Err(Misuse)` when CUDA autocast is on with its weight-cast cache: a graph recorded then would

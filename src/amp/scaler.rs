@@ -2,10 +2,10 @@
 
 use crate::capture::recording;
 use crate::control::capture_unless;
-use crate::error::{check, Error, Result};
-use crate::ffi;
+use crate::error::{Error, Result};
 use crate::optim::Optimizer;
 use crate::stream::is_current_stream_capturing;
+use crate::sys::amp as sys;
 use std::collections::HashMap;
 use tch::{Device, Kind, Tensor};
 
@@ -130,17 +130,7 @@ impl GradScaler {
             .into_iter()
             .filter(Tensor::defined)
             .collect();
-        let g = ffi::tensor_ptrs(&grads);
-        // SAFETY: `g` holds live tensor handles for the call; found_inf and inv_scale are live
-        // 0-d tensors of this scaler.
-        check(unsafe {
-            ffi::tcg_amp_check_unscale(
-                g.as_ptr(),
-                g.len(),
-                ffi::tensor_ptr(&self.found_inf),
-                ffi::tensor_ptr(inv_scale),
-            )
-        })
+        sys::check_unscale(&grads, &self.found_inf, inv_scale)
     }
 
     /// Divides the gradients of `opt` by the scale in place and records inf/NaN, so they can be
@@ -173,18 +163,14 @@ impl GradScaler {
     /// Updates the scale from this step's found-inf flag (PyTorch's `update()`, on the device).
     pub fn update(&mut self) -> Result<()> {
         let c = &self.config;
-        // SAFETY: the three tensors are live 0-d tensors of this scaler; the shim updates the
-        // scale and the tracker in place.
-        check(unsafe {
-            ffi::tcg_amp_update_scale(
-                ffi::tensor_ptr(&self.scale),
-                ffi::tensor_ptr(&self.growth_tracker),
-                ffi::tensor_ptr(&self.found_inf),
-                c.growth_factor,
-                c.backoff_factor,
-                c.growth_interval,
-            )
-        })
+        sys::update_scale(
+            &self.scale,
+            &self.growth_tracker,
+            &self.found_inf,
+            c.growth_factor,
+            c.backoff_factor,
+            c.growth_interval,
+        )
     }
 
     /// The scale (0-d float32 on the device).

@@ -2,11 +2,10 @@
 //! averaged across ranks in flat buckets inside the (captured) step.
 
 use super::{ProcessGroup, ReduceOp};
-use crate::error::{check, Error, Result};
-use crate::ffi;
+use crate::error::{Error, Result};
 use crate::optim::Optimizer;
 use crate::scalar::cpu_i64;
-use std::ptr::NonNull;
+use crate::sys::dist::{BucketsHandle, BucketsOptions, RawBucketMemory};
 use tch::{nn::VarStore, Kind, Tensor};
 
 /// A fixed-size summary of a model's variables (count, sizes, ranks, dtypes, names), the same
@@ -105,31 +104,16 @@ pub fn broadcast_parameters(pg: &ProcessGroup, vs: &VarStore) -> Result<()> {
 /// # Ok(()) }
 /// ```
 pub struct GradAllReduce {
-    raw: NonNull<ffi::tcg_buckets>,
+    handle: BucketsHandle,
     buckets: usize,
     /// The parameters, in the order the shim's indices use.
     params: Vec<Tensor>,
-    /// Dropped after the buckets (fields drop after `Drop::drop`): the shim's buckets use it.
     pg: ProcessGroup,
 }
 
 impl std::fmt::Debug for GradAllReduce {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GradAllReduce").field("rank", &self.pg.rank()).field("buckets", &self.buckets).finish()
-    }
-}
-
-// SAFETY: the shim's bucket state is behind its own mutex (the hooks run on autograd's device
-// threads, the methods on the caller's); the hooks hold only a weak reference to it. Every
-// method that reaches it takes `&mut self`, and the group it uses is itself Send + Sync. The
-// parameters are shallow clones, only read for their storage addresses.
-unsafe impl Send for GradAllReduce {}
-
-impl Drop for GradAllReduce {
-    fn drop(&mut self) {
-        // SAFETY: `raw` came from tcg_buckets_new and is freed exactly once, here; the group it
-        // uses is still alive (the `pg` field drops after this). The shim never throws.
-        unsafe { ffi::tcg_buckets_free(self.raw.as_ptr()) }
     }
 }
 
@@ -248,28 +232,21 @@ impl BucketConfig {
         self
     }
 
-    fn flags(&self) -> std::os::raw::c_int {
-        let mut f = 0;
-        if self.views {
-            f |= ffi::TCG_BUCKETS_VIEWS;
-        }
-        if self.bf16 {
-            f |= ffi::TCG_BUCKETS_BF16;
-        }
-        if self.high_priority {
-            f |= ffi::TCG_BUCKETS_HIGH_PRIORITY;
-        }
-        if self.split {
-            f |= ffi::TCG_BUCKETS_SPLIT;
-        }
-        if self.grouped {
-            f |= ffi::TCG_BUCKETS_GROUPED;
-        }
-        f | match self.buffers {
-            NcclBuffers::Caching => 0,
-            NcclBuffers::NcclMem => ffi::TCG_BUCKETS_NCCL_MEM,
-            NcclBuffers::Registered => ffi::TCG_BUCKETS_NCCL_REGISTER,
-            NcclBuffers::Window => ffi::TCG_BUCKETS_NCCL_WINDOW,
+    fn options(&self) -> BucketsOptions {
+        BucketsOptions {
+            bucket_bytes: i64::try_from(self.bucket_bytes).unwrap_or(i64::MAX),
+            first_bucket_bytes: self.first_bucket_bytes.map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX).max(1)),
+            views: self.views,
+            bf16: self.bf16,
+            high_priority: self.high_priority,
+            split: self.split,
+            grouped: self.grouped,
+            memory: match self.buffers {
+                NcclBuffers::Caching => RawBucketMemory::TCG_BUCKET_MEMORY_CACHING,
+                NcclBuffers::NcclMem => RawBucketMemory::TCG_BUCKET_MEMORY_NCCL_MEM,
+                NcclBuffers::Registered => RawBucketMemory::TCG_BUCKET_MEMORY_NCCL_REGISTERED,
+                NcclBuffers::Window => RawBucketMemory::TCG_BUCKET_MEMORY_NCCL_WINDOW,
+            },
         }
     }
 }
@@ -287,28 +264,14 @@ impl GradAllReduce {
     /// device, a parameter that is not a leaf requiring grad, one that already belongs to
     /// another `GradAllReduce`, or bf16 compression of gradients that are not float32.
     pub fn with_config(pg: &ProcessGroup, params: &[Tensor], config: BucketConfig) -> Result<Self> {
-        let ptrs = ffi::tensor_ptrs(params);
-        let bytes = i64::try_from(config.bucket_bytes).unwrap_or(i64::MAX);
-        let first = config.first_bucket_bytes.map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX).max(1));
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: the group is live (held by `pg`, cloned into the result before it can be
-        // used); `ptrs` are live handles for the call (the shim copies the tensors); `raw` is a
-        // valid out pointer.
-        check(unsafe {
-            ffi::tcg_buckets_new(pg.raw(), ptrs.as_ptr(), ptrs.len(), bytes, first, config.flags(), &mut raw)
-        })?;
-        let raw = NonNull::new(raw).ok_or_else(|| Error::Libtorch("gradient buckets: null handle".into()))?;
-        let mut out = GradAllReduce {
-            raw,
-            buckets: 0,
+        let handle = BucketsHandle::new(pg.handle(), params, &config.options())?;
+        let buckets = handle.count()?;
+        Ok(GradAllReduce {
+            handle,
+            buckets,
             params: params.iter().map(Tensor::shallow_clone).collect(),
             pg: pg.clone(),
-        };
-        let mut n = 0usize;
-        // SAFETY: `raw` is live; `n` is a valid out pointer.
-        check(unsafe { ffi::tcg_buckets_count(out.raw.as_ptr(), &mut n) })?;
-        out.buckets = n;
-        Ok(out)
+        })
     }
 
     /// How many buckets (NCCL calls per step).
@@ -319,8 +282,7 @@ impl GradAllReduce {
     /// Arms the hooks for the next backward pass (forgetting any round a failed step left
     /// half done): each bucket's all-reduce starts as soon as its gradients are ready.
     pub fn arm(&mut self) -> Result<()> {
-        // SAFETY: `raw` is live (owned by self).
-        check(unsafe { ffi::tcg_buckets_arm(self.raw.as_ptr()) })
+        self.handle.arm()
     }
 
     /// Averages every parameter's gradient across ranks, in place, with no host sync: starts
@@ -329,8 +291,7 @@ impl GradAllReduce {
     /// its view of its bucket.
     pub fn all_reduce(&mut self) -> Result<()> {
         self.pg.retain_in_capture();
-        // SAFETY: `raw` is live (owned by self); its group is alive (held by self).
-        check(unsafe { ffi::tcg_buckets_finish(self.raw.as_ptr()) })
+        self.handle.finish()
     }
 
     /// [`arm`](Self::arm), `loss.backward()`, [`all_reduce`](Self::all_reduce): gradients
@@ -391,25 +352,9 @@ impl GradAllReduce {
         self.arm()?;
         loss.f_backward()?;
         self.pg.retain_in_capture();
-        let raw = self.raw.as_ptr();
-        // SAFETY: `raw` is live (owned by self); its group is alive (held by self).
-        check(unsafe { ffi::tcg_buckets_launch_rest(raw) })?;
-        // joins the side stream whatever happens next (a capture must end joined)
-        struct Join(*mut ffi::tcg_buckets);
-        impl Drop for Join {
-            fn drop(&mut self) {
-                // SAFETY: the buckets outlive this guard (it lives in a method of their owner).
-                // An error here leaves the round reset; the next arm() orders what remains.
-                let _ = unsafe { ffi::tcg_buckets_join(self.0) };
-            }
-        }
-        let join = Join(raw);
-        for (k, part) in parts.iter().enumerate() {
-            // SAFETY: as above; `k` < the bucket count, and every bucket is launched.
-            check(unsafe { ffi::tcg_buckets_wait_bucket(raw, k) })?;
-            opt.step_only(part)?;
-        }
-        drop(join);
+        // each bucket's parameters stepped once its reduction is done; the side stream is
+        // joined whatever happens (a capture must end joined)
+        self.handle.finish_each(|k| opt.step_only(parts.get(k).map_or(&[][..], Vec::as_slice)))?;
         if !rest.is_empty() {
             opt.step_only(&rest)?;
         }
@@ -418,12 +363,6 @@ impl GradAllReduce {
 
     /// The indices (into the parameters the buckets were made from) of bucket `k`'s members.
     fn members(&self, k: usize) -> Result<Vec<usize>> {
-        let mut n = 0usize;
-        // SAFETY: `raw` is live; a null buffer of capacity 0 only asks for the count.
-        check(unsafe { ffi::tcg_buckets_members(self.raw.as_ptr(), k, std::ptr::null_mut(), 0, &mut n) })?;
-        let mut out = vec![0usize; n];
-        // SAFETY: `out` has room for `n` entries.
-        check(unsafe { ffi::tcg_buckets_members(self.raw.as_ptr(), k, out.as_mut_ptr(), n, &mut n) })?;
-        Ok(out)
+        self.handle.members(k)
     }
 }

@@ -56,10 +56,8 @@ mod data_parallel;
 
 pub use data_parallel::{broadcast_parameters, BucketConfig, GradAllReduce, NcclBuffers, DEFAULT_BUCKET_BYTES};
 
-use crate::error::{check, Error, Result};
-use crate::ffi;
-use std::ffi::CString;
-use std::ptr::NonNull;
+use crate::error::{Error, Result};
+use crate::sys::dist::{self as sys, PgHandle, RawReduceOp, Rendezvous};
 use std::sync::Arc;
 use std::time::Duration;
 use tch::{Device, Tensor};
@@ -73,35 +71,14 @@ pub enum ReduceOp {
     Avg,
 }
 
-#[derive(Debug)]
-struct Inner {
-    raw: NonNull<ffi::tcg_pg>,
-    rank: usize,
-    size: usize,
-    device: Device,
-}
-
-// SAFETY: c10d::ProcessGroupNCCL is built to be called from any thread (PyTorch calls it from
-// Python threads and its own watchdog thread; its state is behind its own mutexes). The handle is
-// freed once, when the last `Arc` goes.
-unsafe impl Send for Inner {}
-// SAFETY: as above; `&self` methods only issue collectives, which c10d serializes internally.
-// Ordering collectives the same way on every rank stays the caller's job, as in PyTorch.
-unsafe impl Sync for Inner {}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // SAFETY: `raw` came from a tcg_pg_new_* call and is freed exactly once, here; the shim
-        // shuts the group down and never throws.
-        unsafe { ffi::tcg_pg_free(self.raw.as_ptr()) }
-    }
-}
-
 /// A NCCL process group: this rank, the world size, this rank's CUDA device. Clones share the
 /// group; it is shut down when the last clone goes.
 #[derive(Clone, Debug)]
 pub struct ProcessGroup {
-    inner: Arc<Inner>,
+    handle: Arc<PgHandle>,
+    rank: usize,
+    size: usize,
+    device: Device,
 }
 
 /// Checked (rank, size, CUDA device index) for the shim.
@@ -123,30 +100,20 @@ fn millis(timeout: Duration) -> i64 {
 impl ProcessGroup {
     /// Whether this build has c10d/NCCL.
     pub fn available() -> bool {
-        // SAFETY: no arguments, no preconditions.
-        unsafe { ffi::tcg_dist_available() != 0 }
+        sys::available()
     }
 
     /// The group torchrun describes in the environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
     /// `MASTER_ADDR`, `MASTER_PORT`; torchrun's agent store when `TORCHELASTIC_USE_AGENT_STORE`
     /// is set). Makes `cuda:LOCAL_RANK` current. `timeout` bounds the store and collectives.
     pub fn from_env(timeout: Duration) -> Result<Self> {
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: `raw` is a valid out pointer; on success it holds a group we own.
-        check(unsafe { ffi::tcg_pg_new_from_env(millis(timeout), &mut raw) })?;
-        Self::wrap(raw)
+        Self::wrap(PgHandle::new(Rendezvous::Env, (0, 0, 0), millis(timeout))?)
     }
 
     /// A group from explicit coordinates: rank 0 hosts a TCP store at `host:port`.
     pub fn new_tcp(host: &str, port: u16, rank: usize, size: usize, device: Device, timeout: Duration) -> Result<Self> {
-        let (rank, size, dev) = coordinates(rank, size, device)?;
-        let host = CString::new(host).map_err(|_| Error::Misuse("host contains NUL".into()))?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: `host` is NUL-terminated and outlives the call; `raw` is a valid out pointer.
-        check(unsafe {
-            ffi::tcg_pg_new_tcp(host.as_ptr(), i32::from(port), rank, size, dev, millis(timeout), &mut raw)
-        })?;
-        Self::wrap(raw)
+        let at = coordinates(rank, size, device)?;
+        Self::wrap(PgHandle::new(Rendezvous::Tcp { host, port }, at, millis(timeout))?)
     }
 
     /// A group from explicit coordinates over a file store (`c10d::FileStore`) at `path`: a
@@ -159,43 +126,34 @@ impl ProcessGroup {
         device: Device,
         timeout: Duration,
     ) -> Result<Self> {
-        let (rank, size, dev) = coordinates(rank, size, device)?;
+        let at = coordinates(rank, size, device)?;
         let text = path.to_str().ok_or_else(|| Error::Misuse(format!("file store path {path:?} is not UTF-8")))?;
-        let path = CString::new(text).map_err(|_| Error::Misuse("file store path contains NUL".into()))?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: `path` is NUL-terminated and outlives the call; `raw` is a valid out pointer.
-        check(unsafe { ffi::tcg_pg_new_file(path.as_ptr(), rank, size, dev, millis(timeout), &mut raw) })?;
-        Self::wrap(raw)
+        Self::wrap(PgHandle::new(Rendezvous::File { path: text }, at, millis(timeout))?)
     }
 
-    fn wrap(raw: *mut ffi::tcg_pg) -> Result<Self> {
-        let raw = NonNull::new(raw).ok_or_else(|| Error::Libtorch("process group: null handle".into()))?;
-        let (mut rank, mut size, mut device) = (0, 0, 0);
-        // SAFETY: `raw` is live; three valid out pointers.
-        let info = check(unsafe { ffi::tcg_pg_info(raw.as_ptr(), &mut rank, &mut size, &mut device) });
-        let inner = Inner {
-            raw,
+    fn wrap(handle: PgHandle) -> Result<Self> {
+        let (rank, size, device) = handle.info()?; // on failure `handle` frees the group
+        Ok(ProcessGroup {
+            handle: Arc::new(handle),
             rank: rank.max(0) as usize,
             size: size.max(0) as usize,
             device: Device::Cuda(device.max(0) as usize),
-        };
-        info?; // `inner` frees the group if the query failed
-        Ok(ProcessGroup { inner: Arc::new(inner) })
+        })
     }
 
     /// This process's rank.
     pub fn rank(&self) -> usize {
-        self.inner.rank
+        self.rank
     }
 
     /// The number of ranks.
     pub fn world_size(&self) -> usize {
-        self.inner.size
+        self.size
     }
 
     /// This rank's CUDA device.
     pub fn device(&self) -> Device {
-        self.inner.device
+        self.device
     }
 
     /// Hands a clone of this group to the graph being recorded on its device, if any (see the
@@ -207,27 +165,24 @@ impl ProcessGroup {
     /// Reduces `t` (on this rank's device) over all ranks, in place, on the current stream.
     pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<()> {
         let op = match op {
-            ReduceOp::Sum => 0,
-            ReduceOp::Avg => 1,
+            ReduceOp::Sum => RawReduceOp::TCG_REDUCE_SUM,
+            ReduceOp::Avg => RawReduceOp::TCG_REDUCE_AVG,
         };
         self.retain_in_capture();
-        // SAFETY: the group is live (held by self); `t` is a live handle for the call.
-        check(unsafe { ffi::tcg_pg_allreduce(self.inner.raw.as_ptr(), ffi::tensor_ptr(t), op) })
+        self.handle.all_reduce(t, op)
     }
 
     /// Copies rank `root`'s `t` into every rank's `t`, in place, on the current stream.
     pub fn broadcast(&self, t: &Tensor, root: usize) -> Result<()> {
         let root = i32::try_from(root).map_err(|_| Error::Misuse(format!("root {root} is too large")))?;
         self.retain_in_capture();
-        // SAFETY: the group is live (held by self); `t` is a live handle for the call.
-        check(unsafe { ffi::tcg_pg_broadcast(self.inner.raw.as_ptr(), ffi::tensor_ptr(t), root) })
+        self.handle.broadcast(t, root)
     }
 
     /// Waits (on the device) until every rank reached the barrier.
     pub fn barrier(&self) -> Result<()> {
         self.retain_in_capture();
-        // SAFETY: the group is live (held by self).
-        check(unsafe { ffi::tcg_pg_barrier(self.inner.raw.as_ptr()) })
+        self.handle.barrier()
     }
 
     /// The host waits, at most `timeout`, for the work queued so far on this rank's current
@@ -245,19 +200,18 @@ impl ProcessGroup {
     /// # Ok(()) }
     /// ```
     pub fn wait_device(&self, timeout: Duration) -> Result<()> {
-        // SAFETY: the group is live (held by self).
-        check(unsafe { ffi::tcg_pg_wait_device(self.inner.raw.as_ptr(), millis(timeout)) })
+        self.handle.wait_device(millis(timeout))
     }
 
     /// Aborts the group without waiting for any peer: its in-flight NCCL work is stopped
     /// (pending kernels exit), it refuses collectives from then on, and dropping it leaks it
     /// instead of waiting (see the module docs on failures).
     pub fn abort(&self) -> Result<()> {
-        // SAFETY: the group is live (held by self).
-        check(unsafe { ffi::tcg_pg_abort(self.inner.raw.as_ptr()) })
+        self.handle.abort()
     }
 
-    pub(crate) fn raw(&self) -> *mut ffi::tcg_pg {
-        self.inner.raw.as_ptr()
+    /// The shared group handle (gradient buckets keep it alive).
+    pub(crate) fn handle(&self) -> Arc<PgHandle> {
+        Arc::clone(&self.handle)
     }
 }

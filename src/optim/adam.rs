@@ -2,11 +2,9 @@
 //! elsewhere (tensor learning rate either way).
 
 use super::core::Core;
-use super::{
-    check_hparam, optional_ptr, Groups, HyperField, HyperParams, KernelPath, Kernels, LrHandle, Optimizer, ParamGroup,
-};
-use crate::error::{check, Result};
-use crate::ffi::{self, tensor_ptr as ptr, tensor_ptrs as ptrs};
+use super::{check_hparam, Groups, HyperField, HyperParams, KernelPath, Kernels, LrHandle, Optimizer, ParamGroup};
+use crate::error::Result;
+use crate::sys::optim::{self as sys, AdamHyper, AdamTensors, Scaling};
 use std::collections::HashMap;
 use tch::{nn::VarStore, Kind, Tensor};
 
@@ -187,48 +185,34 @@ impl Adam {
 impl Adam {
     /// One update of the parameters that have a gradient (those in `only`, when given).
     fn run(&mut self, only: Option<&[usize]>, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
-        let (scale, found) = (optional_ptr(grad_scale), optional_ptr(found_inf));
+        let amp = Scaling { grad_scale, found_inf };
         self.core.begin_step();
         for launch in self.core.launches(only)? {
             let core = &self.core;
             let group = &core.groups.groups[launch.group];
             let c = &group.config;
             let at = |f| core.field_at(f, &launch.idx);
-            let (p, g) = (core.params_at(&launch.idx), ptrs(&launch.grads));
-            let (m, v, steps) = (at(EXP_AVG)?, at(EXP_AVG_SQ)?, at(STEP)?);
+            let grads: Vec<&Tensor> = launch.grads.iter().collect();
             let vmax = if c.amsgrad { at(MAX_EXP_AVG_SQ)? } else { Vec::new() };
-            let arrivals = optional_ptr(core.arrivals());
-            let mut ran_own = 0;
-            // SAFETY: every pointer is a live tensor handle borrowed for the call (or null for an
-            // absent scale / counters); `p`, `g`, `m`, `v`, `steps` and `launch.idx` (the counter
-            // slots, all below the parameter count the counters were made for) have p.len()
-            // entries, `vmax` has vmax.len() (0 or p.len()); `ran_own` is a live out-parameter.
-            check(unsafe {
-                ffi::tcg_fused_adam(
-                    i32::from(c.decoupled),
-                    p.as_ptr(),
-                    g.as_ptr(),
-                    m.as_ptr(),
-                    v.as_ptr(),
-                    vmax.as_ptr(),
-                    vmax.len(),
-                    steps.as_ptr(),
-                    p.len(),
-                    ptr(group.lr.tensor()),
-                    c.beta1,
-                    c.beta2,
-                    c.weight_decay,
-                    c.eps,
-                    i32::from(c.amsgrad),
-                    i32::from(c.maximize),
-                    scale,
-                    found,
-                    core.kernels_arg(),
-                    arrivals,
-                    launch.idx.as_ptr(),
-                    &mut ran_own,
-                )
-            })?;
+            let tensors = AdamTensors {
+                params: &core.params_at(&launch.idx),
+                grads: &grads,
+                exp_avgs: &at(EXP_AVG)?,
+                exp_avg_sqs: &at(EXP_AVG_SQ)?,
+                max_exp_avg_sqs: &vmax,
+                steps: &at(STEP)?,
+            };
+            let hyper = AdamHyper {
+                beta1: c.beta1,
+                beta2: c.beta2,
+                weight_decay: c.weight_decay,
+                eps: c.eps,
+                adamw: c.decoupled,
+                amsgrad: c.amsgrad,
+                maximize: c.maximize,
+            };
+            let arrivals = core.arrivals().map(|counters| (counters, launch.idx.as_slice()));
+            let ran_own = sys::adam(&tensors, group.lr.tensor(), &hyper, amp, core.kernels_arg(), arrivals)?;
             self.core.record(ran_own);
         }
         Ok(())

@@ -5,10 +5,9 @@
 
 use super::groups::{copy_state, param_key};
 use super::{Groups, HyperParams, KernelPath, Kernels};
-use crate::error::{check, Error, Result};
-use crate::ffi;
+use crate::error::{Error, Result};
+use crate::sys::optim::{self as sys, RawKernels};
 use std::collections::HashMap;
-use std::os::raw::c_int;
 use tch::{Device, Kind, Tensor};
 
 /// One per-parameter state field (`exp_avg`, `momentum_buffer`, ...): a tensor or none per
@@ -126,30 +125,28 @@ impl<C: HyperParams> Core<C> {
     }
 
     /// Handles of the parameters `idx`.
-    pub(crate) fn params_at(&self, idx: &[usize]) -> Vec<ffi::tcg_tensor> {
-        ffi::tensor_ptrs(idx.iter().map(|&i| &self.groups.params[i]))
+    pub(crate) fn params_at(&self, idx: &[usize]) -> Vec<&Tensor> {
+        idx.iter().map(|&i| &self.groups.params[i]).collect()
     }
 
     /// Handles of field `f` of the parameters `idx`, each of which must have it.
-    pub(crate) fn field_at(&self, f: usize, idx: &[usize]) -> Result<Vec<ffi::tcg_tensor>> {
+    pub(crate) fn field_at(&self, f: usize, idx: &[usize]) -> Result<Vec<&Tensor>> {
         let field = &self.fields[f];
-        let ts = idx
-            .iter()
+        idx.iter()
             .map(|&i| {
                 field.tensors[i]
                     .as_ref()
                     .ok_or_else(|| Error::Libtorch(format!("optimizer state `{}` missing", field.name)))
             })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(ffi::tensor_ptrs(ts))
+            .collect()
     }
 
-    /// The kernels argument of the FFI calls.
-    pub(crate) fn kernels_arg(&self) -> c_int {
+    /// The kernels argument of the shim's calls.
+    pub(crate) fn kernels_arg(&self) -> RawKernels {
         match self.kernels {
-            Kernels::Auto => ffi::TCG_KERNELS_AUTO,
-            Kernels::Own => ffi::TCG_KERNELS_OWN,
-            Kernels::PyTorch => ffi::TCG_KERNELS_PYTORCH,
+            Kernels::Auto => RawKernels::TCG_KERNELS_AUTO,
+            Kernels::Own => RawKernels::TCG_KERNELS_OWN,
+            Kernels::PyTorch => RawKernels::TCG_KERNELS_PYTORCH,
         }
     }
 
@@ -161,8 +158,8 @@ impl<C: HyperParams> Core<C> {
         self.last = (0, 0);
     }
 
-    pub(crate) fn record(&mut self, ran_own: c_int) {
-        if ran_own != 0 {
+    pub(crate) fn record(&mut self, ran_own: bool) {
+        if ran_own {
             self.last.0 += 1
         } else {
             self.last.1 += 1
@@ -238,15 +235,13 @@ impl<C: HyperParams> Core<C> {
 /// Whether the crate's own kernels were built into this binary (see
 /// [`super::own_kernels_available`] for whether they run on a given device).
 pub(crate) fn built() -> bool {
-    // SAFETY: a query without arguments.
-    unsafe { ffi::tcg_own_kernels_built() != 0 }
+    sys::own_kernels_built()
 }
 
 /// Ok if the own kernels run on `device`.
 pub(crate) fn check_device(device: Device) -> Result<()> {
     match device {
-        // SAFETY: a query; the shim checks the index.
-        Device::Cuda(d) => check(unsafe { ffi::tcg_own_kernels_check(d as c_int) }),
+        Device::Cuda(d) => sys::own_kernels_check(i32::try_from(d).unwrap_or(i32::MAX)),
         other => {
             Err(Error::Unsupported(format!("the crate's own optimizer kernels run on CUDA devices, not {other:?}")))
         }

@@ -63,8 +63,8 @@ pub use sgd::{Sgd, SgdConfig};
 
 pub(crate) use groups::{check_hparam, Groups, HyperField, HyperParams};
 
-use crate::error::{check, Error, Result};
-use crate::ffi;
+use crate::error::{Error, Result};
+use crate::sys::optim::{self as sys, GradReset};
 use std::collections::HashMap;
 use tch::{Device, Tensor};
 
@@ -248,11 +248,6 @@ impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
     }
 }
 
-/// `t`'s handle, or null.
-pub(crate) fn optional_ptr(t: Option<&Tensor>) -> ffi::tcg_tensor {
-    t.map(ffi::tensor_ptr).unwrap_or(std::ptr::null_mut())
-}
-
 /// Indices and gradients of the parameters of `range` that have a gradient.
 pub(crate) fn with_grads(params: &[Tensor]) -> Result<(Vec<usize>, Vec<Tensor>)> {
     let mut idx = Vec::with_capacity(params.len());
@@ -269,14 +264,10 @@ pub(crate) fn with_grads(params: &[Tensor]) -> Result<(Vec<usize>, Vec<Tensor>)>
 
 /// Zeroes the defined grads of `params` in place.
 pub(crate) fn grads_zero(params: &[Tensor]) -> Result<()> {
-    let p = ffi::tensor_ptrs(params);
-    // SAFETY: `p` holds live tensor handles (borrowed from `params` for the call's duration).
-    check(unsafe { ffi::tcg_grads_zero(p.as_ptr(), p.len()) })
+    sys::grads_reset(params, GradReset::Zero)
 }
 
 /// Sets the grads of `params` to none.
 pub(crate) fn grads_to_none(params: &[Tensor]) -> Result<()> {
-    let p = ffi::tensor_ptrs(params);
-    // SAFETY: `p` holds live tensor handles (borrowed from `params` for the call's duration).
-    check(unsafe { ffi::tcg_grads_set_to_none(p.as_ptr(), p.len()) })
+    sys::grads_reset(params, GradReset::ToNone)
 }

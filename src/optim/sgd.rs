@@ -2,11 +2,9 @@
 //! learning rate either way).
 
 use super::core::{Core, Launch};
-use super::{
-    check_hparam, optional_ptr, Groups, HyperField, HyperParams, KernelPath, Kernels, LrHandle, Optimizer, ParamGroup,
-};
-use crate::error::{check, Error, Result};
-use crate::ffi::{self, tensor_ptr as ptr, tensor_ptrs as ptrs};
+use super::{check_hparam, Groups, HyperField, HyperParams, KernelPath, Kernels, LrHandle, Optimizer, ParamGroup};
+use crate::error::{Error, Result};
+use crate::sys::optim::{self as sys, Scaling, SgdHyper, SgdTensors};
 use std::collections::HashMap;
 use tch::{nn::VarStore, Tensor};
 
@@ -147,45 +145,30 @@ impl Sgd {
 
     /// One fused launch over the parameters `set` (positions in `launch`); `first`: their
     /// momentum buffers were made just now (the kernel initialises them).
-    fn fused(&mut self, launch: &Launch, set: &[usize], first: bool, scaled: [ffi::tcg_tensor; 2]) -> Result<()> {
+    fn fused(&mut self, launch: &Launch, set: &[usize], first: bool, amp: Scaling<'_>) -> Result<()> {
         let core = &self.core;
         let group = &core.groups.groups[launch.group];
         let c = &group.config;
         let idx: Vec<usize> = set.iter().map(|&k| launch.idx[k]).collect();
-        let (p, g) = (core.params_at(&idx), ptrs(set.iter().map(|&k| &launch.grads[k])));
-        let b = if c.momentum == 0.0 { Vec::new() } else { core.field_at(MOMENTUM_BUFFER, &idx)? };
-        let mut ran_own = 0;
-        // SAFETY: every pointer is a live tensor handle borrowed for the call (or null for an
-        // absent scale); `p` and `g` have p.len() entries, `b` has b.len() (0 or p.len());
-        // `ran_own` is a live out-parameter.
-        check(unsafe {
-            ffi::tcg_fused_sgd(
-                p.as_ptr(),
-                g.as_ptr(),
-                b.as_ptr(),
-                p.len(),
-                b.len(),
-                c.weight_decay,
-                c.momentum,
-                ptr(group.lr.tensor()),
-                c.dampening,
-                i32::from(c.nesterov),
-                i32::from(c.maximize),
-                i32::from(first),
-                scaled[0],
-                scaled[1],
-                core.kernels_arg(),
-                &mut ran_own,
-            )
-        })?;
+        let grads: Vec<&Tensor> = set.iter().map(|&k| &launch.grads[k]).collect();
+        let bufs = if c.momentum == 0.0 { Vec::new() } else { core.field_at(MOMENTUM_BUFFER, &idx)? };
+        let tensors = SgdTensors { params: &core.params_at(&idx), grads: &grads, momentum_buffers: &bufs };
+        let hyper = SgdHyper {
+            weight_decay: c.weight_decay,
+            momentum: c.momentum,
+            dampening: c.dampening,
+            nesterov: c.nesterov,
+            maximize: c.maximize,
+        };
+        let ran_own = sys::sgd(&tensors, group.lr.tensor(), &hyper, first, amp, core.kernels_arg())?;
         self.core.record(ran_own);
         Ok(())
     }
 
-    fn step_launch(&mut self, launch: &Launch, scaled: [ffi::tcg_tensor; 2]) -> Result<()> {
+    fn step_launch(&mut self, launch: &Launch, amp: Scaling<'_>) -> Result<()> {
         let all: Vec<usize> = (0..launch.idx.len()).collect();
         if self.core.groups.groups[launch.group].config.momentum == 0.0 {
-            return self.fused(launch, &all, false, scaled);
+            return self.fused(launch, &all, false, amp);
         }
         // Parameters whose buffer exists take one launch; first steps (buffers made now,
         // initialised by the kernel) another.
@@ -205,7 +188,7 @@ impl Sgd {
         }
         for (set, is_first) in [(&later, false), (&first, true)] {
             if !set.is_empty() {
-                self.fused(launch, set, is_first, scaled)?;
+                self.fused(launch, set, is_first, amp)?;
             }
         }
         Ok(())
@@ -213,10 +196,10 @@ impl Sgd {
 
     /// One update of the parameters that have a gradient (those in `only`, when given).
     fn run(&mut self, only: Option<&[usize]>, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
-        let scaled = [optional_ptr(grad_scale), optional_ptr(found_inf)];
+        let amp = Scaling { grad_scale, found_inf };
         self.core.begin_step();
         for launch in self.core.launches(only)? {
-            self.step_launch(&launch, scaled)?;
+            self.step_launch(&launch, amp)?;
         }
         Ok(())
     }

@@ -1,6 +1,15 @@
 //! `csrc/profiler.cpp`: Kineto profiling.
-use super::tcg_status;
+use super::{c_enum, tcg_status};
 use std::os::raw::c_char;
+
+c_enum!(tcg_prof_kind {
+    TCG_PROF_KERNEL = 0,
+    TCG_PROF_MEMCPY = 1,
+    TCG_PROF_MEMSET = 2,
+    TCG_PROF_CPU_OP = 3,
+    TCG_PROF_RUNTIME = 4,
+    TCG_PROF_OTHER = 5,
+});
 
 #[repr(C)]
 pub struct tcg_profile {
@@ -14,18 +23,12 @@ pub struct tcg_prof_event {
     pub end_ns: u64,
     pub stream: i64,
     pub device: i32,
-    pub kind: i32,
+    pub kind: tcg_prof_kind,
 }
 
-pub const TCG_PROF_KERNEL: i32 = 0;
-pub const TCG_PROF_MEMCPY: i32 = 1;
-pub const TCG_PROF_MEMSET: i32 = 2;
-pub const TCG_PROF_CPU_OP: i32 = 3;
-pub const TCG_PROF_RUNTIME: i32 = 4;
-
 extern "C" {
-    pub fn tcg_profiler_start(cuda: i32) -> tcg_status;
-    pub fn tcg_profiler_stop(out: *mut *mut tcg_profile) -> tcg_status;
+    pub fn tcg_profile_start(cuda: bool) -> tcg_status;
+    pub fn tcg_profile_stop(out: *mut *mut tcg_profile) -> tcg_status;
     pub fn tcg_profile_free(p: *mut tcg_profile);
     pub fn tcg_profile_len(p: *mut tcg_profile, n: *mut usize) -> tcg_status;
     pub fn tcg_profile_event(

@@ -1,6 +1,5 @@
 //! `csrc/autograd.cpp` (autograd::grad) and `csrc/cuda/graphed.cpp` (graphed callables).
 use super::{tcg_graph, tcg_status, tcg_tensor};
-use std::os::raw::c_int;
 
 #[repr(C)]
 pub struct tcg_graphed {
@@ -14,9 +13,9 @@ extern "C" {
         inputs: *const tcg_tensor,
         n_in: usize,
         grad_outputs: *const tcg_tensor,
-        retain_graph: c_int,
-        create_graph: c_int,
-        allow_unused: c_int,
+        retain_graph: bool,
+        create_graph: bool,
+        allow_unused: bool,
         out: *mut tcg_tensor,
     ) -> tcg_status;
 

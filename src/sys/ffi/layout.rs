@@ -1,0 +1,28 @@
+//! `csrc/layout.cpp`: the layout of the structs both sides read.
+use super::c_enum;
+
+c_enum!(tcg_layout_struct {
+    TCG_LAYOUT_STREAM = 0,
+    TCG_LAYOUT_POOL_ID = 1,
+    TCG_LAYOUT_MEM_STATS = 2,
+    TCG_LAYOUT_POOL_BLOCK = 3,
+    TCG_LAYOUT_NODE_KINDS = 4,
+    TCG_LAYOUT_PROF_EVENT = 5,
+    TCG_LAYOUT_TENSORS = 6,
+    TCG_LAYOUT_AMP_SCALING = 7,
+    TCG_LAYOUT_SGD_HYPER = 8,
+    TCG_LAYOUT_SGD_TENSORS = 9,
+    TCG_LAYOUT_ADAM_HYPER = 10,
+    TCG_LAYOUT_ADAM_TENSORS = 11,
+    TCG_LAYOUT_BUCKETS_OPTIONS = 12,
+});
+
+extern "C" {
+    pub fn tcg_layout(
+        s: tcg_layout_struct,
+        size: *mut usize,
+        align: *mut usize,
+        offsets: *mut usize,
+        cap: usize,
+    ) -> usize;
+}
