@@ -197,6 +197,7 @@ fn main() {
             "csrc/profiler.cpp",
             "csrc/watch.cpp",
             "csrc/layout.cpp",
+            "csrc/bucket_plan.cpp",
         ]);
     if with_cuda {
         let cuda_include = match find_cuda_include(&torch_root) {

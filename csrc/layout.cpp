@@ -34,6 +34,7 @@ struct layout_writer {
 
 extern "C" {
 
+// Long by nature: a table, one case per struct.
 size_t tcg_layout(tcg_layout_struct s, size_t* size, size_t* align, size_t* offsets, size_t cap) {
   layout_writer w{offsets, cap};
   *size = 0;
@@ -147,6 +148,11 @@ size_t tcg_layout(tcg_layout_struct s, size_t* size, size_t* align, size_t* offs
       TCG_FIELD(tcg_buckets_options, split);
       TCG_FIELD(tcg_buckets_options, grouped);
       TCG_FIELD(tcg_buckets_options, memory);
+      break;
+    case TCG_LAYOUT_BUCKET_SLOT:
+      set(sizeof(tcg_bucket_slot), alignof(tcg_bucket_slot));
+      TCG_FIELD(tcg_bucket_slot, bucket);
+      TCG_FIELD(tcg_bucket_slot, offset);
       break;
   }
   return w.n;

@@ -34,6 +34,7 @@
 //   csrc/no_cuda.cpp      the CUDA families as NO_CUDA stubs (builds without CUDA)
 //   csrc/no_dist.cpp      the process-group family as NO_CUDA stubs (no c10d/NCCL)
 //   csrc/layout.cpp       the layout of the shared structs (all builds)
+//   csrc/bucket_plan.cpp  the gradient buckets' layout, no GPU needed (all builds)
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -458,6 +459,19 @@ tcg_status tcg_buckets_wait_bucket(tcg_buckets* b, size_t k);
 tcg_status tcg_buckets_join(tcg_buckets* b);
 tcg_status tcg_buckets_members(tcg_buckets* b, size_t k, size_t* out, size_t cap, size_t* n);
 
+// ---------------------------------------------------------------- bucket_plan.cpp (all builds)
+// Where a parameter lies: its bucket and its offset in the bucket's flat buffer (elements).
+typedef struct {
+  size_t bucket;
+  int64_t offset;
+} tcg_bucket_slot;
+// The layout tcg_buckets_new makes for n parameters of `numels` elements of `element_bytes`
+// each over `world` ranks, as `options` say (bucket_bytes, first_bucket_bytes, views, split; the
+// other options do not change it): slots[i] for each parameter, the flat length of bucket k in
+// bucket_numels[k] (at most `cap` written), the bucket count in *n_buckets. No GPU needed.
+tcg_status tcg_buckets_plan(const int64_t* numels, size_t n, int64_t element_bytes, const tcg_buckets_options* options,
+                            int world, tcg_bucket_slot* slots, int64_t* bucket_numels, size_t cap, size_t* n_buckets);
+
 // ---------------------------------------------------------------- layout.cpp
 // Every struct above that crosses the boundary, named for tcg_layout.
 typedef enum {
@@ -474,6 +488,7 @@ typedef enum {
   TCG_LAYOUT_ADAM_HYPER,
   TCG_LAYOUT_ADAM_TENSORS,
   TCG_LAYOUT_BUCKETS_OPTIONS,
+  TCG_LAYOUT_BUCKET_SLOT,
 } tcg_layout_struct;
 // The size and alignment of struct `s` as this shim was compiled, and the offsets of its fields
 // in declaration order (at most `cap` written); returns the number of fields (0: unknown `s`).

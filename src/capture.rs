@@ -278,12 +278,47 @@ impl Drop for KeepAliveSlot {
     }
 }
 
-/// Synchronizes `device` and returns its capture stream ordered after its current stream.
-pub(crate) fn side_stream(device: Device) -> Result<Stream> {
-    synchronize(device)?;
-    let side = Stream::capture_stream(device)?;
-    side.wait_stream(&Stream::current(device)?)?;
-    Ok(side)
+/// What every capture of the crate sets up first, in one place: the device's capture lock,
+/// the device synchronized and its capture stream ordered after the current stream, and an
+/// out-of-memory watch for the eager runs on that stream (warmups).
+pub(crate) struct CaptureSession {
+    _lock: CaptureLock,
+    side: Stream,
+    oom: OomWatch,
+    device: Device,
+}
+
+impl CaptureSession {
+    pub(crate) fn open(device: Device) -> Result<Self> {
+        let lock = CaptureLock::acquire(device)?;
+        synchronize(device)?;
+        let side = Stream::capture_stream(device)?;
+        side.wait_stream(&Stream::current(device)?)?;
+        let oom = OomWatch::start(device)?;
+        Ok(CaptureSession { _lock: lock, side, oom, device })
+    }
+
+    /// Runs `f` eagerly on the capture stream (a warmup run); an out-of-memory error is
+    /// [`Error::OutOfMemory`], as in a capture.
+    pub(crate) fn run<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let _stream = StreamGuard::new(&self.side)?;
+        f().map_err(|e| self.oom.classify(e))
+    }
+
+    /// Waits on the host for the eager runs, before the first capture.
+    pub(crate) fn settle(&self) -> Result<()> {
+        self.side.synchronize()
+    }
+
+    /// Records `f` into `graph` on the capture stream.
+    pub(crate) fn record<T>(
+        &self,
+        graph: &mut CudaGraph,
+        options: &CaptureOptions,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        record(graph, options, &self.side, self.device, f)
+    }
 }
 
 /// Aborts the capture under way when dropped (errors, panics), unless disarmed.
@@ -321,8 +356,8 @@ fn classify(e: Error, invalidated: bool, oom: &OomWatch) -> Error {
 }
 
 /// Records `f` into `graph` on `side`, restoring the previous stream on every path. The caller
-/// holds the device's capture lock.
-pub(crate) fn record<T>(
+/// holds the device's capture lock ([`CaptureSession::record`]).
+fn record<T>(
     graph: &mut CudaGraph,
     options: &CaptureOptions,
     side: &Stream,
@@ -379,10 +414,7 @@ impl CudaGraph {
     /// [`Error::CaptureInvalidated`], an OOM [`Error::OutOfMemory`], other errors come back as
     /// they are, and a panic resumes after the clean-up.
     pub fn capture<T>(&mut self, options: CaptureOptions, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let device = options.resolve_device()?;
-        let _lock = CaptureLock::acquire(device)?;
-        let side = side_stream(device)?;
-        record(self, &options, &side, device, f)
+        CaptureSession::open(options.resolve_device()?)?.record(self, &options, f)
     }
 }
 
@@ -425,18 +457,12 @@ pub fn capture_with_warmup<T>(
     options: CaptureOptions,
     mut f: impl FnMut() -> Result<T>,
 ) -> Result<(CudaGraph, T)> {
-    let device = options.resolve_device()?;
-    let _lock = CaptureLock::acquire(device)?;
-    let side = side_stream(device)?;
-    let oom = OomWatch::start(device)?;
-    {
-        let _stream = StreamGuard::new(&side)?;
-        for _ in 0..warmup {
-            drop(f().map_err(|e| oom.classify(e))?);
-        }
+    let session = CaptureSession::open(options.resolve_device()?)?;
+    for _ in 0..warmup {
+        drop(session.run(&mut f)?);
     }
-    side.synchronize()?;
+    session.settle()?;
     let mut graph = CudaGraph::with_keep_graph(options.keep_graph)?;
-    let out = record(&mut graph, &options, &side, device, &mut f)?;
+    let out = session.record(&mut graph, &options, &mut f)?;
     Ok((graph, out))
 }

@@ -86,13 +86,11 @@
 
 use crate::amp::refuse_cached_autocast;
 use crate::autograd::grad_refs;
-use crate::capture::{record, side_stream, CaptureLock, CaptureOptions};
+use crate::capture::{CaptureOptions, CaptureSession};
 use crate::device::cuda_is_available;
 use crate::error::{Error, Result};
 use crate::graph::CudaGraph;
-use crate::memory::OomWatch;
 use crate::pool::{MemPool, PoolId};
-use crate::stream::StreamGuard;
 use crate::sys::graphed::{GraphedHandle, GraphedStatics};
 use crate::watch::TensorWatch;
 use tch::{Device, Kind, Tensor};
@@ -396,125 +394,168 @@ pub fn make_graphed_callables(
         Some(id) => MemPool::hold(device, id)?,
         None => MemPool::on(device)?,
     };
+    let session = CaptureSession::open(device)?;
     let allow_unused = options.allow_unused_input;
-    let _lock = CaptureLock::acquire(device)?;
-    let side = side_stream(device)?;
-    let oom = OomWatch::start(device)?;
 
     // 1. Warmup, on the capture stream.
-    {
-        let _stream = StreamGuard::new(&side)?;
-        for c in callables.iter_mut() {
-            let surface: Vec<&Tensor> = c.samples.iter().chain(&c.params).collect();
-            for _ in 0..options.warmup {
-                let outs = (c.f)(&c.samples).map_err(|e| oom.classify(e))?;
+    warm_up(&mut callables, &session, options.warmup, allow_unused)?;
+
+    // 2. Forward graphs in order, then backward graphs in reverse order, into one pool.
+    let at = Captures { capture: CaptureOptions::default().pool(pool.id()).device(device), session: &session };
+    let forwards = callables.iter_mut().map(|c| at.forward(c)).collect::<Result<Vec<_>>>()?;
+    let mut backwards = Vec::with_capacity(forwards.len());
+    for (c, fwd) in callables.iter().zip(&forwards).rev() {
+        backwards.push(at.backward(c, &fwd.outputs, allow_unused)?);
+    }
+    backwards.reverse();
+
+    // 3. One autograd function per callable over its graphs and static tensors.
+    callables
+        .into_iter()
+        .zip(forwards)
+        .zip(backwards)
+        .enumerate()
+        .map(|(index, ((c, fwd), bwd))| assemble(index, c, fwd, bwd, device, pool.id()))
+        .collect()
+}
+
+/// Runs each callable `warmup` times on the capture stream, forward and backward (as
+/// `torch.cuda.make_graphed_callables` does), so that lazily made state is not captured.
+fn warm_up(callables: &mut [Callable<'_>], session: &CaptureSession, warmup: usize, allow_unused: bool) -> Result<()> {
+    for c in callables.iter_mut() {
+        let surface: Vec<&Tensor> = c.samples.iter().chain(&c.params).collect();
+        for _ in 0..warmup {
+            session.run(|| {
+                let outs = (c.f)(&c.samples)?;
                 let zeros: Vec<Tensor> = outs
                     .iter()
                     .filter(|o| o.requires_grad())
                     .map(|o| o.f_zeros_like())
                     .collect::<std::result::Result<_, _>>()?;
-                drop(surface_grads(&outs, &surface, &zeros, allow_unused).map_err(|e| oom.classify(e))?);
-            }
+                drop(surface_grads(&outs, &surface, &zeros, allow_unused)?);
+                Ok(())
+            })?;
         }
     }
-    side.synchronize()?;
+    session.settle()
+}
 
-    // 2. Forward graphs in order, then backward graphs in reverse order, into one pool.
-    let capture = CaptureOptions::default().pool(pool.id()).device(device);
-    let n = callables.len();
-    let mut fwd = Vec::with_capacity(n);
-    let mut outputs: Vec<Vec<Tensor>> = Vec::with_capacity(n);
-    for c in callables.iter_mut() {
+/// A callable's captured forward: the graph and its static outputs.
+struct Forward {
+    graph: CudaGraph,
+    outputs: Vec<Tensor>,
+}
+
+/// A callable's captured backward (no graph when nothing is differentiated) and its static
+/// gradients.
+struct Backward {
+    graph: Option<CudaGraph>,
+    /// One entry per output: its static incoming gradient, where it requires grad.
+    grad_outputs: Vec<Option<Tensor>>,
+    /// One entry per surface tensor (samples, then parameters): its static gradient, if any.
+    grad_inputs: Vec<Option<Tensor>>,
+}
+
+/// Where the captures of one `make_graphed_callables` go: one pool, one side stream.
+struct Captures<'a> {
+    capture: CaptureOptions,
+    session: &'a CaptureSession,
+}
+
+impl Captures<'_> {
+    fn forward(&self, c: &mut Callable<'_>) -> Result<Forward> {
         let mut graph = CudaGraph::new()?;
-        let samples = &c.samples;
-        let f = &mut c.f;
-        outputs.push(record(&mut graph, &capture, &side, device, || f(samples))?);
-        fwd.push(graph);
+        let (samples, f) = (&c.samples, &mut c.f);
+        let outputs = self.session.record(&mut graph, &self.capture, || f(samples))?;
+        Ok(Forward { graph, outputs })
     }
-    let mut bwd: Vec<Option<CudaGraph>> = (0..n).map(|_| None).collect();
-    let mut grad_outputs: Vec<Vec<Option<Tensor>>> = (0..n).map(|_| Vec::new()).collect();
-    let mut grad_inputs: Vec<Vec<Option<Tensor>>> = (0..n).map(|_| Vec::new()).collect();
-    for k in (0..n).rev() {
-        let c = &callables[k];
+
+    fn backward(&self, c: &Callable<'_>, outputs: &[Tensor], allow_unused: bool) -> Result<Backward> {
         let surface: Vec<&Tensor> = c.samples.iter().chain(&c.params).collect();
-        let statics: Vec<Option<Tensor>> = outputs[k]
+        let statics: Vec<Option<Tensor>> = outputs
             .iter()
             .map(|o| if o.requires_grad() { o.f_empty_like().map(Some) } else { Ok(None) })
             .collect::<std::result::Result<_, _>>()?;
         let has_targets = surface.iter().any(|t| t.requires_grad());
-        if statics.iter().any(Option::is_some) && has_targets {
-            let feed: Vec<Tensor> = statics.iter().flatten().map(Tensor::shallow_clone).collect();
-            // The static gradients live outside the pool (see "Gradients, exactly"): a block of
-            // the pool may be another graph's scratch, and a parameter's .grad that is such a
-            // block would be overwritten by that graph's next replay.
-            let buffers: Vec<Option<Tensor>> = surface
-                .iter()
-                .map(|t| if t.requires_grad() { t.f_empty_like().map(Some) } else { Ok(None) })
-                .collect::<std::result::Result<_, _>>()?;
-            let mut graph = CudaGraph::new()?;
-            let outs = &outputs[k];
-            let written = record(&mut graph, &capture, &side, device, || {
-                let grads = surface_grads(outs, &surface, &feed, allow_unused)?;
-                let mut written = Vec::with_capacity(grads.len());
-                for (buf, g) in buffers.iter().zip(grads) {
-                    written.push(match (buf, g) {
-                        (Some(buf), Some(g)) => {
-                            let mut dst = buf.shallow_clone();
-                            dst.f_copy_(&g)?;
-                            Some(dst)
-                        }
-                        _ => None, // not differentiated, or unused
-                    });
-                }
-                Ok(written)
-            })?;
-            grad_inputs[k] = written;
-            bwd[k] = Some(graph);
-            grad_outputs[k] = statics;
-        } else {
+        if !(statics.iter().any(Option::is_some) && has_targets) {
             // Nothing to differentiate: outputs are returned as not requiring grad.
-            grad_inputs[k] = surface.iter().map(|_| None).collect();
-            grad_outputs[k] = statics.iter().map(|_| None).collect();
+            return Ok(Backward {
+                graph: None,
+                grad_outputs: statics.iter().map(|_| None).collect(),
+                grad_inputs: surface.iter().map(|_| None).collect(),
+            });
         }
+        let feed: Vec<Tensor> = statics.iter().flatten().map(Tensor::shallow_clone).collect();
+        // The static gradients live outside the pool (see "Gradients, exactly"): a block of
+        // the pool may be another graph's scratch, and a parameter's .grad that is such a
+        // block would be overwritten by that graph's next replay.
+        let buffers: Vec<Option<Tensor>> = surface
+            .iter()
+            .map(|t| if t.requires_grad() { t.f_empty_like().map(Some) } else { Ok(None) })
+            .collect::<std::result::Result<_, _>>()?;
+        let mut graph = CudaGraph::new()?;
+        let grad_inputs = self.session.record(&mut graph, &self.capture, || {
+            let grads = surface_grads(outputs, &surface, &feed, allow_unused)?;
+            let mut written = Vec::with_capacity(grads.len());
+            for (buf, g) in buffers.iter().zip(grads) {
+                written.push(match (buf, g) {
+                    (Some(buf), Some(g)) => {
+                        let mut dst = buf.shallow_clone();
+                        dst.f_copy_(&g)?;
+                        Some(dst)
+                    }
+                    _ => None, // not differentiated, or unused
+                });
+            }
+            Ok(written)
+        })?;
+        Ok(Backward { graph: Some(graph), grad_outputs: statics, grad_inputs })
     }
+}
 
-    // 3. One autograd function per callable over its graphs and static tensors.
-    let mut made = Vec::with_capacity(n);
-    let parts = callables.into_iter().zip(fwd).zip(bwd).zip(outputs).zip(grad_outputs).zip(grad_inputs);
-    for (index, (((((c, mut fwd), mut bwd), outs), gouts), gins)) in parts.enumerate() {
-        fwd.upload()?;
-        if let Some(b) = bwd.as_mut() {
-            b.upload()?;
-        }
-        let statics: Vec<Tensor> = outs.iter().map(Tensor::detach).collect();
-        let surface: Vec<&Tensor> = c.samples.iter().chain(&c.params).collect();
-        // Everything fallible before the handle exists.
-        let samples = c.samples.iter().map(Meta::of).collect::<Result<Vec<_>>>()?;
-        let params_grad = c.params.iter().map(Tensor::requires_grad).collect();
-        let mut watch = TensorWatch::new()?;
-        let names = (0..c.samples.len())
-            .map(|i| format!("graphed callable #{index} static input #{i}"))
-            .chain((0..c.params.len()).map(|j| format!("graphed callable #{index} parameter #{j}")));
-        watch.add(names, surface.iter().copied())?;
-        let hold = MemPool::hold(device, pool.id())?;
-        let statics_of = GraphedStatics {
-            surface: &surface,
-            n_user: c.samples.len(),
-            outputs: &statics,
-            grad_outputs: &gouts,
-            grad_inputs: &gins,
-        };
-        let handle = GraphedHandle::new(fwd, bwd, &statics_of)?;
-        made.push(GraphedCallable {
-            handle,
-            samples,
-            params: c.params,
-            params_grad,
-            n_out: statics.len(),
-            watch,
-            _pool: hold,
-            index,
-        });
+/// The graphed callable `index` over its captured graphs: uploaded, its inputs watched, tied to
+/// autograd through the shim, holding the pool `pool`.
+fn assemble(
+    index: usize,
+    c: Callable<'_>,
+    fwd: Forward,
+    bwd: Backward,
+    device: Device,
+    pool: PoolId,
+) -> Result<GraphedCallable> {
+    let Forward { graph: mut fwd, outputs } = fwd;
+    let Backward { graph: mut bwd, grad_outputs, grad_inputs } = bwd;
+    fwd.upload()?;
+    if let Some(b) = bwd.as_mut() {
+        b.upload()?;
     }
-    Ok(made)
+    let statics: Vec<Tensor> = outputs.iter().map(Tensor::detach).collect();
+    let surface: Vec<&Tensor> = c.samples.iter().chain(&c.params).collect();
+    // Everything fallible before the handle exists.
+    let samples = c.samples.iter().map(Meta::of).collect::<Result<Vec<_>>>()?;
+    let params_grad = c.params.iter().map(Tensor::requires_grad).collect();
+    let mut watch = TensorWatch::new()?;
+    let names = (0..c.samples.len())
+        .map(|i| format!("graphed callable #{index} static input #{i}"))
+        .chain((0..c.params.len()).map(|j| format!("graphed callable #{index} parameter #{j}")));
+    watch.add(names, surface.iter().copied())?;
+    let hold = MemPool::hold(device, pool)?;
+    let statics_of = GraphedStatics {
+        surface: &surface,
+        n_user: c.samples.len(),
+        outputs: &statics,
+        grad_outputs: &grad_outputs,
+        grad_inputs: &grad_inputs,
+    };
+    let handle = GraphedHandle::new(fwd, bwd, &statics_of)?;
+    Ok(GraphedCallable {
+        handle,
+        samples,
+        params: c.params,
+        params_grad,
+        n_out: statics.len(),
+        watch,
+        _pool: hold,
+        index,
+    })
 }

@@ -299,6 +299,26 @@ fn compact(outputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
         .collect()
 }
 
+/// What [`put_to_work`] did with a new capture.
+enum Installed {
+    /// The old graph's executable now runs the new capture's work.
+    Updated,
+    /// CUDA refused the update: the new graph, instantiated, replaces the old one.
+    New(CudaGraph),
+}
+
+/// Puts a capture that kept its `cudaGraph_t` to work: updates `old`'s executable from it where
+/// CUDA allows ([`CudaGraph::update_from`]), else instantiates it.
+fn put_to_work(old: Option<&mut CudaGraph>, mut graph: CudaGraph) -> Result<Installed> {
+    if let Some(old) = old {
+        if old.update_from(&mut graph)? {
+            return Ok(Installed::Updated);
+        }
+    }
+    graph.instantiate()?;
+    Ok(Installed::New(graph))
+}
+
 fn describe(t: &Tensor) -> String {
     format!("shape {:?} {:?} on {:?}", t.size(), t.kind(), t.device())
 }
@@ -560,30 +580,40 @@ impl TrainStep {
     /// CUDA allows (the same kernel sequence on other addresses and sizes), which costs less
     /// than instantiating; otherwise it is instantiated as usual and the spare is kept.
     fn capture_entry(&mut self, j: usize) -> Result<()> {
-        let capture = match &self.pool {
-            Some(pool) => self.options.capture.pool(pool.id()).device(self.device),
-            None => self.options.capture,
+        let (graph, outputs) = self.record_entry(j, self.spare.is_some())?;
+        let graph = match self.spare.take() {
+            Some(mut spare) => match put_to_work(Some(&mut spare), graph)? {
+                Installed::Updated => {
+                    self.updates += 1;
+                    spare
+                }
+                Installed::New(graph) => {
+                    self.spare = Some(spare);
+                    graph
+                }
+            },
+            None => graph, // instantiated when its capture ended
         };
-        let capture = if self.spare.is_some() { capture.keep_graph(true) } else { capture };
-        let TrainStep { shapes, step_fn, options, captures, .. } = self;
-        let entry = &mut shapes[j];
-        let inputs = &entry.inputs;
-        let (mut graph, outputs) =
-            capture_with_warmup(0, capture, || compact(call_step(step_fn, options.autocast, inputs)?))?;
-        *captures += 1;
-        if let Some(mut spare) = self.spare.take() {
-            if spare.update_from(&mut graph)? {
-                graph = spare;
-                self.updates += 1;
-            } else {
-                graph.instantiate()?;
-                self.spare = Some(spare);
-            }
-        }
         let entry = &mut self.shapes[j];
         entry.graph = Some(graph);
         entry.outputs = outputs;
         Ok(())
+    }
+
+    /// Records entry `j`'s step into a new graph, in the step's pool, without running it; with
+    /// `keep`, the graph keeps its `cudaGraph_t` (to update another executable from it). The one
+    /// capture path of the step, for [`Self::capture_entry`] and [`Self::recapture`].
+    fn record_entry(&mut self, j: usize, keep: bool) -> Result<(CudaGraph, Vec<Tensor>)> {
+        let capture = match &self.pool {
+            Some(pool) => self.options.capture.pool(pool.id()).device(self.device),
+            None => self.options.capture,
+        };
+        let capture = if keep { capture.keep_graph(true) } else { capture };
+        let TrainStep { shapes, step_fn, options, captures, .. } = self;
+        let inputs = &shapes[j].inputs;
+        let recorded = capture_with_warmup(0, capture, || compact(call_step(step_fn, options.autocast, inputs)?))?;
+        *captures += 1;
+        Ok(recorded)
     }
 
     /// Declares batch shapes the step will see (each: one shape per static input), so that
@@ -745,28 +775,21 @@ impl TrainStep {
     pub fn recapture(&mut self) -> Result<Recaptured> {
         let mut report = Recaptured::default();
         if self.graphed {
-            let capture = match &self.pool {
-                Some(pool) => self.options.capture.pool(pool.id()).device(self.device),
-                None => self.options.capture,
-            }
-            .keep_graph(true);
-            let TrainStep { shapes, step_fn, options, captures, updates, .. } = self;
-            for entry in shapes.iter_mut().filter(|e| e.graph.is_some()) {
-                let inputs = &entry.inputs;
-                let (mut graph, outputs) =
-                    capture_with_warmup(0, capture, || compact(call_step(step_fn, options.autocast, inputs)?))?;
-                *captures += 1;
-                let updated = match entry.graph.as_mut() {
-                    Some(old) => old.update_from(&mut graph)?,
-                    None => false,
-                };
-                if updated {
-                    report.updated += 1;
-                    *updates += 1;
-                } else {
-                    graph.instantiate()?;
-                    entry.graph = Some(graph);
-                    report.replaced += 1;
+            for j in 0..self.shapes.len() {
+                if self.shapes[j].graph.is_none() {
+                    continue;
+                }
+                let (graph, outputs) = self.record_entry(j, true)?;
+                let entry = &mut self.shapes[j];
+                match put_to_work(entry.graph.as_mut(), graph)? {
+                    Installed::Updated => {
+                        report.updated += 1;
+                        self.updates += 1;
+                    }
+                    Installed::New(graph) => {
+                        entry.graph = Some(graph);
+                        report.replaced += 1;
+                    }
                 }
                 entry.outputs = outputs;
             }

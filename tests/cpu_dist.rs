@@ -1,13 +1,13 @@
 //! Process groups without a GPU: a rank that never joins ends the others' set-up with an error
 //! within the timeout (the store's), never a hang. In a build without c10d/NCCL every entry
-//! point says `NoCuda` instead.
+//! point says `NoCuda` instead. And the gradient buckets' layout, which needs no GPU.
 
 mod common;
 
 use common::free_port;
 use std::time::{Duration, Instant};
 use tch::Device;
-use tch_cuda_graphs::dist::ProcessGroup;
+use tch_cuda_graphs::dist::{BucketConfig, ProcessGroup};
 use tch_cuda_graphs::Error;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -59,4 +59,48 @@ fn a_process_group_needs_torchrun_or_coordinates() {
     assert!(matches!(bad, Err(Error::Misuse(_))), "rank 2 of 2 over a file store: {bad:?}");
     let cpu = ProcessGroup::new_file(&file, 0, 1, Device::Cpu, std::time::Duration::from_secs(1));
     assert!(matches!(cpu, Err(Error::Misuse(_))), "a CPU device: {cpu:?}");
+}
+
+/// (members, offsets, flat length) of each bucket.
+fn layout(config: BucketConfig, numels: &[i64], kind: tch::Kind, world: usize) -> Vec<(Vec<usize>, Vec<i64>, i64)> {
+    let plan = config.plan(numels, kind, world).expect("a plan");
+    let got: Vec<_> = plan.buckets.into_iter().map(|b| (b.members, b.offsets, b.numel)).collect();
+    println!("{numels:?} over {world}: {got:?}");
+    got
+}
+
+#[test]
+fn buckets_fill_in_reverse_order_up_to_their_size() {
+    let packed = BucketConfig::default().bucket_bytes(1024);
+    // 300 floats (1200 bytes) do not fit in 1024 but get a bucket of their own; 100 + 100 do
+    assert_eq!(
+        layout(packed, &[100, 100, 300], tch::Kind::Float, 1),
+        vec![(vec![2], vec![0], 300), (vec![1, 0], vec![0, 100], 200)]
+    );
+    // the first bucket may be smaller, so that the first all-reduce starts early
+    assert_eq!(
+        layout(packed.first_bucket_bytes(400), &[50, 50, 50, 50], tch::Kind::Float, 1),
+        vec![(vec![3, 2], vec![0, 50], 100), (vec![1, 0], vec![0, 50], 100)]
+    );
+    // bf16 elements are 2 bytes: twice as many fit
+    assert_eq!(layout(packed, &[100, 100, 300], tch::Kind::BFloat16, 1).len(), 1);
+}
+
+#[test]
+fn views_start_16_byte_aligned_and_split_buckets_divide_evenly() {
+    let config = BucketConfig::default().bucket_bytes(1 << 20);
+    // packed: back to back
+    assert_eq!(layout(config, &[3, 5], tch::Kind::Float, 1), vec![(vec![1, 0], vec![0, 5], 8)]);
+    // views: the second member at 8 floats (32 bytes), not 5
+    assert_eq!(layout(config.views(true), &[3, 5], tch::Kind::Float, 1), vec![(vec![1, 0], vec![0, 8], 11)]);
+    // reduce-scatter + all-gather over 2 ranks: a multiple of 2 × 4 floats
+    let split = config.views(true).reduce_scatter_all_gather(true);
+    assert_eq!(layout(split, &[3, 5], tch::Kind::Float, 2), vec![(vec![1, 0], vec![0, 8], 16)]);
+    assert_eq!(layout(split, &[3, 5], tch::Kind::Float, 3)[0].2, 12);
+}
+
+#[test]
+fn a_plan_refuses_an_empty_world() {
+    let got = BucketConfig::default().plan(&[4], tch::Kind::Float, 0);
+    assert!(matches!(got, Err(Error::Misuse(_))), "{got:?}");
 }

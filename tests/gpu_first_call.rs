@@ -37,22 +37,28 @@ fn allocator_entry_points_work_as_the_first_cuda_call() {
         return;
     }
     assert!(tch::Cuda::is_available(), "this test needs a CUDA device, and none is available");
-    let exe = std::env::current_exe().unwrap();
     for name in ["memory_stats", "reset_peak_stats", "pool_memory", "empty_cache", "graph_pool_handle"] {
-        let out = Command::new(&exe)
-            .args(["--exact", "allocator_entry_points_work_as_the_first_cuda_call", "--include-ignored", "--nocapture"])
-            .env(CHILD, name)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let line = stdout.lines().find(|l| l.contains("CHILD-OK")).map(str::to_owned);
-        println!("{name}: {}", line.as_deref().unwrap_or("(no result)"));
-        assert!(
-            out.status.success() && line.is_some(),
-            "{name} as the first CUDA call of a process failed:\n{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        in_a_fresh_process("allocator_entry_points_work_as_the_first_cuda_call", CHILD, name);
     }
+}
+
+/// Runs test `test` of this binary again in a new process with `var=value`, and requires it to
+/// exit 0 having printed its `CHILD-OK` line (a child that ran no test prints none).
+fn in_a_fresh_process(test: &str, var: &str, value: &str) {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(&exe)
+        .args(["--exact", test, "--include-ignored", "--nocapture"])
+        .env(var, value)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().find(|l| l.contains("CHILD-OK")).map(str::to_owned);
+    println!("{value}: {}", line.as_deref().unwrap_or("(no result)"));
+    assert!(
+        out.status.success() && line.is_some(),
+        "{test} with {var}={value} failed in its own process:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The process's first cuBLAS call inside a capture, with no warmup: `cublasCreate` cannot run
@@ -99,23 +105,5 @@ fn a_capture_whose_matmul_is_the_processs_first_cublas_call_works() {
         return;
     }
     assert!(tch::Cuda::is_available(), "this test needs a CUDA device, and none is available");
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new(&exe)
-        .args([
-            "--exact",
-            "a_capture_whose_matmul_is_the_processs_first_cublas_call_works",
-            "--include-ignored",
-            "--nocapture",
-        ])
-        .env(FIRST_MATMUL, "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().find(|l| l.contains("CHILD-OK")).map(str::to_owned);
-    println!("child: {}", line.as_deref().unwrap_or("(no result)"));
-    assert!(
-        out.status.success() && line.is_some(),
-        "the first matmul captured raw failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    in_a_fresh_process("a_capture_whose_matmul_is_the_processs_first_cublas_call_works", FIRST_MATMUL, "1");
 }

@@ -95,6 +95,8 @@ struct tcg_cond {
 
 extern "C" {
 
+// Long on purpose: the checks, then the node's set-up in the order CUDA requires it, each step
+// undone by the state's destructor if a later one fails; split, the order would be harder to see.
 tcg_status tcg_cond_begin(tcg_cond_kind type, tcg_tensor cond, tcg_pool_id body_pool, int64_t max_iters, tcg_tensor counter,
                           tcg_tensor hit, tcg_cond** out) {
   return guard([&] {

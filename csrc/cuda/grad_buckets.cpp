@@ -29,6 +29,7 @@
 // bf16 buffer, all-reduced in bf16, and cast back into the fp32 gradients, which the optimizer
 // then uses in fp32.
 #include "dist.h"
+#include "../bucket_plan.h"
 
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
@@ -380,37 +381,26 @@ void check_params(const State& s) {
   }
 }
 
-// Buckets of up to `bucket_bytes` in reverse parameter order (the order backward produces
-// gradients), the first up to `first_bucket_bytes` (0: the same): members, offsets, lengths.
+// The layout of bucket_plan.h (members, offsets, lengths), tested on the CPU through
+// tcg_buckets_plan.
 void plan_buckets(State& s, int64_t bucket_bytes, int64_t first_bucket_bytes) {
-  const size_t n = s.params.size();
-  const int64_t elt = static_cast<int64_t>(c10::elementSize(s.params[0].scalar_type()));
-  const int64_t cap = std::max<int64_t>(bucket_bytes, 1);
-  // the first bucket (the last parameters: their gradients come first) may be smaller, so
-  // that communication starts early (PyTorch DDP: 1 MiB)
-  const int64_t first_cap = first_bucket_bytes > 0 ? first_bucket_bytes : cap;
-  const int64_t align = std::max<int64_t>(16 / elt, 1);  // elements per 16 bytes
-  s.bucket_of.assign(n, 0);
-  s.seen.assign(n, false);
-  for (size_t r = n; r-- > 0;) {
-    const int64_t numel = s.params[r].numel();
-    const int64_t limit = s.buckets.size() == 1 ? first_cap : cap;
-    if (s.buckets.empty() || (!s.buckets.back().members.empty() && (s.buckets.back().numel + numel) * elt > limit)) {
-      s.buckets.emplace_back();
-    }
-    auto& b = s.buckets.back();
-    // views: each member starts 16-byte aligned; packed: back to back (cat's layout)
-    const int64_t at = s.as_views ? (b.numel + align - 1) / align * align : b.numel;
-    b.members.push_back(r);
-    b.offsets.push_back(at);
-    b.numel = at + numel;
-    s.bucket_of[r] = s.buckets.size() - 1;
+  std::vector<int64_t> numels;
+  for (const auto& p : s.params) numels.push_back(p.numel());
+  buckets::Rules rules;
+  rules.element_bytes = static_cast<int64_t>(c10::elementSize(s.params[0].scalar_type()));
+  rules.bucket_bytes = bucket_bytes;
+  rules.first_bucket_bytes = first_bucket_bytes;
+  rules.views = s.as_views;
+  rules.split = s.split;
+  rules.world = s.pg->size;
+  for (auto& planned : buckets::plan(numels, rules, &s.bucket_of)) {
+    auto& b = s.buckets.emplace_back();
+    b.members = std::move(planned.members);
+    b.offsets = std::move(planned.offsets);
+    b.numel = planned.numel;
+    b.used = planned.used;
   }
-  for (auto& b : s.buckets) {
-    b.used = b.numel;
-    // split: every rank's chunk of the same length, each 16-byte aligned
-    if (s.split) b.numel = (b.numel + s.pg->size * align - 1) / (s.pg->size * align) * (s.pg->size * align);
-  }
+  s.seen.assign(s.params.size(), false);
 }
 
 // The flat (and bf16) buffers of the buckets: from the caching allocator, or all in one

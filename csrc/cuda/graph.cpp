@@ -111,6 +111,8 @@ struct tcg_graph : at::cuda::CUDAGraph {
   // Tears down everything a started capture holds, and the graph and executable it made.
   // Never throws. Returns whether CUDA had invalidated the capture; libtorch warnings raised on
   // the way are appended to *warnings.
+  // Long on purpose: one ordered list of independent clean-up steps, each in its own try, so
+  // that a failing step never skips the ones after it.
   bool teardown(std::string* warnings) noexcept {
     bool invalidated = false;
     collect_warnings collected;

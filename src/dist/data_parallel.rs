@@ -5,7 +5,7 @@ use super::{ProcessGroup, ReduceOp};
 use crate::error::{Error, Result};
 use crate::optim::Optimizer;
 use crate::scalar::cpu_i64;
-use crate::sys::dist::{BucketsHandle, BucketsOptions, RawBucketMemory};
+use crate::sys::dist::{plan_buckets, BucketsHandle, BucketsOptions, RawBucketMemory};
 use tch::{nn::VarStore, Kind, Tensor};
 
 /// A fixed-size summary of a model's variables (count, sizes, ranks, dtypes, names), the same
@@ -138,6 +138,24 @@ pub enum NcclBuffers {
     Window,
 }
 
+/// The bucket layout of a [`BucketConfig`] ([`BucketConfig::plan`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BucketPlan {
+    /// The buckets in the order their all-reduces start (the last parameters first).
+    pub buckets: Vec<PlannedBucket>,
+}
+
+/// One bucket of a [`BucketPlan`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedBucket {
+    /// The indices of its parameters, in the order of its flat buffer.
+    pub members: Vec<usize>,
+    /// Each member's offset in the flat buffer (elements).
+    pub offsets: Vec<i64>,
+    /// The flat buffer's length (elements), alignment and split padding included.
+    pub numel: i64,
+}
+
 /// How [`GradAllReduce`] buckets and sends gradients.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BucketConfig {
@@ -230,6 +248,40 @@ impl BucketConfig {
     pub fn nccl_buffers(mut self, buffers: NcclBuffers) -> Self {
         self.buffers = buffers;
         self
+    }
+
+    /// The buckets [`GradAllReduce::with_config`] makes with this configuration for parameters
+    /// of `numels` elements of `kind` (in the optimizer's order) over `world_size` ranks: which
+    /// parameters share a bucket and where each lies in its flat buffer. Computed on the host,
+    /// no GPU needed.
+    ///
+    /// ```
+    /// use tch_cuda_graphs::dist::BucketConfig;
+    /// let plan = BucketConfig::default().bucket_bytes(1024).plan(&[100, 100, 300], tch::Kind::Float, 1)?;
+    /// // gradients come in reverse order: the last parameter fills the first bucket
+    /// assert_eq!(plan.buckets[0].members, vec![2]);
+    /// assert_eq!(plan.buckets[1].members, vec![1, 0]);
+    /// # Ok::<(), tch_cuda_graphs::Error>(())
+    /// ```
+    pub fn plan(&self, numels: &[i64], kind: Kind, world_size: usize) -> Result<BucketPlan> {
+        let world =
+            i32::try_from(world_size).map_err(|_| Error::Misuse(format!("world size {world_size} is too large")))?;
+        let element_bytes = i64::try_from(kind.elt_size_in_bytes()).unwrap_or(i64::MAX);
+        let (slots, lengths) = plan_buckets(numels, element_bytes, &self.options(), world)?;
+        let mut buckets: Vec<PlannedBucket> =
+            lengths.iter().map(|&numel| PlannedBucket { members: Vec::new(), offsets: Vec::new(), numel }).collect();
+        // the members of a bucket in buffer order: by offset, later parameters first on a tie
+        let mut order: Vec<usize> = (0..slots.len()).collect();
+        order.sort_by_key(|&i| (slots[i].1, std::cmp::Reverse(i)));
+        for i in order {
+            let (k, offset) = slots[i];
+            let bucket = buckets
+                .get_mut(k)
+                .ok_or_else(|| Error::Libtorch(format!("bucket plan: bucket {k} of {}", lengths.len())))?;
+            bucket.members.push(i);
+            bucket.offsets.push(offset);
+        }
+        Ok(BucketPlan { buckets })
     }
 
     fn options(&self) -> BucketsOptions {

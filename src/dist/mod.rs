@@ -54,7 +54,9 @@
 
 mod data_parallel;
 
-pub use data_parallel::{broadcast_parameters, BucketConfig, GradAllReduce, NcclBuffers, DEFAULT_BUCKET_BYTES};
+pub use data_parallel::{
+    broadcast_parameters, BucketConfig, BucketPlan, GradAllReduce, NcclBuffers, PlannedBucket, DEFAULT_BUCKET_BYTES,
+};
 
 use crate::error::{Error, Result};
 use crate::sys::dist::{self as sys, PgHandle, RawReduceOp, Rendezvous};

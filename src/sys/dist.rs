@@ -197,3 +197,37 @@ impl Drop for BucketsHandle {
         unsafe { ffi::tcg_buckets_free(self.raw.as_ptr()) }
     }
 }
+
+/// Each parameter's place in the buckets (bucket, offset in elements), and each bucket's flat
+/// length.
+pub(crate) type Layout = (Vec<(usize, i64)>, Vec<i64>);
+
+/// The bucket layout the shim makes for parameters of `numels` elements of `element_bytes`
+/// each over `world` ranks.
+pub(crate) fn plan_buckets(numels: &[i64], element_bytes: i64, options: &BucketsOptions, world: i32) -> Result<Layout> {
+    let mut slots = vec![ffi::tcg_bucket_slot::default(); numels.len()];
+    let mut lengths: Vec<i64> = Vec::new();
+    loop {
+        let mut n = 0usize;
+        // SAFETY: `numels` and `slots` have numels.len() entries; `lengths` has room for the
+        // capacity passed; `options` and `n` are valid pointers.
+        check(unsafe {
+            ffi::tcg_buckets_plan(
+                numels.as_ptr(),
+                numels.len(),
+                element_bytes,
+                options,
+                world,
+                slots.as_mut_ptr(),
+                lengths.as_mut_ptr(),
+                lengths.len(),
+                &mut n,
+            )
+        })?;
+        if n <= lengths.len() {
+            lengths.truncate(n);
+            return Ok((slots.iter().map(|s| (s.bucket, s.offset)).collect(), lengths));
+        }
+        lengths = vec![0; n]; // sized now: ask again
+    }
+}

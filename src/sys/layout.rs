@@ -69,11 +69,12 @@ mod tests {
             ffi::tcg_buckets_options,
             [bucket_bytes, first_bucket_bytes, views, bf16, high_priority, split, grouped, memory]
         );
+        same_layout!(TCG_LAYOUT_BUCKET_SLOT, ffi::tcg_bucket_slot, [bucket, offset]);
     }
 
     #[test]
     fn an_unknown_struct_has_no_fields() {
-        let (size, _, offsets) = c_layout(ffi::tcg_layout_struct(13));
+        let (size, _, offsets) = c_layout(ffi::tcg_layout_struct(15));
         assert_eq!((size, offsets.len()), (0, 0));
     }
 }

@@ -34,6 +34,13 @@ pub struct tcg_buckets_options {
     pub memory: tcg_bucket_memory,
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct tcg_bucket_slot {
+    pub bucket: usize,
+    pub offset: i64,
+}
+
 extern "C" {
     pub fn tcg_pg_available() -> bool;
     pub fn tcg_pg_new_from_env(timeout_ms: i64, out: *mut *mut tcg_pg) -> tcg_status;
@@ -76,4 +83,15 @@ extern "C" {
     pub fn tcg_buckets_join(b: *mut tcg_buckets) -> tcg_status;
     pub fn tcg_buckets_members(b: *mut tcg_buckets, k: usize, out: *mut usize, cap: usize, n: *mut usize)
         -> tcg_status;
+    pub fn tcg_buckets_plan(
+        numels: *const i64,
+        n: usize,
+        element_bytes: i64,
+        options: *const tcg_buckets_options,
+        world: c_int,
+        slots: *mut tcg_bucket_slot,
+        bucket_numels: *mut i64,
+        cap: usize,
+        n_buckets: *mut usize,
+    ) -> tcg_status;
 }

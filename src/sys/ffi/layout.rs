@@ -15,6 +15,7 @@ c_enum!(tcg_layout_struct {
     TCG_LAYOUT_ADAM_HYPER = 10,
     TCG_LAYOUT_ADAM_TENSORS = 11,
     TCG_LAYOUT_BUCKETS_OPTIONS = 12,
+    TCG_LAYOUT_BUCKET_SLOT = 13,
 });
 
 extern "C" {
