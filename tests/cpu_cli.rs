@@ -100,6 +100,21 @@ fn examples_answer_a_wrong_argument_with_the_usage_and_exit_2() {
     }
 }
 
+/// `gpt --ddp` outside torchrun stops at once and says what it needs.
+#[test]
+fn gpt_ddp_outside_torchrun_says_it_needs_torchrun() {
+    let o = Command::new(example("gpt"))
+        .args(["--ddp", "--tiny", "--iters", "1"])
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .output()
+        .expect("run the gpt example");
+    let err = String::from_utf8_lossy(&o.stderr);
+    println!("exit {:?}: {err}", o.status.code());
+    assert_eq!(o.status.code(), Some(1), "gpt --ddp outside torchrun: {err}");
+    assert!(err.contains("torchrun"), "the error does not name torchrun: {err}");
+}
+
 /// The GPT example trains its tiny model on a CPU (eagerly; on a GPU host the same command runs
 /// the captured step): the loss falls below that of a uniform guess over the 96 characters,
 /// evaluations land in loss.csv, a checkpoint is written, text is sampled; and a run stopped at

@@ -13,6 +13,11 @@
 //! model eagerly (`--tiny` chooses it anywhere).
 //!
 //! `cargo run --release --example gpt -- [--iters N] [--batch B] [--accum K] [--tiny]`
+//!
+//! `--ddp` under torchrun trains data-parallel: one process per GPU, the parameters broadcast
+//! from rank 0, each rank drawing its own batches, the gradients averaged in buckets inside the
+//! captured step (`GradAllReduce`); rank 0 evaluates, checkpoints, writes and samples:
+//! `.venv/bin/python -m torch.distributed.run --nproc-per-node 2 --no-python target/release/examples/gpt --ddp`
 
 mod data;
 mod model;
@@ -23,8 +28,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
+use tch_cuda_graphs::dist::{broadcast_parameters, ProcessGroup};
 use tch_cuda_graphs::feed::DeviceMeter;
 use tch_cuda_graphs::{checkpoint, cuda_is_available, synchronize};
 
@@ -43,12 +50,13 @@ struct Args {
     peak_tflops: f64,
     data_dir: PathBuf,
     out: PathBuf,
+    ddp: bool,
 }
 
 const USAGE: &str = "\
 usage: gpt [--iters N] [--batch B] [--accum K] [--eval-every N] [--eval-iters N] [--tiny] [--fp32]
            [--resume] [--stop-at N] [--sample CHARS] [--seed S] [--peak-tflops T] [--data-dir DIR]
-           [--out DIR]
+           [--out DIR] [--ddp]
 
 Trains nanoGPT's character GPT on the torch package's Python sources with a captured step.
   --iters N          optimizer steps (default 2000; the cosine schedule ends there)
@@ -66,6 +74,7 @@ Trains nanoGPT's character GPT on the torch package's Python sources with a capt
   --peak-tflops T    the GPU's dense bf16 peak for MFU (default 989, an H100/H200 SXM)
   --data-dir DIR     the folder of .py files (default .venv/torch)
   --out DIR          loss.csv, the checkpoint and sample.txt (default target/gpt)
+  --ddp              data-parallel under torchrun, one GPU per process (batch is per GPU)
   -h, --help         this text";
 
 /// The command line: `None` when it asked for the usage.
@@ -86,6 +95,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
         peak_tflops: 989.0,
         data_dir: data::default_source(),
         out: PathBuf::from("target/gpt"),
+        ddp: false,
     };
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
@@ -104,6 +114,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
             Long("peak-tflops") => a.peak_tflops = parser.value()?.parse()?,
             Long("data-dir") => a.data_dir = parser.value()?.into(),
             Long("out") => a.out = parser.value()?.into(),
+            Long("ddp") => a.ddp = true,
             Short('h') | Long("help") => return Ok(None),
             _ => return Err(arg.unexpected()),
         }
@@ -155,7 +166,21 @@ fn main() -> Result<()> {
             std::process::exit(2);
         }
     };
-    let device = if cuda_is_available() { Device::Cuda(0) } else { Device::Cpu };
+    // --ddp: the group torchrun describes, this process's GPU; a seed of its own per rank (its
+    // batches and dropout masks), the weights rank 0's (broadcast below)
+    let pg = if args.ddp {
+        Some(ProcessGroup::from_env(Duration::from_secs(600)).context("--ddp needs torchrun's environment")?)
+    } else {
+        None
+    };
+    let (rank, world) = pg.as_ref().map_or((0, 1), |pg| (pg.rank(), pg.world_size()));
+    let lead = rank == 0;
+    let seed = args.seed.wrapping_add(1_000_003 * rank as i64);
+    let device = match &pg {
+        Some(pg) => pg.device(),
+        None if cuda_is_available() => Device::Cuda(0),
+        None => Device::Cpu,
+    };
     let tiny = args.tiny || device == Device::Cpu;
     std::fs::create_dir_all(&args.out)?;
     let corpus = data::Corpus::prepare(&args.data_dir, &data::cache_dir(&args.data_dir))
@@ -167,8 +192,14 @@ fn main() -> Result<()> {
     tch::manual_seed(args.seed);
     let vs = nn::VarStore::new(device);
     let gpt = model::Gpt::new(&vs.root(), config);
+    if let Some(pg) = &pg {
+        broadcast_parameters(pg, &vs)?;
+        tch::manual_seed(seed); // each rank its own batches and dropout masks
+    }
     let params = model::Gpt::param_count(&vs);
-    let flops_per_iter = config.flops_per_token(params) * (batch * block * args.accum) as f64;
+    // every rank's tokens: the figures below are for the whole group
+    let tokens_per_iter = (batch * block * args.accum) as f64 * world as f64;
+    let flops_per_iter = config.flops_per_token(params) * tokens_per_iter;
     let model = Arc::new(Mutex::new(gpt));
     let hyper = step::Hyper {
         batch,
@@ -179,11 +210,19 @@ fn main() -> Result<()> {
         eager: device == Device::Cpu,
         ..Default::default()
     };
-    let mut steps = step::build(&vs, Arc::clone(&model), hyper)?;
+    let mut steps = match &pg {
+        Some(pg) => step::build_ddp(&vs, Arc::clone(&model), hyper, pg)?,
+        None => step::build(&vs, Arc::clone(&model), hyper)?,
+    };
+    let mode = match (&pg, device) {
+        (Some(_), _) => format!("data-parallel over {world} GPU{}: captured steps", if world == 1 { "" } else { "s" }),
+        (None, Device::Cpu) => "No CUDA device: eager, tiny model".to_string(),
+        (None, _) => "CUDA device: captured steps".to_string(),
+    };
     println!(
-        "{}: GPT {} layers × {} wide, {} heads, block {block}, {:.2} M parameters; {} train / {} validation tokens; \
+        "{}{mode}: GPT {} layers × {} wide, {} heads, block {block}, {:.2} M parameters; {} train / {} validation tokens; \
          batch {batch} × {} micro-batches, {}",
-        if device == Device::Cpu { "No CUDA device: eager, tiny model" } else { "CUDA device: captured steps" },
+        if pg.is_some() { format!("rank {rank}: ") } else { String::new() },
         config.layers,
         config.embd,
         config.heads,
@@ -202,20 +241,27 @@ fn main() -> Result<()> {
         first = extra["iter"].int64_value(&[]) as u64;
         steps.schedule_step.shallow_clone().copy_(&extra["schedule"]);
         // the random stream of every checkpointed iteration starts from (seed, iteration)
-        tch::manual_seed(args.seed.wrapping_add(first as i64));
+        tch::manual_seed(seed.wrapping_add(first as i64));
         println!("resumed from {} at iteration {first}", ckpt.display());
     }
-    let mut csv = std::fs::OpenOptions::new()
-        .create(true)
-        .append(args.resume)
-        .write(true)
-        .truncate(!args.resume)
-        .open(args.out.join("loss.csv"))?;
+    // rank 0 writes the curve (the others write to a sink)
+    let mut csv: Box<dyn Write> = if lead {
+        Box::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(args.resume)
+                .write(true)
+                .truncate(!args.resume)
+                .open(args.out.join("loss.csv"))?,
+        )
+    } else {
+        Box::new(std::io::sink())
+    };
     if !args.resume {
         writeln!(csv, "iter,train_loss,val_loss")?;
     }
 
-    let bar = ProgressBar::new(args.iters);
+    let bar = if lead { ProgressBar::new(args.iters) } else { ProgressBar::hidden() };
     bar.set_style(ProgressStyle::with_template("[{bar:30}] {pos}/{len} {msg}")?.progress_chars("#>."));
     bar.set_position(first);
     let mut meter = DeviceMeter::new();
@@ -235,11 +281,11 @@ fn main() -> Result<()> {
             }
             clock = Instant::now();
             let per_iter = secs / 10.0;
-            let tokens = (batch * block * args.accum) as f64 / per_iter;
+            let tokens = tokens_per_iter / per_iter;
             let mfu = flops_per_iter / per_iter / (args.peak_tflops * 1e12) * 100.0;
             bar.set_message(format!("loss {loss:.4}, {:.2} ms/iter, {tokens:.0} tok/s, MFU {mfu:.1}%", per_iter * 1e3));
         }
-        if done % args.eval_every == 0 || done == args.iters {
+        if (done % args.eval_every == 0 || done == args.iters) && lead {
             let train_loss = evaluate(&mut steps.eval, &corpus.train, batch, block, args.eval_iters)?;
             let val_loss = evaluate(&mut steps.eval, &corpus.val, batch, block, args.eval_iters)?;
             writeln!(csv, "{done},{train_loss:.5},{val_loss:.5}")?;
@@ -249,8 +295,10 @@ fn main() -> Result<()> {
             checkpoint::save(&ckpt, &vs, &*steps.opt.lock().unwrap(), &extra)?;
             // What follows a checkpoint draws from (seed, iteration), so a run resumed from it
             // gets the same batches and dropout masks as the run that went on.
-            tch::manual_seed(args.seed.wrapping_add(done as i64));
             clock = Instant::now();
+        }
+        if done % args.eval_every == 0 || done == args.iters {
+            tch::manual_seed(seed.wrapping_add(done as i64)); // on every rank
         }
         if args.stop_at == Some(done) {
             bar.suspend(|| println!("stopped after iteration {done} (--stop-at)"));
@@ -261,12 +309,19 @@ fn main() -> Result<()> {
         synchronize(device)?;
     }
     bar.finish_and_clear();
+    if let Some(pg) = &pg {
+        pg.barrier()?; // no rank leaves while another still reduces with it
+        synchronize(device)?;
+    }
+    if !lead {
+        return Ok(());
+    }
     if timed.0 > 0 {
         let per_iter = timed.1 / timed.0 as f64;
         println!(
             "{:.2} ms/iter, {:.0} tokens/s, MFU {:.1}% (of {} TFLOP/s), over {} iterations after the first 10",
             per_iter * 1e3,
-            (batch * block * args.accum) as f64 / per_iter,
+            tokens_per_iter / per_iter,
             flops_per_iter / per_iter / (args.peak_tflops * 1e12) * 100.0,
             args.peak_tflops,
             timed.0

@@ -9,6 +9,7 @@
 use crate::model::Gpt;
 use std::sync::{Arc, Mutex};
 use tch::{nn, Kind, Tensor};
+use tch_cuda_graphs::dist::{GradAllReduce, ProcessGroup, ReduceOp};
 use tch_cuda_graphs::optim::{split_params, Adam, AdamConfig, Optimizer, ParamGroup};
 use tch_cuda_graphs::schedule::{DeviceLrScheduler, WarmupCosine};
 use tch_cuda_graphs::{amp, clip_grad_norm, Result, StepOptions, TrainStep};
@@ -68,6 +69,17 @@ pub struct Steps {
 
 /// Builds both steps for `model`, whose variables are in `vs`, on `vs`'s device.
 pub fn build(vs: &nn::VarStore, model: Arc<Mutex<Gpt>>, h: Hyper) -> Result<Steps> {
+    build_on(vs, model, h, None)
+}
+
+/// [`build`], data-parallel over `pg`: the gradients of the last micro-batch's backward are
+/// all-reduced (averaged) in buckets while backward runs (the earlier micro-batches only
+/// accumulate, as DDP's `no_sync`), inside the captured step; the loss is averaged too.
+pub fn build_ddp(vs: &nn::VarStore, model: Arc<Mutex<Gpt>>, h: Hyper, pg: &ProcessGroup) -> Result<Steps> {
+    build_on(vs, model, h, Some(pg))
+}
+
+fn build_on(vs: &nn::VarStore, model: Arc<Mutex<Gpt>>, h: Hyper, pg: Option<&ProcessGroup>) -> Result<Steps> {
     let dev = vs.device();
     let block = model.lock().unwrap().config.block;
     // nanoGPT's groups: weight decay on every tensor of rank ≥ 2 (matrices, embeddings)
@@ -82,6 +94,10 @@ pub fn build(vs: &nn::VarStore, model: Arc<Mutex<Gpt>>, h: Hyper) -> Result<Step
     let mut sched = DeviceLrScheduler::new(schedule, handles)?;
     let schedule_step = sched.step_tensor().shallow_clone();
     let params: Vec<Tensor> = opt.lock().unwrap().params().iter().map(Tensor::shallow_clone).collect();
+    let mut reduce = match pg {
+        Some(pg) => Some((GradAllReduce::new(pg, &params, 25 << 20)?, pg.clone())),
+        None => None,
+    };
     let mut options = StepOptions::default().eager(h.eager);
     if let Some(dtype) = h.autocast {
         options = options.autocast(dtype);
@@ -96,6 +112,9 @@ pub fn build(vs: &nn::VarStore, model: Arc<Mutex<Gpt>>, h: Hyper) -> Result<Step
         let mut total: Option<Tensor> = None;
         for k in 0..h.accum {
             let loss = model.loss(&inp[0].f_get(k)?, &inp[1].f_get(k)?)?.f_mul(&inv_accum)?;
+            if let (Some((reduce, _)), true) = (reduce.as_mut(), k == h.accum - 1) {
+                reduce.arm()?; // the last micro-batch: each bucket is reduced once it is ready
+            }
             amp::backward(&loss)?; // backward outside autocast, as PyTorch runs it
             let loss = loss.detach();
             total = Some(match total {
@@ -103,10 +122,15 @@ pub fn build(vs: &nn::VarStore, model: Arc<Mutex<Gpt>>, h: Hyper) -> Result<Step
                 None => loss,
             });
         }
+        let total = total.expect("accum ≥ 1");
+        if let Some((reduce, pg)) = reduce.as_mut() {
+            reduce.all_reduce()?; // what is left, then the step waits for every bucket
+            pg.all_reduce(&total, ReduceOp::Avg)?;
+        }
         let _total_norm = clip_grad_norm(&params, h.clip, 2.0)?;
         sched.step()?; // this step's learning rate, computed on the device
         opt.step()?;
-        Ok(vec![total.expect("accum ≥ 1")])
+        Ok(vec![total])
     })?;
     let eval_options = match train.pool() {
         Some(pool) => options.pool(pool).warmup(1),
