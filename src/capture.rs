@@ -46,7 +46,6 @@
 //! The crate's own ops (schedules, learning-rate handles, buckets, the optimizers) take no
 //! `Scalar` for this reason.
 
-use crate::amp::refuse_cached_autocast;
 use crate::device::{current_device, synchronize};
 use crate::error::{Error, Result};
 use crate::graph::{CaptureMode, CudaGraph};
@@ -278,6 +277,20 @@ impl Drop for KeepAliveSlot {
     }
 }
 
+/// `Err(Misuse)` when CUDA autocast is on with its weight-cast cache: a graph recorded then would
+/// replay the casts of the weights as they were at capture (PyTorch refuses it too). `what`
+/// names the refused operation in the message.
+pub(crate) fn refuse_cached_autocast(what: &str) -> Result<()> {
+    let (enabled, _, cache) = crate::sys::amp::autocast_state()?;
+    if enabled && cache {
+        return Err(Error::Misuse(format!(
+            "{what} under autocast with the weight-cast cache on: replays would read casts of stale weights; \
+             use Autocast::new(dtype, false) (or StepOptions::autocast)"
+        )));
+    }
+    Ok(())
+}
+
 /// What every capture of the crate sets up first, in one place: the device's capture lock,
 /// the device synchronized and its capture stream ordered after the current stream, and an
 /// out-of-memory watch for the eager runs on that stream (warmups).
@@ -465,4 +478,26 @@ pub fn capture_with_warmup<T>(
     let mut graph = CudaGraph::with_keep_graph(options.keep_graph)?;
     let out = session.record(&mut graph, &options, &mut f)?;
     Ok((graph, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refuse_cached_autocast;
+    use crate::sys::amp::AutocastHandle;
+    use crate::Error;
+    use tch::Kind;
+
+    #[test]
+    fn captures_are_refused_only_under_autocast_with_its_cache_on() {
+        assert!(refuse_cached_autocast("capture").is_ok(), "no autocast");
+        {
+            let _amp = AutocastHandle::enter(Kind::BFloat16, false).expect("autocast, cache off");
+            assert!(refuse_cached_autocast("capture").is_ok(), "cache off");
+        }
+        let _amp = AutocastHandle::enter(Kind::BFloat16, true).expect("autocast, cache on");
+        match refuse_cached_autocast("capture") {
+            Err(Error::Misuse(msg)) => assert!(msg.starts_with("capture under autocast"), "{msg}"),
+            r => panic!("expected Misuse, got {r:?}"),
+        }
+    }
 }

@@ -84,9 +84,8 @@
 //! # Ok(()) }
 //! ```
 
-use crate::amp::refuse_cached_autocast;
 use crate::autograd::grad_refs;
-use crate::capture::{CaptureOptions, CaptureSession};
+use crate::capture::{refuse_cached_autocast, CaptureOptions, CaptureSession};
 use crate::device::cuda_is_available;
 use crate::error::{Error, Result};
 use crate::graph::CudaGraph;

@@ -17,7 +17,7 @@ mod scaler;
 
 pub use scaler::{GradScaler, ScalerConfig};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::sys::amp::{autocast_state, AutocastHandle};
 use tch::Kind;
 
@@ -86,39 +86,4 @@ impl Autocast {
 pub fn backward(loss: &tch::Tensor) -> Result<()> {
     let _off = Autocast::suspend()?;
     Ok(loss.f_backward()?)
-}
-
-/// `Err(Misuse)` when CUDA autocast is on with its weight-cast cache: a graph recorded then would
-/// replay the casts of the weights as they were at capture (PyTorch refuses it too). `what`
-/// names the refused operation in the message.
-pub(crate) fn refuse_cached_autocast(what: &str) -> Result<()> {
-    let s = Autocast::state()?;
-    if s.enabled && s.cache {
-        return Err(Error::Misuse(format!(
-            "{what} under autocast with the weight-cast cache on: replays would read casts of stale weights; \
-             use Autocast::new(dtype, false) (or StepOptions::autocast)"
-        )));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{refuse_cached_autocast, Autocast};
-    use crate::Error;
-    use tch::Kind;
-
-    #[test]
-    fn captures_are_refused_only_under_autocast_with_its_cache_on() {
-        assert!(refuse_cached_autocast("capture").is_ok(), "no autocast");
-        {
-            let _amp = Autocast::new(Kind::BFloat16, false).expect("autocast, cache off");
-            assert!(refuse_cached_autocast("capture").is_ok(), "cache off");
-        }
-        let _amp = Autocast::new(Kind::BFloat16, true).expect("autocast, cache on");
-        match refuse_cached_autocast("capture") {
-            Err(Error::Misuse(msg)) => assert!(msg.starts_with("capture under autocast"), "{msg}"),
-            r => panic!("expected Misuse, got {r:?}"),
-        }
-    }
 }
