@@ -279,3 +279,57 @@ fn refused_bucket_options_and_a_step_per_bucket() {
     assert_eq!(step.graph_count(), 1);
     assert_eq!(diff, 0.0);
 }
+
+/// Every bucket layout (each its own reduction strategy in the shim) over one rank, where the
+/// average is the identity: packed, views, grouped and reduce-scatter + all-gather give the
+/// gradients of a plain backward bit for bit, bf16 compression within bf16's rounding.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn every_layout_reduces_like_a_plain_backward_over_one_rank() {
+    use tch_cuda_graphs::dist::BucketConfig;
+    let pg = group();
+    let d = pg.device();
+    let small = BucketConfig::default().bucket_bytes(4 << 10);
+    let layouts = [
+        ("packed", small, 0.0),
+        ("views", small.views(true), 0.0),
+        ("grouped", small.grouped(true), 0.0),
+        ("packed, reduce-scatter + all-gather", small.reduce_scatter_all_gather(true), 0.0),
+        ("views, reduce-scatter + all-gather", small.views(true).reduce_scatter_all_gather(true), 0.0),
+        ("packed, bf16", small.bf16_compress(true), 1.0 / 128.0),
+    ];
+    for (name, config, tolerance) in layouts {
+        let (vs, model, vs_ref, model_ref) = twin_mlps(d, D, H, O);
+        let mut opt = sgd(&vs);
+        let mut reduce = GradAllReduce::with_config(&pg, opt.params(), config).expect("buckets");
+        let (x, y) = batch(d, 32, D, O);
+        for step in 0..3 {
+            // a fresh backward each step (the crate's zero_grad), reduced in buckets
+            opt.zero_grad().expect("zero");
+            reduce.backward(&mse(&model, &x, &y)).expect("armed backward");
+            vs_ref.variables().values().for_each(|t| {
+                let mut g = t.grad();
+                if g.defined() {
+                    let _ = g.zero_();
+                }
+            });
+            mse(&model_ref, &x, &y).backward();
+            synchronize(d).expect("sync");
+            let (diff, scale) = (max_grad_diff(&vs, &vs_ref), max_grad(&vs_ref));
+            println!(
+                "{name}, step {step}: {} buckets, max gradient difference {diff:e} (largest gradient {scale:e})",
+                reduce.bucket_count()
+            );
+            assert!(
+                diff <= tolerance * scale,
+                "{name}: gradients differ by {diff:e} (allowed {:e})",
+                tolerance * scale
+            );
+        }
+    }
+}
+
+/// The largest gradient magnitude of a VarStore.
+fn max_grad(vs: &tch::nn::VarStore) -> f64 {
+    vs.variables().values().map(|t| f64::try_from(t.grad().abs().max()).expect("scalar")).fold(0.0, f64::max)
+}

@@ -12,7 +12,8 @@
 // side stream (the join). Not armed, finish() does every bucket on the current stream: no fork,
 // no join. Under stream capture the fork and the join are recorded into the graph.
 //
-// Two layouts. As views (PyTorch DDP's gradient_as_bucket_view; as_views): every bucket is a
+// The layouts (Layout, one reduction strategy each). As views (PyTorch DDP's
+// gradient_as_bucket_view): every bucket is a
 // flat buffer made here, and each parameter's .grad is a view into it (at an offset aligned to
 // 16 bytes, so vectorized optimizer kernels read it at full speed); backward accumulates into
 // the views (AccumulateGrad adds in place into a defined gradient), the bucket is all-reduced in
@@ -24,6 +25,10 @@
 // no add, no zeroing); per bucket one pack kernel into the bucket on the side stream, the
 // all-reduce, and each .grad then becomes its view of the bucket (host only: no unpack kernel;
 // the replaced gradients are kept until the join, as the pack reads them on the side stream).
+// Grouped (packed, alone): no bucket buffer; each bucket's gradients are all-reduced where they
+// are, in one NCCL group. The collective of a buffer (one all-reduce, or a reduce-scatter and an
+// all-gather in place) is the Wire's, apart from the layouts; the round (armed, arrivals,
+// launches, fork and join) is State's, apart from both.
 //
 // Compression (bf16, PyTorch's bf16_compress_hook with an average): the bucket is cast into a
 // bf16 buffer, all-reduced in bf16, and cast back into the fp32 gradients, which the optimizer
@@ -125,6 +130,70 @@ struct Bucket {
   at::cuda::CUDAEvent done;      // recorded on the side stream after its all-reduce (timing off)
 };
 
+// How a bucket's gradients reach the wire: each layout is one strategy (State::reduce picks it).
+enum class Layout {
+  views,    // every .grad a view into its bucket's flat buffer, reduced in place
+  packed,   // gradients packed into the bucket (one cat), reduced, each .grad made its view
+  grouped,  // no bucket buffer: the gradients reduced where they are, in one NCCL group
+};
+
+// The collective of one buffer: the average over the group, by one all-reduce or by a
+// reduce-scatter and an all-gather in place (split), through a bf16 copy if compressed.
+struct Wire {
+  tcg_pg* pg = nullptr;
+  bool compress = false;
+  bool split = false;
+
+  // Averages `buf` on the current stream; `low`: the bucket's bf16 buffer when compressed.
+  void average(const at::Tensor& buf, const at::Tensor& low) const {
+    at::Tensor wire = buf;
+    if (compress) {
+      low.copy_(buf.view({-1}));  // one cast kernel (buf: the flat buffer, or a lone gradient)
+      wire = low;
+    }
+    check_collective(pg, wire);
+    if (split) {
+      // in place: this rank's chunk gets the average of everyone's chunk, then every chunk is
+      // gathered back (by copy engines where NCCL has them for a zero-CTA policy and a window)
+      const int64_t part = wire.numel() / pg->size;
+      at::Tensor flat = wire.view({-1});
+      at::Tensor mine = flat.narrow(0, pg->rank * part, part);
+      c10d::ReduceScatterOptions ro;
+      ro.reduceOp = c10d::ReduceOp(c10d::ReduceOp::AVG);
+      ro.asyncOp = false;
+      auto w = pg->pg->_reduce_scatter_base(mine, flat, ro);
+      if (w) w->wait();
+      c10d::AllgatherOptions ao;
+      ao.asyncOp = false;
+      w = pg->pg->_allgather_base(flat, mine, ao);
+      if (w) w->wait();
+    } else {
+      std::vector<at::Tensor> v{wire};
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::AVG);
+      o.asyncOp = false;  // on the current stream; no Work
+      auto w = pg->pg->allreduce(v, o);
+      if (w) w->wait();
+    }
+    if (compress) buf.view({-1}).copy_(low);  // back into fp32
+  }
+
+  // Averages every tensor where it is, in one NCCL group (one kernel).
+  void average_grouped(std::vector<at::Tensor>& ts) const {
+    for (auto& t : ts) {
+      if (!t.is_contiguous()) misuse("GradAllReduce: a non-contiguous gradient");
+      check_collective(pg, t);
+    }
+    c10d::AllreduceCoalescedOptions o;
+    o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::AVG);
+    o.asyncOp = false;
+    auto w = pg->pg->allreduce_coalesced(ts, o);
+    if (w) w->wait();
+  }
+};
+
+// The bucket set: the layout's state, and the round (armed, which gradients arrived, which
+// buckets are launched, whether the side stream was used) that the hooks drive.
 struct State {
   std::mutex mu;
   std::unique_ptr<NcclArena> arena;  // NCCL's buffers (declared first: destroyed last)
@@ -135,10 +204,8 @@ struct State {
   std::vector<size_t> bucket_of;
   std::vector<bool> seen;
   std::vector<Bucket> buckets;
-  bool as_views = true;
-  bool compress = false;
-  bool split = false;   // reduce-scatter + all-gather instead of one all-reduce
-  bool grouped = false; // packed: one grouped NCCL all-reduce of the gradients where they are
+  Layout layout = Layout::packed;
+  Wire wire;
   size_t next = 0;      // the first bucket not launched yet
   bool armed = false;
   bool forked = false;  // this round put work on the side stream: finish() joins
@@ -183,72 +250,40 @@ struct State {
     return g;
   }
 
-  // All-reduces `buf` (average) on the current stream; through the bf16 buffer if compressed.
-  void all_reduce(Bucket& b, const at::Tensor& buf) {
-    at::Tensor wire = buf;
-    if (compress) {
-      b.low.copy_(buf.view({-1}));  // one cast kernel (buf: the flat buffer, or a lone gradient)
-      wire = b.low;
-    }
-    check_collective(pg, wire);
-    if (split) {
-      // in place: this rank's chunk gets the average of everyone's chunk, then every chunk is
-      // gathered back (by copy engines where NCCL has them for a zero-CTA policy and a window)
-      const int64_t part = wire.numel() / pg->size;
-      at::Tensor flat = wire.view({-1});
-      at::Tensor mine = flat.narrow(0, pg->rank * part, part);
-      c10d::ReduceScatterOptions ro;
-      ro.reduceOp = c10d::ReduceOp(c10d::ReduceOp::AVG);
-      ro.asyncOp = false;
-      auto w = pg->pg->_reduce_scatter_base(mine, flat, ro);
-      if (w) w->wait();
-      c10d::AllgatherOptions ao;
-      ao.asyncOp = false;
-      w = pg->pg->_allgather_base(flat, mine, ao);
-      if (w) w->wait();
-    } else {
-      std::vector<at::Tensor> v{wire};
-      c10d::AllreduceOptions o;
-      o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::AVG);
-      o.asyncOp = false;  // on the current stream; no Work
-      auto w = pg->pg->allreduce(v, o);
-      if (w) w->wait();
-    }
-    if (compress) buf.view({-1}).copy_(b.low);  // back into fp32
-  }
-
-  // Bucket k on the current stream: in place (views), or pack, all-reduce, rebind.
+  // Bucket k on the current stream, by the layout's strategy.
   void reduce(size_t k) {
     Bucket& b = buckets[k];
     c10::AutoGradMode no_grad(false);
-    if (as_views) {
-      for (size_t i : b.members) rebind(i);
-      all_reduce(b, b.flat);
-      return;
+    switch (layout) {
+      case Layout::views: return reduce_views(b);
+      case Layout::grouped: return reduce_grouped(b);
+      case Layout::packed: return reduce_packed(b);
     }
+  }
+
+  // Views: each gradient back in its view if it went elsewhere, the bucket averaged in place.
+  void reduce_views(Bucket& b) {
+    for (size_t i : b.members) rebind(i);
+    wire.average(b.flat, b.low);
+  }
+
+  // Grouped: no bucket buffer; every gradient averaged in place, in one NCCL group.
+  void reduce_grouped(Bucket& b) {
     auto g = grads(b);
-    if (grouped) {
-      // no bucket buffer: every gradient all-reduced in place, in one NCCL group (one kernel)
-      for (auto& t : g) {
-        if (!t.is_contiguous()) misuse("GradAllReduce: a non-contiguous gradient");
-        check_collective(pg, t);
-      }
-      c10d::AllreduceCoalescedOptions o;
-      o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::AVG);
-      o.asyncOp = false;
-      auto w = pg->pg->allreduce_coalesced(g, o);
-      if (w) w->wait();
-      return;
-    }
+    wire.average_grouped(g);
+  }
+
+  // Packed: a lone gradient is averaged where it is. Otherwise what is not in the bucket yet is
+  // packed (one cat kernel when nothing is: the usual case, the gradients made by backward),
+  // averaged, then each gradient becomes its view of the bucket: no unpack kernel. A gradient
+  // already there (last step's view, accumulated into in place) stays.
+  void reduce_packed(Bucket& b) {
+    auto g = grads(b);
     if (!b.flat.defined()) {
       if (!g[0].is_contiguous()) misuse("GradAllReduce: a non-contiguous gradient");
-      all_reduce(b, g[0]);
+      wire.average(g[0], b.low);
       return;
     }
-    // Pack what is not in the bucket yet (one cat kernel when nothing is: the usual case, the
-    // gradients made by backward), all-reduce, then make each gradient its view of the bucket:
-    // no unpack kernel. A gradient already there (last step's view, accumulated into in place)
-    // stays.
     std::vector<at::Tensor> views_in;
     std::vector<size_t> moved;  // members whose gradient is not their view
     views_in.reserve(g.size());
@@ -262,7 +297,7 @@ struct State {
     } else {
       for (size_t j : moved) views[b.members[j]].copy_(g[j]);
     }
-    all_reduce(b, b.flat);
+    wire.average(b.flat, b.low);
     for (size_t j : moved) {
       // the old gradient is read by the pack on this (side) stream: kept until the join
       retired.push_back(g[j]);
@@ -293,7 +328,7 @@ struct State {
     seen[i] = true;
     // views: a gradient made elsewhere is copied into its view here, on backward's stream, so
     // the bucket's all-reduce on the side stream (which waits for this stream) sees it
-    if (as_views) rebind(i);
+    if (layout == Layout::views) rebind(i);
     --buckets[bucket_of[i]].pending;
     while (next < buckets.size() && buckets[next].pending == 0) reduce_on_side(next++);
   }
@@ -368,7 +403,7 @@ Buffers buffers_of(tcg_bucket_memory m) {
 // hook of another GradAllReduce; bf16 compression of float32 gradients only.
 void check_params(const State& s) {
   const auto kind = s.params[0].scalar_type();
-  if (s.compress && kind != at::kFloat) misuse("GradAllReduce: bf16 compression needs float32 gradients");
+  if (s.wire.compress && kind != at::kFloat) misuse("GradAllReduce: bf16 compression needs float32 gradients");
   for (size_t i = 0; i < s.params.size(); ++i) {
     const auto& p = s.params[i];
     check_collective(s.pg, p);
@@ -390,8 +425,8 @@ void plan_buckets(State& s, int64_t bucket_bytes, int64_t first_bucket_bytes) {
   rules.element_bytes = static_cast<int64_t>(c10::elementSize(s.params[0].scalar_type()));
   rules.bucket_bytes = bucket_bytes;
   rules.first_bucket_bytes = first_bucket_bytes;
-  rules.views = s.as_views;
-  rules.split = s.split;
+  rules.views = s.layout == Layout::views;
+  rules.split = s.wire.split;
   rules.world = s.pg->size;
   for (auto& planned : buckets::plan(numels, rules, &s.bucket_of)) {
     auto& b = s.buckets.emplace_back();
@@ -410,8 +445,8 @@ void allocate_buffers(State& s, Buffers mode) {
   const int64_t elt = static_cast<int64_t>(c10::elementSize(s.params[0].scalar_type()));
   if (mode == Buffers::caching) {
     for (auto& b : s.buckets) {
-      if (!s.grouped && (s.as_views || s.split || b.members.size() > 1)) b.flat = at::zeros({b.numel}, opts);
-      if (s.compress) b.low = at::zeros({b.numel}, opts.dtype(at::kBFloat16));
+      if (s.layout != Layout::grouped && (s.layout == Layout::views || s.wire.split || b.members.size() > 1)) b.flat = at::zeros({b.numel}, opts);
+      if (s.wire.compress) b.low = at::zeros({b.numel}, opts.dtype(at::kBFloat16));
     }
     return;
   }
@@ -420,13 +455,13 @@ void allocate_buffers(State& s, Buffers mode) {
   // a flat buffer there, so every all-reduce uses NCCL's memory
   auto round = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   int64_t total = 0;
-  for (auto& b : s.buckets) total += round(b.numel * elt) + (s.compress ? round(b.numel * 2) : 0);
+  for (auto& b : s.buckets) total += round(b.numel * elt) + (s.wire.compress ? round(b.numel * 2) : 0);
   s.arena = make_arena(s.pg, static_cast<size_t>(std::max<int64_t>(total, 256)), mode);
   int64_t at = 0;
   for (auto& b : s.buckets) {
     b.flat = s.arena->bytes.narrow(0, at, b.numel * elt).view(opts.dtype().toScalarType()).zero_();
     at += round(b.numel * elt);
-    if (s.compress) {
+    if (s.wire.compress) {
       b.low = s.arena->bytes.narrow(0, at, b.numel * 2).view(at::kBFloat16).zero_();
       at += round(b.numel * 2);
     }
@@ -444,12 +479,12 @@ void attach_views(State& s) {
       const size_t i = b.members[j];
       auto& p = s.params[i];
       s.views[i] = b.flat.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
-      if (!s.as_views) continue;
+      if (s.layout != Layout::views) continue;
       if (p.grad().defined()) s.views[i].copy_(p.grad());
       p.mutable_grad() = s.views[i];
     }
   }
-  if (s.as_views) {
+  if (s.layout == Layout::views) {
     for (auto& p : s.params) keep_grad(p, true);
   }
 }
@@ -470,13 +505,11 @@ tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensors params, const tcg_buckets_opt
     auto s = std::make_shared<State>(at::cuda::getStreamFromPool(o->high_priority, pg->device));
     s->pg = pg;
     s->params = tensor_list(params);
-    s->as_views = o->views;
-    s->compress = o->bf16;
-    s->split = o->split;
-    s->grouped = o->grouped;
-    if (s->grouped && (s->as_views || s->compress || s->split || mode != Buffers::caching)) {
+    if (o->grouped && (o->views || o->bf16 || o->split || mode != Buffers::caching)) {
       misuse("GradAllReduce: a grouped all-reduce is for the packed layout, without compression, splitting or NCCL buffers");
     }
+    s->layout = o->views ? Layout::views : o->grouped ? Layout::grouped : Layout::packed;
+    s->wire = Wire{pg, o->bf16, o->split};
     check_params(*s);
     plan_buckets(*s, o->bucket_bytes, o->first_bucket_bytes);
     allocate_buffers(*s, mode);
@@ -497,7 +530,7 @@ void tcg_buckets_free(tcg_buckets* b) {
       if (h != nullptr && dynamic_cast<Hook*>(h.get()) != nullptr) h.reset();
       // the gradients stay valid views of the buckets (the views keep them alive); zero_grad
       // may set them to none again
-      if (b->state->as_views) keep_grad(p, false);
+      if (b->state->layout == Layout::views) keep_grad(p, false);
     }
   } catch (...) {
     // the hooks hold only a weak reference: left behind, they do nothing
