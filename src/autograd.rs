@@ -2,7 +2,7 @@
 //! `torch::autograd::grad` (PyTorch's `torch.autograd.grad`), with what tch's
 //! `Tensor::run_backward` lacks: explicit output gradients and unused inputs.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::sys::autograd as sys;
 use tch::Tensor;
 
@@ -31,31 +31,6 @@ pub fn grad(
     retain_graph: bool,
     allow_unused: bool,
 ) -> Result<Vec<Option<Tensor>>> {
-    grad_refs(
-        &outputs.iter().collect::<Vec<_>>(),
-        &inputs.iter().collect::<Vec<_>>(),
-        grad_outputs,
-        retain_graph,
-        allow_unused,
-    )
-}
-
-/// [`grad`] over borrowed tensors.
-pub(crate) fn grad_refs(
-    outputs: &[&Tensor],
-    inputs: &[&Tensor],
-    grad_outputs: Option<&[Tensor]>,
-    retain_graph: bool,
-    allow_unused: bool,
-) -> Result<Vec<Option<Tensor>>> {
-    if let Some(g) = grad_outputs {
-        if g.len() != outputs.len() {
-            return Err(Error::Misuse(format!(
-                "autograd::grad: {} grad_outputs for {} outputs",
-                g.len(),
-                outputs.len()
-            )));
-        }
-    }
-    sys::grad(outputs, inputs, grad_outputs, retain_graph, allow_unused)
+    let (outputs, inputs): (Vec<&Tensor>, Vec<&Tensor>) = (outputs.iter().collect(), inputs.iter().collect());
+    sys::grad(&outputs, &inputs, grad_outputs, retain_graph, allow_unused)
 }

@@ -84,7 +84,6 @@
 //! # Ok(()) }
 //! ```
 
-use crate::autograd::grad_refs;
 use crate::capture::{refuse_cached_autocast, CaptureOptions, CaptureSession};
 use crate::device::cuda_is_available;
 use crate::error::{Error, Result};
@@ -366,7 +365,8 @@ fn surface_grads(
     if diff_outs.is_empty() || targets.is_empty() {
         return Ok(surface.iter().map(|_| None).collect());
     }
-    let mut grads = grad_refs(&diff_outs, &targets, Some(grad_outputs), false, allow_unused)?.into_iter();
+    let mut grads =
+        crate::sys::autograd::grad(&diff_outs, &targets, Some(grad_outputs), false, allow_unused)?.into_iter();
     Ok(surface.iter().map(|t| if t.requires_grad() { grads.next().flatten() } else { None }).collect())
 }
 
