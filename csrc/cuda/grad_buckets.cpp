@@ -49,7 +49,7 @@ using namespace tcg;
 
 namespace {
 
-// TCG_BUCKETS_NCCL_* flags: where the bucket buffers come from and how NCCL knows them.
+// tcg_bucket_memory: where the bucket buffers come from and how NCCL knows them.
 enum class Buffers { caching, nccl_mem, registered, window };
 
 // One allocation of NCCL's allocator holding every bucket buffer, registered with the
