@@ -9,7 +9,7 @@ pub(crate) type RawPoolId = ffi::tcg_pool_id;
 /// `cudaStreamCaptureMode` as the shim takes it.
 pub(crate) use ffi::tcg_capture_mode as RawCaptureMode;
 
-/// Node counts of a captured graph, by kind ([`CudaGraph::node_kinds`]).
+/// Node counts of a captured graph, by kind ([`crate::CudaGraph::node_kinds`]).
 #[repr(C)] // C's tcg_node_kinds: the shim writes it (checked by sys::layout)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NodeKinds {

@@ -13,7 +13,7 @@ pub(crate) use super::graph::RawPoolId;
 pub struct MemoryStats {
     /// Bytes held by live tensors.
     pub allocated: i64,
-    /// Peak of `allocated` since the last [`reset_peak_stats`].
+    /// Peak of `allocated` since the last [`crate::reset_peak_stats`].
     pub allocated_peak: i64,
     /// Bytes reserved from CUDA by the allocator (cached or in use).
     pub reserved: i64,
