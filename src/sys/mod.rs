@@ -17,7 +17,7 @@
 //! | `autograd.rs` | `csrc/autograd.cpp` |
 //! | `amp.rs` | `csrc/amp.cpp` |
 //! | `optim.rs` | `csrc/optim.cpp`, `csrc/cuda/optim_own.cpp` |
-//! | `dist.rs` | `csrc/cuda/dist.cpp`, `csrc/cuda/grad_buckets.cpp` |
+//! | `dist.rs` | `csrc/cuda/dist.cpp`, `csrc/cuda/grad_buckets.cpp`, `csrc/bucket_plan.cpp` |
 //! | `profiler.rs` | `csrc/profiler.cpp` |
 //! | `watch.rs` | `csrc/watch.cpp` |
 //! | `feed.rs` | `csrc/feed.cpp` |
