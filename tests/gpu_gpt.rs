@@ -1,4 +1,4 @@
-//! The GPT example's step (`examples/gpt/step.rs`) on a GPU: captured and replayed, it equals the
+//! The GPT example's step (`examples/gpt/step.rs`) and sampler (`sample.rs`) on a GPU: captured and replayed, the step equals the
 //! same step run eagerly bit for bit over 200 iterations, dropout, bf16 autocast, clipping, the
 //! device schedule and AdamW included (the crate's RNG handling gives replays the eager step's
 //! dropout masks). The model is small enough that its kernels are deterministic (two runs agree
@@ -7,6 +7,8 @@
 
 #[path = "../examples/gpt/model.rs"]
 mod model;
+#[path = "../examples/gpt/sample.rs"]
+mod sample;
 #[path = "../examples/gpt/step.rs"]
 mod step;
 
@@ -62,4 +64,28 @@ fn the_captured_gpt_step_equals_the_eager_step_bit_for_bit_with_dropout() {
     assert!(graphed_losses[iters - 1] < graphed_losses[0], "it trains");
     assert_eq!(worst, 0.0, "parameters bit for bit");
     assert_eq!(loss_diff, 0.0, "losses bit for bit");
+}
+
+/// The example's captured decode step (static shapes, a device-side position, Gumbel-max draws)
+/// replayed 299 times draws the tokens the same step draws eagerly from the same seed, through
+/// the shift of a full context (300 tokens into a block of 64).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn captured_sampling_draws_the_eager_tokens() {
+    let dev = Device::Cuda(0);
+    assert!(tch_cuda_graphs::cuda_is_available(), "this test needs a CUDA device");
+    let config = model::Config { vocab: 96, block: 64, layers: 2, heads: 4, embd: 128, dropout: 0.2 };
+    tch::manual_seed(11);
+    let vs = nn::VarStore::new(dev);
+    let gpt = model::Gpt::new(&vs.root(), config);
+    let draw = |captured: bool| {
+        tch::manual_seed(5);
+        sample::sample(&gpt, dev, 0, 300, captured).expect("sampling")
+    };
+    let (eager, replayed) = (draw(false), draw(true));
+    let same = eager.iter().zip(&replayed).take_while(|(a, b)| a == b).count();
+    println!("captured decoding: {} tokens, {same} equal to eager ones before the first difference", replayed.len());
+    assert_eq!(replayed.len(), 300);
+    assert_eq!(same, 300, "captured and eager sampling differ from token {same}");
+    assert!(eager.iter().any(|&t| t != eager[0]), "the draws are not all one token");
 }

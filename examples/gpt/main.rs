@@ -5,7 +5,7 @@
 //! with decay and no-decay groups on the crate's own kernels), an evaluation step sharing the
 //! pool every `--eval-every` iterations, a checkpoint at each evaluation and `--resume`, a
 //! progress bar with loss, tokens/s and MFU, the loss curve in `OUT/loss.csv`, and text sampled
-//! at the end.
+//! at the end by a captured decode step (`sample.rs`).
 //!
 //! The corpus is real text that needs no internet: the Python sources of the torch package that
 //! `scripts/setup.sh` installed (`.venv/torch`), read as characters (`--data-dir` for another
@@ -21,6 +21,7 @@
 
 mod data;
 mod model;
+mod sample;
 mod step;
 
 use anyhow::{Context, Result};
@@ -133,25 +134,6 @@ fn evaluate(eval: &mut tch_cuda_graphs::TrainStep, split: &Tensor, batch: i64, b
         meter.add(&eval.run(&[&x, &y])?[0])?;
     }
     Ok(meter.take()?.unwrap_or(f64::NAN))
-}
-
-/// `n` characters sampled from the model (temperature 0.8), eagerly, after a newline.
-fn sample(model: &model::Gpt, device: Device, n: usize) -> Result<String> {
-    let _no_grad = tch::no_grad_guard();
-    model.set_train(false);
-    let block = model.config.block;
-    let mut idx = Tensor::zeros([1, 1], (Kind::Int64, device));
-    let mut text = String::new();
-    for _ in 0..n {
-        let t = idx.size()[1];
-        let ctx = if t > block { idx.narrow(1, t - block, block) } else { idx.shallow_clone() };
-        let logits = model.logits(&ctx)?.select(1, -1).to_kind(Kind::Float) / 0.8;
-        let next = logits.softmax(-1, Kind::Float).multinomial(1, true);
-        text.push(data::decode(i64::try_from(&next.view([-1]))?));
-        idx = Tensor::cat(&[idx, next], 1);
-    }
-    model.set_train(true);
-    Ok(text)
 }
 
 fn main() -> Result<()> {
@@ -327,7 +309,9 @@ fn main() -> Result<()> {
             timed.0
         );
     }
-    let text = sample(&model.lock().unwrap(), device, args.sample)?;
+    // a captured decode step on a GPU (static shapes, a device-side position), eager on the CPU
+    let tokens = sample::sample(&model.lock().unwrap(), device, 0, args.sample as i64, device != Device::Cpu)?;
+    let text: String = tokens.into_iter().map(data::decode).collect();
     std::fs::write(args.out.join("sample.txt"), &text)?;
     println!("loss curve: {}; checkpoint: {}", args.out.join("loss.csv").display(), ckpt.display());
     println!("--- sampled ---\n{text}\n---");
