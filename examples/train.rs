@@ -14,6 +14,9 @@
 //! [--checkpoint PATH]` (or `make run`). bf16 and fp16 run the step under CUDA autocast; fp16
 //! adds the on-device GradScaler (its state goes into the checkpoint).
 
+#[path = "common/cli.rs"]
+mod cli;
+
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::{Arc, Mutex};
@@ -275,17 +278,7 @@ fn max_param_diff(a: &nn::VarStore, b: &nn::VarStore) -> Result<f64> {
 }
 
 fn main() -> Result<()> {
-    let args = match parse_args() {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            println!("{USAGE}");
-            return Ok(());
-        }
-        Err(e) => {
-            eprintln!("train: {e}\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let args = cli::args_or_exit("train", USAGE, parse_args());
     let device = if cuda_is_available() { Device::Cuda(0) } else { Device::Cpu };
     tch::manual_seed(0);
     let teacher_vs = nn::VarStore::new(Device::Cpu);

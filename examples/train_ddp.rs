@@ -11,6 +11,9 @@
 //! #   --nnodes=N --node_rank=I --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT
 //! ```
 
+#[path = "common/cli.rs"]
+mod cli;
+
 use anyhow::{ensure, Context, Result};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -83,17 +86,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
 }
 
 fn main() -> Result<()> {
-    let Args { epochs, views, grouped, step_per_bucket } = match parse_args() {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            println!("{USAGE}");
-            return Ok(());
-        }
-        Err(e) => {
-            eprintln!("train_ddp: {e}\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let Args { epochs, views, grouped, step_per_bucket } = cli::args_or_exit("train_ddp", USAGE, parse_args());
     let pg = ProcessGroup::from_env(Duration::from_secs(120)).context("run me with torchrun")?;
     let (rank, world, device) = (pg.rank(), pg.world_size(), pg.device());
     // the data set, the same on every rank (the same seed); each rank takes every world-th sample

@@ -19,6 +19,8 @@
 //! captured step (`GradAllReduce`); rank 0 evaluates, checkpoints, writes and samples:
 //! `.venv/bin/python -m torch.distributed.run --nproc-per-node 2 --no-python target/release/examples/gpt --ddp`
 
+#[path = "../common/cli.rs"]
+mod cli;
 mod data;
 mod model;
 mod sample;
@@ -137,17 +139,7 @@ fn evaluate(eval: &mut tch_cuda_graphs::TrainStep, split: &Tensor, batch: i64, b
 }
 
 fn main() -> Result<()> {
-    let args = match parse_args() {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            println!("{USAGE}");
-            return Ok(());
-        }
-        Err(e) => {
-            eprintln!("gpt: {e}\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let args = cli::args_or_exit("gpt", USAGE, parse_args());
     // --ddp: the group torchrun describes, this process's GPU; a seed of its own per rank (its
     // batches and dropout masks), the weights rank 0's (broadcast below)
     let pg = if args.ddp {
