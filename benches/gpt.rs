@@ -32,20 +32,23 @@ fn rows() -> Vec<(&'static str, model::Config, i64)> {
 }
 
 const USAGE: &str = "\
-usage: gpt [--iters N] [--rows NAME,...] [--no-torch] [--peak-tflops T] [--profile]
+usage: gpt [--iters N] [--rows NAME,...] [--no-torch] [--peak-tflops T] [--profile [--fused]]
 
-nanoGPT's training step captured by this crate, beside PyTorch's eager, graph, compile and
-compile + graph modes of the same step.
+nanoGPT's training step captured by this crate (with ATen's norms, and with the crate's fused
+norms and weight shadows: `--fused` in examples/gpt), beside PyTorch's eager, graph, compile and compile + graph
+modes of the same step.
   --iters N          timed iterations per row (default 200; a quarter for GPT-2 small's shape)
   --rows NAME,...    char_b64, char_b8, gpt2_small_b12 (default all)
   --no-torch         skip PyTorch's side (benches/torch_gpt.py)
   --peak-tflops T    the GPU's dense bf16 peak for MFU (default 989, an H100/H200 SXM)
   --profile          only: 10 replays of the first row's captured step under the crate's
                      profiler, kernel time per replay grouped by kernel family
+  --fused            with --profile: the step with the crate's fused norms and weight shadows
   -h, --help         this text";
 
 struct Args {
     profile: bool,
+    fused: bool,
     iters: usize,
     rows: Vec<String>,
     torch: bool,
@@ -56,7 +59,7 @@ struct Args {
 fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
     use lexopt::prelude::*;
     let all: Vec<String> = rows().iter().map(|r| r.0.to_owned()).collect();
-    let mut a = Args { profile: false, iters: 200, rows: all.clone(), torch: true, peak_tflops: 989.0 };
+    let mut a = Args { profile: false, fused: false, iters: 200, rows: all.clone(), torch: true, peak_tflops: 989.0 };
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -70,6 +73,7 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
             Long("no-torch") => a.torch = false,
             Long("peak-tflops") => a.peak_tflops = parser.value()?.parse()?,
             Long("profile") => a.profile = true,
+            Long("fused") => a.fused = true,
             Short('h') | Long("help") => return Ok(None),
             Long("bench") => {} // cargo bench passes --bench
             _ => return Err(arg.unexpected()),
@@ -103,13 +107,16 @@ fn median_ms(device: Device, iters: usize, mut f: impl FnMut(usize) -> Result<()
 /// This crate's step of one row, captured (or eager): ms per iteration, MiB reserved at peak,
 /// parameters.
 fn ours(device: Device, config: model::Config, batch: i64, iters: usize, eager: bool) -> Result<(f64, f64, i64)> {
+    // the fused step: fused norms and weight shadows
+    let shadows = config.fused;
+    synchronize(device)?;
     empty_cache()?;
     reset_peak_stats(device)?;
     tch::manual_seed(0);
     let vs = nn::VarStore::new(device);
     let gpt = model::Gpt::new(&vs.root(), config);
     let params = model::Gpt::param_count(&vs);
-    let hyper = step::Hyper { batch, eager, ..Default::default() };
+    let hyper = step::Hyper { batch, eager, shadows, ..Default::default() };
     let mut steps = step::build(&vs, Arc::new(Mutex::new(gpt)), hyper)?;
     let data = Tensor::f_randint(config.vocab, [8, 1, batch, config.block + 1], (Kind::Int64, device))?;
     let ms = median_ms(device, iters, |i| {
@@ -127,7 +134,7 @@ fn main() {
     reference::require_cuda("gpt");
     if args.profile {
         let row = rows().into_iter().find(|r| args.rows.iter().any(|n| n == r.0)).expect("a row");
-        profile(Device::Cuda(0), row).expect("the profile");
+        profile(Device::Cuda(0), row, args.fused).expect("the profile");
         return;
     }
     if args.torch {
@@ -135,21 +142,25 @@ fn main() {
     }
     let device = Device::Cuda(0);
     let mut table = String::from(
-        "| row | params | tokens/iter | **this crate: graph** | tok/s | MFU | torch eager | torch graph | torch compile | compile + graph | ours / graph | ours / compile + graph |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| row | params | tokens/iter | this crate: graph | **fused graph** | tok/s | MFU | torch eager | torch graph | torch compile | compile + graph | graph / torch graph | fused / compile + graph |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut ours_rows = Vec::new();
     for (name, config, batch) in rows().into_iter().filter(|r| args.rows.iter().any(|n| n == r.0)) {
         let iters = if name.starts_with("gpt2") { args.iters / 4 } else { args.iters };
         let (ms, peak, params) = ours(device, config, batch, iters, false).expect("the captured step");
         println!("  {name:<16} this crate, graph {ms:8.3} ms/iter, {peak:6.0} MiB reserved at peak");
+        let fused = model::Config { fused: true, ..config };
+        let (fms, fpeak, _) = ours(device, fused, batch, iters, false).expect("the fused captured step");
+        println!("  {name:<16} this crate, fused graph {fms:8.3} ms/iter, {fpeak:6.0} MiB reserved at peak");
         let eager_peak = if name == "char_b64" {
             let (ems, epeak, _) = ours(device, config, batch, 20, true).expect("the eager step");
             println!("  {name:<16} this crate, eager {ems:8.3} ms/iter, {epeak:6.0} MiB reserved at peak");
-            Some(epeak)
+            let (_, fepeak, _) = ours(device, fused, batch, 20, true).expect("the fused eager step");
+            Some((epeak, fpeak, fepeak))
         } else {
             None
         };
-        ours_rows.push((name, config, batch, ms, peak, eager_peak, params));
+        ours_rows.push((name, config, batch, (ms, fms), peak, eager_peak, params));
     }
     let mut torch: Vec<(String, String, f64)> = Vec::new();
     let mut torch_mem: Vec<(String, String, f64)> = Vec::new();
@@ -176,30 +187,31 @@ fn main() {
         v.iter().find(|(r, m, _)| r == row && m == mode).map_or(f64::NAN, |t| t.2)
     };
     let mut memory = String::from(
-        "| row | this crate: graph | this crate: eager | graph / eager | torch eager | torch graph | graph / eager | torch compile + graph |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| row | this crate: graph | eager | graph / eager | fused graph | fused eager | fused graph / eager | torch eager | torch graph | graph / eager | torch compile + graph |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for (name, config, batch, ms, peak, eager_peak, params) in ours_rows {
+    for (name, config, batch, (ms, fms), peak, eager_peak, params) in ours_rows {
         let tokens = batch * config.block;
-        let mfu = config.flops_per_token(params) * tokens as f64 / (ms * 1e-3) / (args.peak_tflops * 1e12) * 100.0;
+        let mfu = config.flops_per_token(params) * tokens as f64 / (fms * 1e-3) / (args.peak_tflops * 1e12) * 100.0;
         let t = |m: &str| find(&torch, name, m);
         let _ = writeln!(
             table,
-            "| {name} | {:.2} M | {tokens} | **{ms:.2}** | {:.0} | {mfu:.1}% | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {name} | {:.2} M | {tokens} | {ms:.2} | **{fms:.2}** | {:.0} | {mfu:.1}% | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             params as f64 / 1e6,
-            tokens as f64 / (ms * 1e-3),
+            tokens as f64 / (fms * 1e-3),
             t("eager"),
             t("graph"),
             t("compile"),
             t("compile_graph"),
             ms / t("graph"),
-            ms / t("compile_graph"),
+            fms / t("compile_graph"),
         );
-        if let Some(e) = eager_peak {
+        if let Some((e, fpeak, fe)) = eager_peak {
             let tm = |m: &str| find(&torch_mem, name, m);
             let _ = writeln!(
                 memory,
-                "| {name} | {peak:.0} | {e:.0} | {:.2} | {:.0} | {:.0} | {:.2} | {:.0} |",
+                "| {name} | {peak:.0} | {e:.0} | {:.2} | {fpeak:.0} | {fe:.0} | {:.2} | {:.0} | {:.0} | {:.2} | {:.0} |",
                 peak / e,
+                fpeak / fe,
                 tm("eager"),
                 tm("graph"),
                 tm("graph") / tm("eager"),
@@ -217,7 +229,9 @@ fn main() {
 fn family(name: &str) -> &'static str {
     let n = name.to_lowercase();
     let has = |keys: &[&str]| keys.iter().any(|k| n.contains(k));
-    if has(&["tcg_", "adam", "multi_tensor", "fused_sgd"]) {
+    if has(&["tcg_norm"]) {
+        "LayerNorm"
+    } else if has(&["tcg_", "adam", "multi_tensor", "fused_sgd"]) {
         "optimizer"
     } else if has(&["sdpa", "flash", "fmha", "attention"]) {
         "attention"
@@ -241,12 +255,13 @@ fn family(name: &str) -> &'static str {
 }
 
 /// Kernel time of one replay of the captured step, grouped by family (10 replays profiled).
-fn profile(device: Device, (name, config, batch): (&str, model::Config, i64)) -> Result<()> {
+fn profile(device: Device, (name, config, batch): (&str, model::Config, i64), fused: bool) -> Result<()> {
     use tch_cuda_graphs::profiler::{EventKind, Profiler};
+    let config = model::Config { fused, ..config };
     tch::manual_seed(0);
     let vs = nn::VarStore::new(device);
     let gpt = model::Gpt::new(&vs.root(), config);
-    let hyper = step::Hyper { batch, ..Default::default() };
+    let hyper = step::Hyper { batch, shadows: fused, ..Default::default() };
     let mut steps = step::build(&vs, Arc::new(Mutex::new(gpt)), hyper)?;
     let data = Tensor::f_randint(config.vocab, [1, batch, config.block + 1], (Kind::Int64, device))?;
     let (x, y) = (data.f_narrow(2, 0, config.block)?, data.f_narrow(2, 1, config.block)?);
@@ -271,7 +286,8 @@ fn profile(device: Device, (name, config, batch): (&str, model::Config, i64)) ->
         total.0 += 1;
         total.1 += us;
     }
-    println!("{name}: kernel time of one replay of the captured step, by family ({replays} replays profiled)\n");
+    let what = if fused { "fused " } else { "" };
+    println!("{name}: kernel time of one replay of the {what}captured step, by family ({replays} replays profiled)\n");
     println!("| family | kernels | µs per replay | share |\n|---|---:|---:|---:|");
     let mut rows: Vec<_> = by.into_iter().collect();
     rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));

@@ -15,6 +15,8 @@ static_assert(sizeof(tcg_prof_kind) == sizeof(int32_t), "tcg_prof_kind is read a
 static_assert(sizeof(tcg_reduce_op) == sizeof(int), "tcg_reduce_op is passed as an int");
 static_assert(sizeof(tcg_bucket_memory) == sizeof(int), "tcg_bucket_memory is passed as an int");
 static_assert(sizeof(tcg_layout_struct) == sizeof(int), "tcg_layout_struct is passed as an int");
+static_assert(sizeof(tcg_norm_kind) == sizeof(int), "tcg_norm_kind is passed as an int");
+static_assert(sizeof(tcg_norm_out) == sizeof(int), "tcg_norm_out is passed as an int");
 
 namespace {
 
@@ -153,6 +155,21 @@ size_t tcg_layout(tcg_layout_struct s, size_t* size, size_t* align, size_t* offs
       set(sizeof(tcg_bucket_slot), alignof(tcg_bucket_slot));
       TCG_FIELD(tcg_bucket_slot, bucket);
       TCG_FIELD(tcg_bucket_slot, offset);
+      break;
+    case TCG_LAYOUT_NORM_INPUTS:
+      set(sizeof(tcg_norm_inputs), alignof(tcg_norm_inputs));
+      TCG_FIELD(tcg_norm_inputs, res);
+      TCG_FIELD(tcg_norm_inputs, branch);
+      TCG_FIELD(tcg_norm_inputs, weight);
+      TCG_FIELD(tcg_norm_inputs, bias);
+      break;
+    case TCG_LAYOUT_NORM_OPTIONS:
+      set(sizeof(tcg_norm_options), alignof(tcg_norm_options));
+      TCG_FIELD(tcg_norm_options, eps);
+      TCG_FIELD(tcg_norm_options, dropout);
+      TCG_FIELD(tcg_norm_options, kind);
+      TCG_FIELD(tcg_norm_options, out);
+      TCG_FIELD(tcg_norm_options, train);
       break;
   }
   return w.n;

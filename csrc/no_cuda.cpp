@@ -2,6 +2,7 @@
 // TCH_CUDA_GRAPHS_NO_CUDA=1 at build time): every entry point reports TCG_NO_CUDA, except the
 // queries that have an honest answer (no device). error.cpp, optim.cpp and watch.cpp are
 // built as usual, so the optimizers and the eager fallback keep working.
+#include "norm_own.h"
 #include "optim_own.h"
 #include "shim.h"
 
@@ -98,3 +99,17 @@ bool sgd(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
   return false;
 }
 }  // namespace tcg::optim
+
+// The fused normalization kernels need CUDA: norm.cpp runs ATen's operators.
+namespace tcg::norm {
+std::string unsupported(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                        const Options&) {
+  return "this binary was built without CUDA";
+}
+std::pair<at::Tensor, at::Tensor> fused(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                        const at::Tensor&, const Options&) {
+  throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
+}
+}  // namespace tcg::norm
+
+bool tcg::capturing_on(const at::Tensor&) { return false; }

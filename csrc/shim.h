@@ -50,6 +50,10 @@ tcg_status guard(F&& f) noexcept {
 void keep_grad(const at::Tensor& param, bool on) noexcept;
 bool grad_kept(const at::Tensor& param) noexcept;
 
+// Whether the current CUDA stream of `t`'s device is capturing (false for CPU tensors and in
+// builds without CUDA). Defined in cuda/device.cpp, or no_cuda.cpp.
+bool capturing_on(const at::Tensor& t);
+
 // Fault injection (tests only): true once if tcg_testing_fail_next(point) armed this point.
 bool failpoint(const char* point) noexcept;
 

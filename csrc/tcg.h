@@ -189,6 +189,53 @@ tcg_status tcg_grads_zero(tcg_tensors params);
 // Returns the total norm as a new 0-d tensor; no host sync.
 tcg_status tcg_grads_clip_norm(tcg_tensors grads, double max_norm, double norm_type, tcg_tensor* total_out);
 
+// ---------------------------------------------------------------- norm.cpp (CPU and CUDA)
+// LayerNorm or RMSNorm over the last dimension, after an optional residual add through dropout:
+//   x = res + dropout(branch, p)      (when a branch is given; p applied only when train)
+//   y = norm(x) * weight + bias       (RMSNorm: no mean subtracted, no bias)
+// One autograd node: gradients flow to res, branch, weight and bias, from both x and y.
+typedef enum { TCG_NORM_LAYER = 0, TCG_NORM_RMS = 1 } tcg_norm_kind;
+// y's dtype: TCG_NORM_OUT_AUTOCAST: the CUDA autocast dtype while autocast is on (what a
+// following matmul would cast to), else res's; TCG_NORM_OUT_INPUT: res's (ATen's layer_norm
+// under autocast gives float32).
+typedef enum { TCG_NORM_OUT_AUTOCAST = 0, TCG_NORM_OUT_INPUT = 1 } tcg_norm_out;
+// branch, weight, bias: NULL for none.
+typedef struct {
+  tcg_tensor res, branch, weight, bias;
+} tcg_norm_inputs;
+typedef struct {
+  double eps, dropout;
+  tcg_norm_kind kind;
+  tcg_norm_out out;
+  bool train;
+} tcg_norm_options;
+// *out_res: x, a new tensor (NULL without a branch: x is res); *out_y: y. kernels:
+// TCG_KERNELS_AUTO runs the crate's fused kernels where they apply (a CUDA float32 res, its last
+// dimension a multiple of 4 up to 1024, contiguous float32/bfloat16/float16 tensors, float32
+// weight and bias), ATen's operators otherwise (the same semantics, ATen's dropout masks);
+// TCG_KERNELS_PYTORCH always ATen's; TCG_KERNELS_OWN: TCG_UNSUPPORTED, with the reason, where the
+// fused kernels do not apply. *ran_own: whether they ran.
+tcg_status tcg_norm_forward(const tcg_norm_inputs* in, const tcg_norm_options* o, tcg_kernels kernels,
+                            tcg_tensor* out_res, tcg_tensor* out_y, bool* ran_own);
+
+// ---------------------------------------------------------------- shadow.cpp (CPU and CUDA)
+// Weight shadows: a low-precision copy of float32 CUDA parameters, refreshed once per step and
+// read instead of autocast's cast at each use (autocast's own cache must be off in a graph).
+// Registers `params` (only float32 CUDA tensors are taken; the others are skipped) with a shadow
+// of `dtype` (TCG_DTYPE_HALF or TCG_DTYPE_BFLOAT16), made now (refused inside a capture); *made:
+// how many were new. The registry holds the parameters until unregistered.
+tcg_status tcg_shadow_register(tcg_tensors params, tcg_dtype dtype, size_t* made);
+tcg_status tcg_shadow_unregister(tcg_tensors params);
+// Copies every registered parameter into its shadow: one multi-tensor copy per device and
+// dtype, on the current stream (capturable). *refreshed: how many.
+tcg_status tcg_shadow_refresh(size_t* refreshed);
+// Whether tcg_shadow_linear reads shadows on this thread; *was: the previous value.
+tcg_status tcg_shadow_set_active(bool on, bool* was);
+// at::linear(x, weight, bias) (bias NULL: none), reading the shadows of weight and bias instead
+// of casting them when shadows are active on this thread, CUDA autocast is on, and they have a
+// shadow of the autocast dtype. The gradient reaches the float32 parameter as through the cast.
+tcg_status tcg_shadow_linear(tcg_tensor x, tcg_tensor weight, tcg_tensor bias, tcg_tensor* out);
+
 // ---------------------------------------------------------------- autograd.cpp (CPU and CUDA)
 // torch::autograd::grad(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused).
 // grad_outputs: n_out tensors, or NULL for none (ones; scalar outputs only). out: n_in slots,
@@ -489,6 +536,8 @@ typedef enum {
   TCG_LAYOUT_ADAM_TENSORS,
   TCG_LAYOUT_BUCKETS_OPTIONS,
   TCG_LAYOUT_BUCKET_SLOT,
+  TCG_LAYOUT_NORM_INPUTS,
+  TCG_LAYOUT_NORM_OPTIONS,
 } tcg_layout_struct;
 // The size and alignment of struct `s` as this shim was compiled, and the offsets of its fields
 // in declaration order (at most `cap` written); returns the number of fields (0: unknown `s`).

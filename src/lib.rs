@@ -22,6 +22,10 @@
 //!   own kernels (every SM busy whatever the parameter count; PyTorch's fused kernels as the
 //!   fallback, [`optim::Kernels`]) with parameter groups and learning-rate handles; [`schedule`]: schedules applied from the host or computed
 //!   on the device; [`clip`]: on-device gradient clipping; [`checkpoint`]: save and resume.
+//! - [`norm`]: [`norm::LayerNorm`] (and RMSNorm) with the residual add and dropout folded in, on
+//!   the crate's own fused kernels (ATen's operators where they do not apply).
+//! - [`shadow`]: weight shadows, the low-precision copies of the weights a captured autocast
+//!   step reads instead of casting each weight at each use.
 //! - [`dist`]: NCCL process groups over libtorch's c10d, from torchrun's environment.
 //! - [`train_step`]: [`TrainStep`], a training step captured per batch shape into one pool, fed
 //!   from the GPU or the CPU, with an eager fallback on machines without a GPU; [`bucket`]:
@@ -55,11 +59,13 @@ pub mod feed;
 pub mod graph;
 pub mod graphed;
 pub mod memory;
+pub mod norm;
 pub mod optim;
 pub mod pool;
 pub mod profiler;
 mod scalar;
 pub mod schedule;
+pub mod shadow;
 pub mod stream;
 mod sys;
 pub mod testing;
@@ -107,6 +113,8 @@ mod doc_pages {
     struct Profiler;
     #[doc = include_str!("../docs/gpt.md")]
     struct Gpt;
+    #[doc = include_str!("../docs/norm.md")]
+    struct Norm;
     #[doc = include_str!("../docs/benchmarks.md")]
     struct Benchmarks;
     #[doc = include_str!("../docs/building.md")]

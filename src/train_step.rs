@@ -10,6 +10,7 @@ use crate::feed::{copy_non_blocking, is_pinned, Stager};
 use crate::graph::{CaptureMode, CudaGraph};
 use crate::memory::OomWatch;
 use crate::pool::{MemPool, PoolId};
+use crate::shadow::ActiveShadows;
 use crate::watch::{storage_nbytes, TensorWatch};
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
@@ -27,6 +28,7 @@ pub struct StepOptions {
     max_graphs: usize,
     copy_stream: bool,
     autocast: Option<Kind>,
+    shadows: bool,
 }
 
 impl Default for StepOptions {
@@ -38,6 +40,7 @@ impl Default for StepOptions {
             max_graphs: DEFAULT_MAX_GRAPHS,
             copy_stream: true,
             autocast: None,
+            shadows: false,
         }
     }
 }
@@ -106,6 +109,14 @@ impl StepOptions {
         self.autocast = Some(dtype);
         self
     }
+    /// Refreshes every [`crate::shadow::WeightShadows`] at the start of each step (one
+    /// multi-tensor copy, captured with the step) and lets [`crate::shadow::linear`] read them
+    /// under autocast instead of casting each weight at each use (default off).
+    pub fn weight_shadows(mut self, yes: bool) -> Self {
+        self.shadows = yes;
+        self
+    }
+
     /// The autocast dtype, if any.
     pub fn get_autocast(&self) -> Option<Kind> {
         self.autocast
@@ -272,8 +283,9 @@ impl std::fmt::Debug for TrainStep {
 }
 
 /// One call of the step closure, under autocast (cast cache off) if asked.
-fn call_step(step_fn: &mut StepFn, autocast: Option<Kind>, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-    let _autocast = autocast.map(|dtype| Autocast::new(dtype, false)).transpose()?;
+fn call_step(step_fn: &mut StepFn, options: &StepOptions, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    let _shadows = options.shadows.then(ActiveShadows::begin).transpose()?;
+    let _autocast = options.autocast.map(|dtype| Autocast::new(dtype, false)).transpose()?;
     step_fn(inputs)
 }
 
@@ -533,13 +545,12 @@ impl TrainStep {
         if !self.graphed {
             let oom = OomWatch::start(self.device)?;
             let entry = &mut self.shapes[i];
-            entry.outputs =
-                call_step(&mut self.step_fn, self.options.autocast, &entry.inputs).map_err(|e| oom.classify(e))?;
+            entry.outputs = call_step(&mut self.step_fn, &self.options, &entry.inputs).map_err(|e| oom.classify(e))?;
         } else if entry.graph.is_none() && !warm {
             let TrainStep { shapes, step_fn, device, options, .. } = self;
             let entry = &mut shapes[i];
             let inputs = &entry.inputs;
-            entry.outputs = run_on_capture_stream(*device, || call_step(step_fn, options.autocast, inputs))?;
+            entry.outputs = run_on_capture_stream(*device, || call_step(step_fn, options, inputs))?;
             entry.warmed += 1;
         } else {
             if entry.graph.is_none() {
@@ -611,7 +622,7 @@ impl TrainStep {
         let capture = if keep { capture.keep_graph(true) } else { capture };
         let TrainStep { shapes, step_fn, options, captures, .. } = self;
         let inputs = &shapes[j].inputs;
-        let recorded = capture_with_warmup(0, capture, || compact(call_step(step_fn, options.autocast, inputs)?))?;
+        let recorded = capture_with_warmup(0, capture, || compact(call_step(step_fn, options, inputs)?))?;
         *captures += 1;
         Ok(recorded)
     }

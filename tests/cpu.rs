@@ -849,3 +849,51 @@ fn the_profiler_records_cpu_ops_and_writes_a_chrome_trace() {
     drop(Profiler::start().unwrap()); // dropped without stop: stopped and discarded
     Profiler::start().unwrap().stop().unwrap();
 }
+
+/// Without the fused kernels (a CPU tensor, or a build without CUDA) the norm layers run ATen's
+/// operators: a LayerNorm equals tch's `nn::layer_norm`, the residual form equals the add
+/// followed by it, an RMSNorm its formula, and `Kernels::Own` is refused.
+#[test]
+fn norm_layers_run_aten_without_the_fused_kernels() {
+    use tch::nn::Module;
+    use tch_cuda_graphs::norm::{layer_norm, rms_norm, NormConfig};
+    use tch_cuda_graphs::optim::Kernels;
+    tch::manual_seed(3);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let ours = layer_norm(vs.root() / "ours", 16, NormConfig::default());
+    let theirs = nn::layer_norm(vs.root() / "theirs", vec![16], Default::default());
+    let x = Tensor::randn([4, 5, 16], (Kind::Float, Device::Cpu));
+    let y = ours.forward(&x).expect("forward");
+    assert!(!ours.ran_fused());
+    assert!(y.equal(&theirs.forward(&x)), "a LayerNorm equals nn::layer_norm");
+    let branch = Tensor::randn([4, 5, 16], (Kind::Float, Device::Cpu));
+    let (sum, y2) = ours.forward_residual(&x, &branch, 0.3, false).expect("residual");
+    assert!(sum.equal(&(&x + &branch)), "no dropout outside training");
+    assert!(y2.equal(&theirs.forward(&(&x + &branch))));
+    let (dropped, _) = ours.forward_residual(&x, &branch, 0.5, true).expect("residual with dropout");
+    // x + 0 where dropped, x + 2 · branch where kept
+    let dropped_share = f64::try_from((&dropped - &x).abs().lt(1e-7).to_kind(Kind::Float).mean(Kind::Float)).unwrap();
+    assert!(dropped_share > 0.2 && dropped_share < 0.8, "dropout applied in training ({dropped_share})");
+    let rms = rms_norm(vs.root() / "rms", 16, NormConfig::default());
+    assert!(rms.bs.is_none());
+    let expected = &x * (x.square().mean_dim(-1, true, Kind::Float) + 1e-5).rsqrt();
+    let diff = f64::try_from((rms.forward(&x).expect("rms") - expected).abs().max()).unwrap();
+    println!("RMSNorm against its formula: max difference {diff:e}");
+    assert!(diff < 1e-6);
+    let own = layer_norm(vs.root() / "own", 16, NormConfig { kernels: Kernels::Own, ..Default::default() });
+    assert!(matches!(own.forward(&x), Err(Error::Unsupported(_))), "Own without the fused kernels is refused");
+}
+
+/// Without CUDA parameters weight shadows take nothing, and `shadow::linear` is `Tensor::linear`.
+#[test]
+fn weight_shadows_take_no_cpu_parameter() {
+    use tch_cuda_graphs::shadow::{self, WeightShadows};
+    let vs = nn::VarStore::new(Device::Cpu);
+    let lin = nn::linear(vs.root() / "fc", 8, 4, Default::default());
+    let shadows = WeightShadows::new(&vs.trainable_variables(), Kind::BFloat16).expect("register");
+    assert!(shadows.is_empty());
+    let x = Tensor::randn([3, 8], (Kind::Float, Device::Cpu));
+    let y = shadow::linear(&x, &lin.ws, lin.bs.as_ref()).expect("linear");
+    assert!(y.equal(&x.linear(&lin.ws, lin.bs.as_ref())));
+    assert!(matches!(WeightShadows::new(&vs.trainable_variables(), Kind::Float), Err(Error::Misuse(_))));
+}

@@ -10,6 +10,7 @@
 // kept alive with the graph by the caller; a body may hold only kernels, memsets, memcopies,
 // child graphs and conditionals (no event nodes: no fork to another stream inside a body).
 #include "cuda_shim.h"
+#include "own_kernels.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -116,7 +117,7 @@ tcg_status tcg_cond_begin(tcg_cond_kind type, tcg_tensor cond, tcg_pool_id body_
     if (capture_status_of(outer.stream()) != 1) {
       misuse("conditional node: only inside a capture (the current stream is not capturing)");
     }
-    cudaKernel_t setter = optim::kernel("tcg_cond_set", dev);
+    cudaKernel_t setter = own::kernel("tcg_cond_set", dev);
     auto body = c10::cuda::getStreamFromPool(false, dev);
     if (body == outer) body = c10::cuda::getStreamFromPool(false, dev);
     auto st = std::make_unique<tcg_cond>(outer, body);

@@ -133,3 +133,11 @@ tcg_status tcg_event_synchronize(tcg_event* e) {
 }
 
 }  // extern "C"
+
+bool tcg::capturing_on(const at::Tensor& t) {
+  if (!t.is_cuda()) return false;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  auto stream = at::cuda::getCurrentCUDAStream(t.device().index());
+  check_cuda(cudaStreamIsCapturing(stream.stream(), &st), "cudaStreamIsCapturing");
+  return st != cudaStreamCaptureStatusNone;
+}

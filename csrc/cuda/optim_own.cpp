@@ -1,125 +1,20 @@
-// The launcher of the crate's own optimizer kernels (optim_kernels.cu): loads their embedded fat
-// binary with the CUDA runtime's library API, checks per device that it has code the device
-// can run, builds the launch tables (optim_table.h) and launches on the current stream.
+// The launcher of the crate's own optimizer kernels (optim_kernels.cu, loaded by own_kernels.cpp):
+// builds the launch tables (optim_table.h) and launches on the current stream.
 #include "../optim_own.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
-#include <atomic>
-#include <map>
-#include <mutex>
 
 #include "cuda_shim.h"
 #include "optim_table.h"
-
-#ifdef TCG_OWN_KERNELS
-// The fat binary, embedded by the file build.rs generates.
-extern "C" const unsigned char tcg_optim_fatbin[];
-#endif
+#include "own_kernels.h"
 
 namespace tcg::optim {
 namespace {
 
 const char* const kDtypes[] = {"f32", "f64", "f16", "bf16"};
-
-// Every kernel of the fat binary, by name (see the end of optim_kernels.cu).
-std::vector<std::string> kernel_names() {
-  std::vector<std::string> names;
-  for (const char* t : kDtypes) {
-    for (const char* mode : {"adam", "adamw"}) {
-      for (const char* ams : {"0", "1"}) {
-        names.push_back(std::string("tcg_adam_") + t + "_" + mode + "_" + ams);
-      }
-    }
-    for (const char* depth : {"2", "3"}) names.push_back(std::string("tcg_sgd_") + t + "_" + depth);
-  }
-  names.push_back("tcg_cond_set");  // cond_kernels.cuh
-  return names;
-}
-
-// The loaded library, its kernels, and what each device made of them. One per process, never
-// unloaded (kernels may be captured in graphs that live until exit).
-struct Library {
-  std::mutex mu;
-  cudaLibrary_t lib = nullptr;
-  std::string error;  // why the library did not load (or was not built)
-  std::map<std::string, cudaKernel_t> kernels;
-  std::map<int, std::string> device_error;  // per device checked: "" when usable
-};
-
-Library& library() {
-  static Library* l = [] {
-    auto* l = new Library();
-#ifdef TCG_OWN_KERNELS
-    cudaError_t e = cudaLibraryLoadData(&l->lib, tcg_optim_fatbin, nullptr, nullptr, 0, nullptr,
-                                        nullptr, 0);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      l->lib = nullptr;
-      l->error = std::string("loading their fat binary failed: ") + cudaGetErrorString(e);
-    } else {
-      for (const auto& name : kernel_names()) {
-        cudaKernel_t k = nullptr;
-        e = cudaLibraryGetKernel(&k, l->lib, name.c_str());
-        if (e != cudaSuccess) {
-          (void)cudaGetLastError();
-          l->error = "kernel " + name + " missing: " + cudaGetErrorString(e);
-          break;
-        }
-        l->kernels[name] = k;
-      }
-    }
-#else
-    l->error = std::string("not built into this binary: ") + TCG_OWN_KERNELS_MISSING;
-#endif
-    return l;
-  }();
-  return *l;
-}
-
-const char* const kNotDuringCapture =
-    "not loaded on this device yet, and a capture is under way (make the optimizer, or run one "
-    "step, outside the capture)";
-
-// Whether the current stream of `device` is capturing.
-bool capturing(int device) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  auto stream = at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
-  (void)cudaStreamIsCapturing(stream.stream(), &status);
-  return status != cudaStreamCaptureStatusNone;
-}
-
-// Whether library() has been made (its load is never first tried inside a capture).
-std::atomic<bool> library_made{false};
-
-// Checks (once per device) that every kernel loads on `device`, so that no lazy loading happens
-// later inside a capture. Returns why not, or "". Never first inside a capture (loading there
-// may be refused, and the refusal must not stick): the optimizers check when they are made.
-std::string check_device(Library& l, int device) {
-  std::lock_guard<std::mutex> lock(l.mu);
-  if (!l.error.empty()) return l.error;
-  auto it = l.device_error.find(device);
-  if (it != l.device_error.end()) return it->second;
-  std::string why;
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  if (capturing(device)) return kNotDuringCapture;
-  for (const auto& [name, k] : l.kernels) {
-    cudaFuncAttributes attr{};
-    cudaError_t e = cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(k));
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      const auto* p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device));
-      why = "no code for this GPU (sm_" + std::to_string(p->major) + std::to_string(p->minor) +
-            ") in their fat binary: " + cudaGetErrorString(e) +
-            " (rebuild with TCH_CUDA_GRAPHS_CUDA_ARCHS naming it)";
-      break;
-    }
-  }
-  l.device_error[device] = why;
-  return why;
-}
 
 const char* dtype_name(at::ScalarType t) {
   switch (t) {
@@ -210,8 +105,7 @@ void launch(const std::string& name, const std::vector<const std::vector<at::Ten
             const at::Tensor* arrivals, const size_t* slots) {
   const auto& params = *lists[0];
   const auto device = params[0].device().index();
-  Library& l = library();
-  cudaKernel_t k = l.kernels.at(name);
+  cudaKernel_t k = own::kernel(name.c_str(), static_cast<int>(device));
   int64_t total = 0;
   for (const auto& p : params) total += p.numel();
   // Chunks small enough that the launch has about 8 blocks per SM, in whole block iterations.
@@ -249,32 +143,9 @@ void launch(const std::string& name, const std::vector<const std::vector<at::Ten
 
 }  // namespace
 
-bool built() {
-#ifdef TCG_OWN_KERNELS
-  return true;
-#else
-  return false;
-#endif
-}
+bool built() { return own::built(); }
 
-std::string unavailable(int device) {
-  require_cuda();
-  checked_device(device);
-  if (!library_made.load() && capturing(device)) return kNotDuringCapture;
-  Library& l = library();
-  library_made.store(true);
-  return check_device(l, device);
-}
-
-cudaKernel_t kernel(const char* name, int device) {
-  std::string why = unavailable(device);
-  if (!why.empty()) throw exception(TCG_UNSUPPORTED, std::string("the crate's own kernels: ") + why);
-  Library& l = library();
-  std::lock_guard<std::mutex> lock(l.mu);
-  auto it = l.kernels.find(name);
-  if (it == l.kernels.end()) throw exception(TCG_UNSUPPORTED, std::string("own kernel ") + name + " missing");
-  return it->second;
-}
+std::string unavailable(int device) { return own::unavailable(device); }
 
 bool adam(bool adamw, const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
           const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,

@@ -54,12 +54,13 @@ struct Args {
     data_dir: PathBuf,
     out: PathBuf,
     ddp: bool,
+    fused: bool,
 }
 
 const USAGE: &str = "\
 usage: gpt [--iters N] [--batch B] [--accum K] [--eval-every N] [--eval-iters N] [--tiny] [--fp32]
            [--resume] [--stop-at N] [--sample CHARS] [--seed S] [--peak-tflops T] [--data-dir DIR]
-           [--out DIR] [--ddp]
+           [--out DIR] [--ddp] [--fused]
 
 Trains nanoGPT's character GPT on the torch package's Python sources with a captured step.
   --iters N          optimizer steps (default 2000; the cosine schedule ends there)
@@ -78,6 +79,8 @@ Trains nanoGPT's character GPT on the torch package's Python sources with a capt
   --data-dir DIR     the folder of .py files (default .venv/torch)
   --out DIR          loss.csv, the checkpoint and sample.txt (default target/gpt)
   --ddp              data-parallel under torchrun, one GPU per process (batch is per GPU)
+  --fused            LayerNorms with the residual adds and dropouts folded in, on the crate's
+                     fused kernels (ATen's where they do not apply), and bf16 weight shadows
   -h, --help         this text";
 
 /// The command line: `None` when it asked for the usage.
@@ -91,6 +94,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
         eval_iters: 20,
         tiny: false,
         fp32: false,
+        fused: false,
         resume: false,
         stop_at: None,
         sample: 500,
@@ -110,6 +114,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
             Long("eval-iters") => a.eval_iters = parser.value()?.parse()?,
             Long("tiny") => a.tiny = true,
             Long("fp32") => a.fp32 = true,
+            Long("fused") => a.fused = true,
             Long("resume") => a.resume = true,
             Long("stop-at") => a.stop_at = Some(parser.value()?.parse()?),
             Long("sample") => a.sample = parser.value()?.parse()?,
@@ -161,6 +166,7 @@ fn main() -> Result<()> {
         .with_context(|| format!("preparing the corpus from {}", args.data_dir.display()))?;
     let corpus = data::to_device(&corpus, device)?;
     let config = if tiny { model::Config::tiny(data::VOCAB) } else { model::Config::shakespeare_char(data::VOCAB) };
+    let config = model::Config { fused: args.fused, ..config };
     let (batch, block) = (if tiny { args.batch.min(8) } else { args.batch }, config.block);
 
     tch::manual_seed(args.seed);
@@ -181,6 +187,7 @@ fn main() -> Result<()> {
         iters: args.iters,
         warmup: 100.min(args.iters / 10),
         autocast: (!args.fp32 && device != Device::Cpu).then_some(Kind::BFloat16),
+        shadows: args.fused,
         eager: device == Device::Cpu,
         ..Default::default()
     };
@@ -195,7 +202,7 @@ fn main() -> Result<()> {
     };
     println!(
         "{}{mode}: GPT {} layers × {} wide, {} heads, block {block}, {:.2} M parameters; {} train / {} validation tokens; \
-         batch {batch} × {} micro-batches, {}",
+         batch {batch} × {} micro-batches, {}{}",
         if pg.is_some() { format!("rank {rank}: ") } else { String::new() },
         config.layers,
         config.embd,
@@ -205,6 +212,7 @@ fn main() -> Result<()> {
         corpus.val.size()[0],
         args.accum,
         if hyper.autocast.is_some() { "bf16 autocast" } else { "fp32" },
+        if config.fused { ", fused norms and weight shadows" } else { "" },
     );
 
     let ckpt = args.out.join("ckpt.safetensors");

@@ -1,12 +1,19 @@
 //! nanoGPT's model in tch (karpathy/nanoGPT `model.py`): token and position embeddings,
 //! pre-LayerNorm blocks with causal `scaled_dot_product_attention` (cuDNN's / the flash kernel on
 //! a GPU) and a GELU MLP, dropout, a final LayerNorm and a head tied to the token embedding.
+//! Its norms are the crate's [`LayerNorm`]s, each also taking the residual add and the dropout of
+//! the branch before it: ATen's operators by default (the same operations as nanoGPT's), the
+//! crate's fused kernels with `fused` ([`Config::fused`]). Its matmuls go through
+//! `shadow::linear`, which reads the weights' bf16 shadows in a step run with them.
 //! Shared by `examples/gpt/main.rs` and `benches/gpt.rs`, and built the same way by
 //! `benches/torch_gpt.py`.
 #![allow(dead_code)]
 
 use std::cell::Cell;
 use tch::{nn, nn::Module, Kind, Reduction, Tensor};
+use tch_cuda_graphs::norm::{layer_norm, LayerNorm, NormConfig};
+use tch_cuda_graphs::optim::Kernels;
+use tch_cuda_graphs::shadow;
 
 /// The model's shape.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -23,17 +30,20 @@ pub struct Config {
     pub embd: i64,
     /// Dropout probability (embeddings, attention, residual branches).
     pub dropout: f64,
+    /// The norms, residual adds and residual dropouts on the crate's fused kernels (else ATen's
+    /// operators).
+    pub fused: bool,
 }
 
 impl Config {
     /// nanoGPT's `shakespeare_char`: 6 layers, 6 heads, 384 wide, block 256, dropout 0.2.
     pub fn shakespeare_char(vocab: i64) -> Config {
-        Config { vocab, block: 256, layers: 6, heads: 6, embd: 384, dropout: 0.2 }
+        Config { vocab, block: 256, layers: 6, heads: 6, embd: 384, dropout: 0.2, fused: false }
     }
 
     /// GPT-2 small's shape (12 × 768, block 1024), dropout 0.
     pub fn gpt2_small(vocab: i64) -> Config {
-        Config { vocab, block: 1024, layers: 12, heads: 12, embd: 768, dropout: 0.0 }
+        Config { vocab, block: 1024, layers: 12, heads: 12, embd: 768, dropout: 0.0, fused: false }
     }
 
     /// FLOPs of one forward and backward per token (nanoGPT's `estimate_mfu`: 6N + 12·L·H·Q·T).
@@ -43,18 +53,24 @@ impl Config {
 
     /// A tiny model for CPU runs and tests.
     pub fn tiny(vocab: i64) -> Config {
-        Config { vocab, block: 32, layers: 2, heads: 2, embd: 32, dropout: 0.1 }
+        Config { vocab, block: 32, layers: 2, heads: 2, embd: 32, dropout: 0.1, fused: false }
     }
 }
 
 #[derive(Debug)]
 struct Block {
-    ln_1: nn::LayerNorm,
+    ln_1: LayerNorm,
     c_attn: nn::Linear,
     attn_proj: nn::Linear,
-    ln_2: nn::LayerNorm,
+    ln_2: LayerNorm,
     c_fc: nn::Linear,
     mlp_proj: nn::Linear,
+}
+
+/// A linear layer through [`shadow::linear`]: inside a step run with weight shadows under
+/// autocast it reads the bf16 shadows of its weight and bias instead of casting them.
+fn lin(l: &nn::Linear, x: &Tensor) -> Result<Tensor, tch::TchError> {
+    shadow::linear(x, &l.ws, l.bs.as_ref()).map_err(|e| tch::TchError::Torch(e.to_string()))
 }
 
 /// The GPT. Its dropout is on while [`Gpt::set_train`] says so; a captured step records what
@@ -65,7 +81,7 @@ pub struct Gpt {
     wte: nn::Embedding,
     wpe: nn::Embedding,
     blocks: Vec<Block>,
-    ln_f: nn::LayerNorm,
+    ln_f: LayerNorm,
     train: Cell<bool>,
 }
 
@@ -89,14 +105,16 @@ impl Gpt {
         };
         let emb = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: std }, ..Default::default() };
         let e = config.embd;
+        let kernels = if config.fused { Kernels::Auto } else { Kernels::PyTorch };
+        let ln = |p: nn::Path| layer_norm(p, e, NormConfig { kernels, ..Default::default() });
         let blocks = (0..config.layers)
             .map(|l| {
                 let b = p / "h" / l;
                 Block {
-                    ln_1: nn::layer_norm(&b / "ln_1", vec![e], Default::default()),
+                    ln_1: ln(&b / "ln_1"),
                     c_attn: lin(&b / "attn" / "c_attn", e, 3 * e, std),
                     attn_proj: lin(&b / "attn" / "c_proj", e, e, proj_std),
-                    ln_2: nn::layer_norm(&b / "ln_2", vec![e], Default::default()),
+                    ln_2: ln(&b / "ln_2"),
                     c_fc: lin(&b / "mlp" / "c_fc", e, 4 * e, std),
                     mlp_proj: lin(&b / "mlp" / "c_proj", 4 * e, e, proj_std),
                 }
@@ -107,7 +125,7 @@ impl Gpt {
             wte: nn::embedding(p / "wte", config.vocab, e, emb),
             wpe: nn::embedding(p / "wpe", config.block, e, emb),
             blocks,
-            ln_f: nn::layer_norm(p / "ln_f", vec![e], Default::default()),
+            ln_f: ln(p / "ln_f"),
             train: Cell::new(true),
         }
     }
@@ -117,31 +135,38 @@ impl Gpt {
         self.train.set(on);
     }
 
-    fn attention(&self, b: &Block, x: &Tensor, train: bool) -> Result<Tensor, tch::TchError> {
-        let (n, t, e) = x.size3()?;
-        let h = self.config.heads;
-        let qkv = b.c_attn.forward(x).f_split(e, 2)?;
-        let heads = |t_: &Tensor| t_.f_view([n, t, h, e / h])?.f_transpose(1, 2);
+    /// The attention branch of block `b` on its normalized input `h` (its dropout comes with the
+    /// residual add, in the next norm).
+    fn attention(&self, b: &Block, h: &Tensor, train: bool) -> Result<Tensor, tch::TchError> {
+        let (n, t, e) = h.size3()?;
+        let nh = self.config.heads;
+        let qkv = lin(&b.c_attn, h)?.f_split(e, 2)?;
+        let heads = |t_: &Tensor| t_.f_view([n, t, nh, e / nh])?.f_transpose(1, 2);
         let (q, k, v) = (heads(&qkv[0])?, heads(&qkv[1])?, heads(&qkv[2])?);
         let p = if train { self.config.dropout } else { 0.0 };
         let y = Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, p, true, None, false)?;
         let y = y.f_transpose(1, 2)?.f_contiguous()?.f_view([n, t, e])?;
-        b.attn_proj.forward(&y).f_dropout(self.config.dropout, train)
+        lin(&b.attn_proj, &y)
     }
 
     /// Logits for tokens `idx` ([batch, time], time ≤ block).
     pub fn logits(&self, idx: &Tensor) -> Result<Tensor, tch::TchError> {
         let train = self.train.get();
-        let t = idx.size()[1];
+        let (t, p) = (idx.size()[1], self.config.dropout);
         let pos = Tensor::f_arange(t, (Kind::Int64, idx.device()))?;
-        let mut x = self.wte.forward(idx).f_add(&self.wpe.forward(&pos))?.f_dropout(self.config.dropout, train)?;
-        for b in &self.blocks {
-            x = x.f_add(&self.attention(b, &b.ln_1.forward(&x), train)?)?;
-            let m = b.mlp_proj.forward(&b.c_fc.forward(&b.ln_2.forward(&x)).f_gelu("none")?);
-            x = x.f_add(&m.f_dropout(self.config.dropout, train)?)?;
+        let mut x = self.wte.forward(idx).f_add(&self.wpe.forward(&pos))?.f_dropout(p, train)?;
+        let err = |e: tch_cuda_graphs::Error| tch::TchError::Torch(e.to_string());
+        // each norm takes the residual stream and the branch before it: x += dropout(branch)
+        let mut h = self.blocks[0].ln_1.forward(&x).map_err(err)?;
+        for (l, b) in self.blocks.iter().enumerate() {
+            let a = self.attention(b, &h, train)?;
+            (x, h) = b.ln_2.forward_residual(&x, &a, p, train).map_err(err)?;
+            let m = lin(&b.mlp_proj, &lin(&b.c_fc, &h)?.f_gelu("none")?)?;
+            let next = self.blocks.get(l + 1).map_or(&self.ln_f, |n| &n.ln_1);
+            (x, h) = next.forward_residual(&x, &m, p, train).map_err(err)?;
         }
         // the head is the token embedding, transposed (weight tying)
-        self.ln_f.forward(&x).f_linear::<Tensor>(&self.wte.ws, None)
+        shadow::linear(&h, &self.wte.ws, None).map_err(err)
     }
 
     /// Mean cross-entropy of the next-token predictions.

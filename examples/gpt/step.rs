@@ -1,8 +1,8 @@
 //! The GPT's training and evaluation steps, as a user of the crate writes them: one `TrainStep`
 //! capturing the whole step (K micro-batches of forward and backward under bf16 autocast,
 //! gradient clipping on the device, the warmup + cosine learning rate computed on the device,
-//! fused AdamW with weight-decay and no-decay groups on the crate's own kernels), and an
-//! evaluation step sharing its pool and weights. Shared by `examples/gpt/main.rs` and
+//! fused AdamW with weight-decay and no-decay groups on the crate's own kernels; optionally the
+//! weights' bf16 shadows), and an evaluation step sharing its pool and weights. Shared by `examples/gpt/main.rs` and
 //! `benches/gpt.rs`.
 #![allow(dead_code)]
 
@@ -12,6 +12,7 @@ use tch::{nn, Kind, Tensor};
 use tch_cuda_graphs::dist::{GradAllReduce, ProcessGroup, ReduceOp};
 use tch_cuda_graphs::optim::{split_params, Adam, AdamConfig, Optimizer, ParamGroup};
 use tch_cuda_graphs::schedule::{DeviceLrScheduler, WarmupCosine};
+use tch_cuda_graphs::shadow::WeightShadows;
 use tch_cuda_graphs::{amp, clip_grad_norm, Result, StepOptions, TrainStep};
 
 /// How the model is trained (nanoGPT's `shakespeare_char` settings by default).
@@ -37,6 +38,8 @@ pub struct Hyper {
     pub autocast: Option<Kind>,
     /// Run the steps eagerly (no graph).
     pub eager: bool,
+    /// Weight shadows: each weight cast to the autocast dtype once per step, not at each use.
+    pub shadows: bool,
 }
 
 impl Default for Hyper {
@@ -52,6 +55,7 @@ impl Default for Hyper {
             clip: 1.0,
             autocast: Some(Kind::BFloat16),
             eager: false,
+            shadows: false,
         }
     }
 }
@@ -65,6 +69,8 @@ pub struct Steps {
     pub opt: Arc<Mutex<Adam>>,
     /// The device step counter of the learning-rate schedule (for checkpoints).
     pub schedule_step: Tensor,
+    /// The weights' shadows, while the steps read them.
+    pub shadows: Option<WeightShadows>,
 }
 
 /// Builds both steps for `model`, whose variables are in `vs`, on `vs`'s device.
@@ -99,8 +105,13 @@ fn build_on(vs: &nn::VarStore, model: Arc<Mutex<Gpt>>, h: Hyper, pg: Option<&Pro
         None => None,
     };
     let mut options = StepOptions::default().eager(h.eager);
+    let mut shadows = None;
     if let Some(dtype) = h.autocast {
         options = options.autocast(dtype);
+        if h.shadows {
+            shadows = Some(WeightShadows::new(&params, dtype)?);
+            options = options.weight_shadows(true);
+        }
     }
     let tokens = Tensor::zeros([h.accum, h.batch, block], (Kind::Int64, dev));
     let (m, o) = (Arc::clone(&model), Arc::clone(&opt));
@@ -146,5 +157,5 @@ fn build_on(vs: &nn::VarStore, model: Arc<Mutex<Gpt>>, h: Hyper, pg: Option<&Pro
         model.set_train(true);
         Ok(vec![loss?])
     })?;
-    Ok(Steps { train, eval, opt, schedule_step })
+    Ok(Steps { train, eval, opt, schedule_step, shadows })
 }

@@ -143,11 +143,7 @@ impl<C: HyperParams> Core<C> {
 
     /// The kernels argument of the shim's calls.
     pub(crate) fn kernels_arg(&self) -> RawKernels {
-        match self.kernels {
-            Kernels::Auto => RawKernels::TCG_KERNELS_AUTO,
-            Kernels::Own => RawKernels::TCG_KERNELS_OWN,
-            Kernels::PyTorch => RawKernels::TCG_KERNELS_PYTORCH,
-        }
+        self.kernels.raw()
     }
 
     pub(crate) fn arrivals(&self) -> Option<&Tensor> {

@@ -82,6 +82,18 @@ pub enum Kernels {
     PyTorch,
 }
 
+impl Kernels {
+    /// The shim's argument for this choice.
+    pub(crate) fn raw(self) -> crate::sys::optim::RawKernels {
+        use crate::sys::optim::RawKernels;
+        match self {
+            Kernels::Auto => RawKernels::TCG_KERNELS_AUTO,
+            Kernels::Own => RawKernels::TCG_KERNELS_OWN,
+            Kernels::PyTorch => RawKernels::TCG_KERNELS_PYTORCH,
+        }
+    }
+}
+
 /// Which kernels a step ran ([`Optimizer::last_step_kernels`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelPath {

@@ -14,7 +14,7 @@ pub(crate) struct AutocastHandle {
     _not_send: PhantomData<*const ()>,
 }
 
-fn dtype_of(kind: Kind) -> Result<ffi::tcg_dtype> {
+pub(crate) fn dtype_of(kind: Kind) -> Result<ffi::tcg_dtype> {
     match kind {
         Kind::Half => Ok(ffi::tcg_dtype::TCG_DTYPE_HALF),
         Kind::BFloat16 => Ok(ffi::tcg_dtype::TCG_DTYPE_BFLOAT16),

@@ -70,11 +70,13 @@ mod tests {
             [bucket_bytes, first_bucket_bytes, views, bf16, high_priority, split, grouped, memory]
         );
         same_layout!(TCG_LAYOUT_BUCKET_SLOT, ffi::tcg_bucket_slot, [bucket, offset]);
+        same_layout!(TCG_LAYOUT_NORM_INPUTS, ffi::tcg_norm_inputs, [res, branch, weight, bias]);
+        same_layout!(TCG_LAYOUT_NORM_OPTIONS, ffi::tcg_norm_options, [eps, dropout, kind, out, train]);
     }
 
     #[test]
     fn an_unknown_struct_has_no_fields() {
-        let (size, _, offsets) = c_layout(ffi::tcg_layout_struct(15));
+        let (size, _, offsets) = c_layout(ffi::tcg_layout_struct(1000));
         assert_eq!((size, offsets.len()), (0, 0));
     }
 }

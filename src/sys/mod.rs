@@ -17,6 +17,8 @@
 //! | `autograd.rs` | `csrc/autograd.cpp` |
 //! | `amp.rs` | `csrc/amp.cpp` |
 //! | `optim.rs` | `csrc/optim.cpp`, `csrc/cuda/optim_own.cpp` |
+//! | `norm.rs` | `csrc/norm.cpp`, `csrc/cuda/norm_own.cpp` |
+//! | `shadow.rs` | `csrc/shadow.cpp` |
 //! | `dist.rs` | `csrc/cuda/dist.cpp`, `csrc/cuda/grad_buckets.cpp`, `csrc/bucket_plan.cpp` |
 //! | `profiler.rs` | `csrc/profiler.cpp` |
 //! | `watch.rs` | `csrc/watch.cpp` |
@@ -36,8 +38,10 @@ pub(crate) mod graphed;
 #[cfg(test)]
 mod layout;
 pub(crate) mod memory;
+pub(crate) mod norm;
 pub(crate) mod optim;
 pub(crate) mod profiler;
+pub(crate) mod shadow;
 pub(crate) mod watch;
 
 pub(crate) use error::{check, take_message};

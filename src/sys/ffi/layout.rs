@@ -16,6 +16,8 @@ c_enum!(tcg_layout_struct {
     TCG_LAYOUT_ADAM_TENSORS = 11,
     TCG_LAYOUT_BUCKETS_OPTIONS = 12,
     TCG_LAYOUT_BUCKET_SLOT = 13,
+    TCG_LAYOUT_NORM_INPUTS = 14,
+    TCG_LAYOUT_NORM_OPTIONS = 15,
 });
 
 extern "C" {

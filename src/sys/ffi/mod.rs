@@ -15,8 +15,10 @@ mod error;
 mod feed;
 #[cfg(test)]
 mod layout;
+mod norm;
 mod optim;
 mod profiler;
+mod shadow;
 mod watch;
 
 pub use amp::*;
@@ -27,8 +29,10 @@ pub use error::*;
 pub use feed::*;
 #[cfg(test)]
 pub use layout::*;
+pub use norm::*;
 pub use optim::*;
 pub use profiler::*;
+pub use shadow::*;
 pub use watch::*;
 
 /// Declares a C enum as a transparent integer with named constants.

@@ -1,0 +1,230 @@
+// The launcher of the crate's fused normalization kernels (norm_kernels.cu, loaded by
+// own_kernels.cpp) and the autograd function around them: the forward saves what was
+// normalized (x), the row statistics and the dropout generator state; the backward draws the
+// dropout mask again from that state (inside a captured graph the state is read on the device,
+// so every replay's backward sees its own forward's mask), then sums the weight and bias
+// gradients in a fixed order.
+#include "../norm_own.h"
+
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "cuda_shim.h"
+#include "norm_params.h"
+#include "own_kernels.h"
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace tcg::norm {
+namespace {
+
+const char* type_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "f32";
+    case at::kBFloat16: return "bf16";
+    case at::kHalf: return "f16";
+    default: return nullptr;
+  }
+}
+
+// The kernel variant for rows `cols` wide: 4 or 8 groups of 4 values per lane.
+const char* vec(int64_t cols) { return cols <= 32 * 4 * 4 ? "_v4" : "_v8"; }
+
+bool aligned16(const at::Tensor& t) { return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+void launch(const std::string& name, int device, unsigned blocks, unsigned threads, void* params) {
+  cudaKernel_t k = own::kernel(name.c_str(), device);
+  void* args[] = {params};
+  auto stream = at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+  check_cuda(cudaLaunchKernel(reinterpret_cast<const void*>(k), dim3(blocks), dim3(threads), args, 0,
+                              stream.stream()),
+             name.c_str());
+}
+
+// The generator state for one draw of the dropout mask (4 offsets: one Philox counter step).
+at::PhiloxCudaState philox_state(int device) {
+  auto* gen = at::check_generator<at::CUDAGeneratorImpl>(
+      at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(device)));
+  std::lock_guard<std::mutex> lock(gen->mutex_);
+  return gen->philox_cuda_state(4);
+}
+
+// The generator state as saved data (four integers; the pointers of a captured state stay valid
+// as long as the generator, which lives until exit).
+std::vector<int64_t> pack(const at::PhiloxCudaState& s) {
+  return {static_cast<int64_t>(s.seed_.val), static_cast<int64_t>(s.offset_.val),
+          static_cast<int64_t>(s.offset_intragraph_), s.captured_ ? 1 : 0};
+}
+
+at::PhiloxCudaState unpack_state(const std::vector<int64_t>& v) {
+  at::PhiloxCudaState s;
+  s.seed_.val = static_cast<uint64_t>(v.at(0));
+  s.offset_.val = static_cast<uint64_t>(v.at(1));
+  s.offset_intragraph_ = static_cast<uint64_t>(v.at(2));
+  s.captured_ = v.at(3) != 0;
+  return s;
+}
+
+struct FusedNorm : torch::autograd::Function<FusedNorm> {
+  // The optional tensors are std::optional: autograd's Function records the device of every
+  // tensor argument, which an undefined at::Tensor does not have.
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& res,
+                               const std::optional<at::Tensor>& branch_arg,
+                               const std::optional<at::Tensor>& weight_arg,
+                               const std::optional<at::Tensor>& bias_arg, Options o) {
+    const at::Tensor branch = branch_arg.value_or(at::Tensor());
+    const at::Tensor weight = weight_arg.value_or(at::Tensor());
+    const at::Tensor bias = bias_arg.value_or(at::Tensor());
+    const int device = res.get_device();
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    const int64_t cols = res.size(-1), rows = res.numel() / std::max<int64_t>(cols, 1);
+    const bool has_branch = branch.defined();
+    const bool dropout = has_branch && o.train && o.dropout > 0.0;
+    const at::ScalarType branch_type = has_branch ? branch.scalar_type() : at::kFloat;
+    at::Tensor x = has_branch ? at::empty_like(res) : res;
+    at::Tensor y = at::empty(res.sizes(), res.options().dtype(o.out));
+    at::Tensor mean = at::empty({rows}, res.options().dtype(at::kFloat));
+    at::Tensor rstd = at::empty({rows}, res.options().dtype(at::kFloat));
+    Forward p{};
+    p.res = res.data_ptr<float>();
+    p.branch = has_branch ? branch.data_ptr() : nullptr;
+    p.gamma = weight.defined() ? weight.data_ptr<float>() : nullptr;
+    p.beta = bias.defined() ? bias.data_ptr<float>() : nullptr;
+    p.res_out = has_branch ? x.data_ptr<float>() : nullptr;
+    p.y = y.data_ptr();
+    p.mean = mean.data_ptr<float>();
+    p.rstd = rstd.data_ptr<float>();
+    p.rows = rows;
+    p.cols = static_cast<int32_t>(cols);
+    p.rms = o.rms ? 1 : 0;
+    p.eps = static_cast<float>(o.eps);
+    p.keep = static_cast<float>(1.0 - o.dropout);
+    p.scale = static_cast<float>(1.0 / (1.0 - o.dropout));
+    p.dropout = dropout ? 1 : 0;
+    if (dropout) p.philox = philox_state(device);
+    if (rows > 0) {
+      const std::string name = std::string("tcg_norm_fwd_") + type_name(branch_type) + "_" + type_name(o.out) + vec(cols);
+      launch(name, device, static_cast<unsigned>((rows + kWarps - 1) / kWarps), kWarps * 32, &p);
+    }
+    ctx->save_for_backward({x, mean, rstd, weight});
+    ctx->saved_data["philox"] = c10::IValue(pack(p.philox));
+    ctx->saved_data["dropout"] = dropout;
+    ctx->saved_data["has_branch"] = has_branch;
+    ctx->saved_data["has_bias"] = bias.defined();
+    ctx->saved_data["rms"] = o.rms;
+    ctx->saved_data["keep"] = static_cast<double>(p.keep);
+    ctx->saved_data["scale"] = static_cast<double>(p.scale);
+    ctx->saved_data["branch_type"] = static_cast<int64_t>(branch_type);
+    // without a branch, x is res itself: only y is an output
+    if (!has_branch) return {y};
+    return {x, y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (at::GradMode::is_enabled()) misuse("fused norm: double backward (create_graph) is not supported");
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &mean = saved[1], &rstd = saved[2], &weight = saved[3];
+    const bool has_branch = ctx->saved_data.at("has_branch").toBool();
+    const bool dropout = ctx->saved_data.at("dropout").toBool();
+    const bool has_bias = ctx->saved_data.at("has_bias").toBool();
+    const auto branch_type = static_cast<at::ScalarType>(ctx->saved_data.at("branch_type").toInt());
+    at::Tensor dres = has_branch ? grads.at(0) : at::Tensor();
+    at::Tensor dy = grads.at(has_branch ? 1 : 0);
+    const int device = x.get_device();
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    const int64_t cols = x.size(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
+    const at::ScalarType out_type = dy.defined() ? dy.scalar_type() : at::kFloat;
+    if (dy.defined() && (type_name(out_type) == nullptr)) dy = dy.to(at::kFloat);
+    if (dy.defined()) dy = dy.contiguous();
+    if (dres.defined()) dres = dres.to(at::kFloat).contiguous();
+    at::Tensor dx = at::empty_like(x);
+    at::Tensor dbranch = has_branch ? at::empty(x.sizes(), x.options().dtype(branch_type)) : at::Tensor();
+    const int64_t sms = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device))->multiProcessorCount;
+    const int64_t blocks = std::max<int64_t>(1, std::min((rows + kWarps - 1) / kWarps, 4 * sms));
+    at::Tensor part_gamma, part_beta, dgamma, dbeta;
+    if (weight.defined()) {
+      part_gamma = at::empty({blocks, cols}, x.options());
+      dgamma = at::empty({cols}, x.options());
+    }
+    if (has_bias) {
+      part_beta = at::empty({blocks, cols}, x.options());
+      dbeta = at::empty({cols}, x.options());
+    }
+    Backward p{};
+    p.dy = dy.defined() ? dy.data_ptr() : nullptr;
+    p.dres = dres.defined() ? dres.data_ptr<float>() : nullptr;
+    p.x = x.data_ptr<float>();
+    p.mean = mean.data_ptr<float>();
+    p.rstd = rstd.data_ptr<float>();
+    p.gamma = weight.defined() ? weight.data_ptr<float>() : nullptr;
+    p.dx = dx.data_ptr<float>();
+    p.dbranch = has_branch ? dbranch.data_ptr() : nullptr;
+    p.part_gamma = weight.defined() ? part_gamma.data_ptr<float>() : nullptr;
+    p.part_beta = has_bias ? part_beta.data_ptr<float>() : nullptr;
+    p.rows = rows;
+    p.cols = static_cast<int32_t>(cols);
+    p.rms = ctx->saved_data.at("rms").toBool() ? 1 : 0;
+    p.keep = static_cast<float>(ctx->saved_data.at("keep").toDouble());
+    p.scale = static_cast<float>(ctx->saved_data.at("scale").toDouble());
+    p.dropout = dropout ? 1 : 0;
+    p.philox = unpack_state(ctx->saved_data.at("philox").toIntVector());
+    const char* y_name = type_name(dy.defined() ? dy.scalar_type() : at::kFloat);
+    launch(std::string("tcg_norm_bwd_") + type_name(branch_type) + "_" + y_name + vec(cols), device,
+           static_cast<unsigned>(blocks), kWarps * 32, &p);
+    if (weight.defined() || has_bias) {
+      Finish f{};
+      f.part_gamma = p.part_gamma;
+      f.part_beta = p.part_beta;
+      f.dgamma = weight.defined() ? dgamma.data_ptr<float>() : nullptr;
+      f.dbeta = has_bias ? dbeta.data_ptr<float>() : nullptr;
+      f.blocks = static_cast<int32_t>(blocks);
+      f.cols = static_cast<int32_t>(cols);
+      launch("tcg_norm_finish", device, static_cast<unsigned>((cols + kFinishCols - 1) / kFinishCols),
+             kFinishThreads, &f);
+    }
+    return {dx, dbranch, dgamma, dbeta, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+std::string unsupported(const at::Tensor& res, const at::Tensor& branch, const at::Tensor& weight,
+                        const at::Tensor& bias, const Options& o) {
+  if (!res.is_cuda()) return "the input is not on a CUDA device";
+  if (res.scalar_type() != at::kFloat) return "the input (the residual stream) is not float32";
+  const int64_t cols = res.size(-1);
+  if (cols % 4 != 0 || cols > kMaxCols || cols == 0) {
+    return "the last dimension (" + std::to_string(cols) + ") is not a multiple of 4 up to " + std::to_string(kMaxCols);
+  }
+  if (type_name(o.out) == nullptr) return std::string("output dtype ") + c10::toString(o.out);
+  if (!res.is_contiguous() || !aligned16(res)) return "the input is not contiguous and 16-byte aligned";
+  if (branch.defined()) {
+    if (branch.device() != res.device()) return "the branch is on another device";
+    if (type_name(branch.scalar_type()) == nullptr) return std::string("branch dtype ") + c10::toString(branch.scalar_type());
+    if (!branch.is_contiguous() || !aligned16(branch)) return "the branch is not contiguous and 16-byte aligned";
+  }
+  for (const at::Tensor* p : {&weight, &bias}) {
+    if (!p->defined()) continue;
+    if (p->device() != res.device() || p->scalar_type() != at::kFloat || !p->is_contiguous() || !aligned16(*p)) {
+      return "weight and bias must be contiguous float32 on the input's device";
+    }
+  }
+  return own::unavailable(res.get_device());
+}
+
+std::pair<at::Tensor, at::Tensor> fused(const at::Tensor& res, const at::Tensor& branch,
+                                        const at::Tensor& weight, const at::Tensor& bias,
+                                        const Options& o) {
+  auto opt = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
+  variable_list out = FusedNorm::apply(res, opt(branch), opt(weight), opt(bias), o);
+  if (out.size() == 1) return {at::Tensor(), out[0]};
+  return {out[0], out[1]};
+}
+
+}  // namespace tcg::norm

@@ -1,0 +1,80 @@
+// The launch parameters of the crate's fused normalization kernels: the one layout that the
+// kernels (csrc/cuda/norm_kernels.cu, compiled by nvcc into a fat binary) and their launcher
+// (csrc/cuda/norm_own.cpp, compiled by the host compiler) share. Plain data, each kernel's only
+// argument, passed by value.
+//
+// What they compute, per row of `cols` values (fp32 math):
+//   forward:  x = res + dropout(branch)           (res_out; skipped without a branch)
+//             y = (x - mean) * rstd * gamma + beta (LayerNorm; RMSNorm: mean 0, no beta)
+//   backward: dx = dres + rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma
+//             dbranch = dropout mask * scale * dx;  dgamma = sum over rows of dy * xhat,
+//             dbeta = sum of dy (per block, then summed by the finishing kernel)
+// The dropout mask of element e is Philox4x32-10 of counter (offset / 4, e / 4) and key seed,
+// lane e % 4, below `keep`: the backward draws it again rather than storing it.
+#pragma once
+#include <stdint.h>
+
+#include <ATen/cuda/PhiloxCudaState.h>
+
+namespace tcg::norm {
+
+// Rows per block (one warp per row) and the widest row: every lane holds up to kMaxVec groups of
+// 4 values (kernels for 4 and 8), so cols must be a multiple of 4 and at most 32 * 4 * kMaxVec.
+constexpr int kWarps = 4;
+constexpr int kMaxVec = 8;
+constexpr int kMaxCols = 32 * 4 * kMaxVec;
+
+struct Forward {
+  const float* res;     // [rows, cols] fp32
+  const void* branch;   // [rows, cols] of the kernel's branch type, or null
+  const float* gamma;   // [cols] or null (ones)
+  const float* beta;    // [cols] or null (zeros; RMSNorm has none)
+  float* res_out;       // [rows, cols] fp32, written when there is a branch
+  void* y;              // [rows, cols] of the kernel's output type
+  float* mean;          // [rows] (LayerNorm; RMSNorm writes 0)
+  float* rstd;          // [rows]
+  int64_t rows;
+  int32_t cols;
+  int32_t rms;          // 1: RMSNorm
+  float eps;
+  float keep;           // 1 - dropout probability
+  float scale;          // 1 / keep
+  int32_t dropout;      // 1: draw the mask (training, p > 0, a branch)
+  at::PhiloxCudaState philox;
+};
+
+struct Backward {
+  const void* dy;       // [rows, cols] of the output type, or null (zero)
+  const float* dres;    // [rows, cols] fp32 gradient of res_out (or of nothing: null)
+  const float* x;       // [rows, cols] fp32: what was normalized (res_out, or res)
+  const float* mean;
+  const float* rstd;
+  const float* gamma;   // or null
+  float* dx;            // [rows, cols] fp32: the gradient of res
+  void* dbranch;        // [rows, cols] of the branch type, or null
+  float* part_gamma;    // [gridDim.x, cols] per-block sums, or null (no gamma)
+  float* part_beta;     // [gridDim.x, cols], or null (no beta)
+  int64_t rows;
+  int32_t cols;
+  int32_t rms;
+  float keep;
+  float scale;
+  int32_t dropout;
+  at::PhiloxCudaState philox;
+};
+
+// Sums the per-block partials: out[c] = sum over b < blocks of part[b * cols + c].
+struct Finish {
+  const float* part_gamma;
+  const float* part_beta;
+  float* dgamma;        // or null
+  float* dbeta;         // or null
+  int32_t blocks;
+  int32_t cols;
+};
+
+// Columns per block of the finishing kernel, and its threads (kFinishCols lanes x rows).
+constexpr int kFinishCols = 32;
+constexpr int kFinishThreads = 1024;
+
+}  // namespace tcg::norm

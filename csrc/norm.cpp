@@ -1,0 +1,86 @@
+// Normalization layers with the residual add and dropout folded in (CPU and CUDA builds): the
+// C API over the crate's fused kernels (cuda/norm_own.cpp) and the same computation in ATen's
+// operators, for every input those kernels do not take.
+#include "norm_own.h"
+#include "shim.h"
+
+#include <ATen/autocast_mode.h>
+
+#include <memory>
+
+using tcg::guard;
+using tcg::misuse;
+using tcg::tensor_ref;
+
+namespace {
+
+at::Tensor optional_tensor(tcg_tensor t) { return t == nullptr ? at::Tensor() : tensor_ref(t); }
+
+// The dtype of y: the CUDA autocast dtype while autocast is on for a CUDA input, else res's.
+at::ScalarType out_dtype(const at::Tensor& res, tcg_norm_out out) {
+  if (out == TCG_NORM_OUT_AUTOCAST && res.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA)) {
+    return at::autocast::get_autocast_dtype(at::kCUDA);
+  }
+  return res.scalar_type();
+}
+
+// ATen's operators: x = res + dropout(branch); y = layer_norm(x) or rms_norm(x), in out's dtype.
+std::pair<at::Tensor, at::Tensor> composite(const at::Tensor& res, const at::Tensor& branch,
+                                            const at::Tensor& weight, const at::Tensor& bias,
+                                            const tcg::norm::Options& o) {
+  at::Tensor x = res;
+  if (branch.defined()) {
+    const bool drop = o.train && o.dropout > 0.0;
+    x = res + (drop ? at::dropout(branch, o.dropout, true) : branch);
+  }
+  const std::vector<int64_t> shape = {x.size(-1)};
+  at::Tensor y = o.rms ? at::rms_norm(x, shape, weight.defined() ? std::optional<at::Tensor>(weight) : std::nullopt, o.eps)
+                       : at::layer_norm(x, shape, weight, bias, o.eps);
+  if (y.scalar_type() != o.out) y = y.to(o.out);
+  return {branch.defined() ? x : at::Tensor(), y};
+}
+
+}  // namespace
+
+extern "C" {
+
+tcg_status tcg_norm_forward(const tcg_norm_inputs* in, const tcg_norm_options* opts, tcg_kernels kernels,
+                            tcg_tensor* out_res, tcg_tensor* out_y, bool* ran_own) {
+  return guard([&] {
+    *out_res = nullptr;
+    *out_y = nullptr;
+    *ran_own = false;
+    if (in == nullptr || opts == nullptr) misuse("norm: null inputs or options");
+    const at::Tensor& res = tensor_ref(in->res);
+    const at::Tensor branch = optional_tensor(in->branch), weight = optional_tensor(in->weight),
+                     bias = optional_tensor(in->bias);
+    if (opts->kind != TCG_NORM_LAYER && opts->kind != TCG_NORM_RMS) misuse("norm: unknown kind");
+    if (opts->kind == TCG_NORM_RMS && bias.defined()) misuse("norm: RMSNorm takes no bias");
+    if (!(opts->dropout >= 0.0 && opts->dropout < 1.0)) misuse("norm: dropout must be in [0, 1)");
+    if (res.dim() < 1) misuse("norm: the input needs at least one dimension");
+    if (branch.defined() && branch.sizes() != res.sizes()) misuse("norm: the branch's shape differs from the input's");
+    const int64_t d = res.size(-1);
+    for (const at::Tensor* p : {&weight, &bias}) {
+      if (p->defined() && (p->dim() != 1 || p->size(0) != d)) {
+        misuse("norm: weight and bias must be vectors of the last dimension's size");
+      }
+    }
+    tcg::norm::Options o{opts->kind == TCG_NORM_RMS, opts->eps, opts->dropout, opts->train,
+                         out_dtype(res, opts->out)};
+    std::string why;
+    if (kernels != TCG_KERNELS_PYTORCH) why = tcg::norm::unsupported(res, branch, weight, bias, o);
+    if (kernels == TCG_KERNELS_OWN && !why.empty()) {
+      throw tcg::exception(TCG_UNSUPPORTED, "norm: the crate's fused kernels do not apply: " + why);
+    }
+    const bool own = kernels != TCG_KERNELS_PYTORCH && why.empty();
+    auto [x, y] = own ? tcg::norm::fused(res, branch, weight, bias, o) : composite(res, branch, weight, bias, o);
+    auto y_out = std::make_unique<at::Tensor>(std::move(y));
+    std::unique_ptr<at::Tensor> x_out;
+    if (x.defined()) x_out = std::make_unique<at::Tensor>(std::move(x));
+    *out_y = y_out.release();
+    *out_res = x_out.release();
+    *ran_own = own;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,173 @@
+//! Normalization layers with the residual add and dropout folded in: [`LayerNorm`] (LayerNorm or
+//! RMSNorm) on the crate's own fused kernels, forward and backward.
+//!
+//! A pre-LayerNorm transformer block spends most of its non-GEMM time around its norms: the
+//! residual add (in fp32), the dropout of the branch, the norm itself (fp32 under autocast), the
+//! casts around it, and ATen's weight- and bias-gradient reduction. [`LayerNorm::forward_residual`]
+//! does `x = res + dropout(branch)` and `y = norm(x)` in one kernel, and the backward of both in
+//! one more (plus a small one summing the weight and bias gradients in a fixed order, so the
+//! result is deterministic). Under CUDA autocast `y` comes out in the autocast dtype (what the
+//! next matmul casts it to anyway; [`NormOutput`]).
+//!
+//! The fused kernels run where they apply — a CUDA float32 input whose last dimension is a
+//! multiple of 4 up to 1024, contiguous float32 / bfloat16 / float16 tensors, float32 weight and
+//! bias — and ATen's operators (`dropout`, `add`, `layer_norm` / `rms_norm`) everywhere else, with
+//! the same semantics ([`NormConfig::kernels`]). Numerics: fp32 math throughout; against ATen's
+//! float32 `layer_norm` the results differ by the rounding of a different summation order
+//! (`tests/gpu_norm.rs` states the figures). The dropout masks are the crate's own (Philox, drawn
+//! from PyTorch's CUDA generator, graph-safe), so they differ from ATen's `dropout` draws; a
+//! captured step replays the masks its eager twin draws.
+//!
+//! ```no_run
+//! # fn main() -> tch_cuda_graphs::Result<()> {
+//! use tch::{nn, Device, Kind, Tensor};
+//! use tch_cuda_graphs::norm::{layer_norm, NormConfig};
+//! let vs = nn::VarStore::new(Device::Cuda(0));
+//! let ln = layer_norm(vs.root() / "ln_2", 384, NormConfig::default());
+//! let res = Tensor::randn([8, 256, 384], (Kind::Float, Device::Cuda(0)));
+//! let branch = Tensor::randn([8, 256, 384], (Kind::BFloat16, Device::Cuda(0)));
+//! // res + dropout(branch, 0.2), and its LayerNorm, in one kernel
+//! let (res, y) = ln.forward_residual(&res, &branch, 0.2, true)?;
+//! let plain = ln.forward(&res)?; // a LayerNorm alone
+//! # let _ = (y, plain); Ok(()) }
+//! ```
+
+use crate::error::Result;
+use crate::optim::Kernels;
+use crate::sys::norm::{self as raw, NormInputs, NormOptions, RawNormKind, RawNormOut};
+use std::borrow::Borrow;
+use std::cell::Cell;
+use tch::{nn, Tensor};
+
+/// Which normalization.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NormKind {
+    /// `(x - mean) / sqrt(var + eps) * weight + bias`, as `torch.nn.LayerNorm`.
+    #[default]
+    Layer,
+    /// `x / sqrt(mean(x²) + eps) * weight`, as `torch.nn.RMSNorm` (no bias).
+    Rms,
+}
+
+/// The dtype of the normalized output.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NormOutput {
+    /// The CUDA autocast dtype while autocast is on (what a following matmul would cast to: the
+    /// cast is folded into the kernel), the input's otherwise.
+    #[default]
+    Autocast,
+    /// Always the input's dtype (ATen's `layer_norm` under autocast gives float32).
+    Input,
+}
+
+/// How a [`LayerNorm`] is made and run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NormConfig {
+    /// Added to the variance (default 1e-5, PyTorch's).
+    pub eps: f64,
+    /// A learnable weight (`weight`, ones at first; default true).
+    pub elementwise_affine: bool,
+    /// A learnable bias (`bias`, zeros at first; default true; never for RMSNorm).
+    pub bias: bool,
+    /// LayerNorm or RMSNorm.
+    pub kind: NormKind,
+    /// The output's dtype.
+    pub output: NormOutput,
+    /// The crate's fused kernels where they apply ([`Kernels::Auto`], the default), ATen's
+    /// operators always ([`Kernels::PyTorch`]), or the fused kernels only ([`Kernels::Own`]: an
+    /// input they do not take fails with [`crate::Error::Unsupported`]).
+    pub kernels: Kernels,
+}
+
+impl Default for NormConfig {
+    fn default() -> Self {
+        NormConfig {
+            eps: 1e-5,
+            elementwise_affine: true,
+            bias: true,
+            kind: NormKind::Layer,
+            output: NormOutput::Autocast,
+            kernels: Kernels::Auto,
+        }
+    }
+}
+
+/// A LayerNorm (or RMSNorm) over the last dimension, with the residual add and dropout of
+/// [`LayerNorm::forward_residual`]. Its variables are named as `tch::nn::layer_norm`'s
+/// (`weight`, `bias`), so checkpoints move between the two.
+#[derive(Debug)]
+pub struct LayerNorm {
+    /// The weight (`None` without elementwise affine).
+    pub ws: Option<Tensor>,
+    /// The bias (`None` without one, and for RMSNorm).
+    pub bs: Option<Tensor>,
+    config: NormConfig,
+    fused: Cell<bool>,
+}
+
+/// A LayerNorm over the last dimension (`dim` wide) under `path`.
+///
+/// ```no_run
+/// # use tch::{nn, Device};
+/// # use tch_cuda_graphs::norm::{layer_norm, NormConfig};
+/// let vs = nn::VarStore::new(Device::Cuda(0));
+/// let ln = layer_norm(vs.root() / "ln_f", 384, NormConfig::default());
+/// ```
+pub fn layer_norm<'a>(path: impl Borrow<nn::Path<'a>>, dim: i64, config: NormConfig) -> LayerNorm {
+    let p = path.borrow();
+    let ws = config.elementwise_affine.then(|| p.var("weight", &[dim], nn::Init::Const(1.0)));
+    let bs = (config.bias && config.kind == NormKind::Layer).then(|| p.var("bias", &[dim], nn::Init::Const(0.0)));
+    LayerNorm { ws, bs, config, fused: Cell::new(false) }
+}
+
+/// An RMSNorm over the last dimension (`dim` wide) under `path`: [`layer_norm`] with
+/// [`NormKind::Rms`] and no bias.
+pub fn rms_norm<'a>(path: impl Borrow<nn::Path<'a>>, dim: i64, config: NormConfig) -> LayerNorm {
+    layer_norm(path, dim, NormConfig { kind: NormKind::Rms, bias: false, ..config })
+}
+
+impl LayerNorm {
+    /// The normalized `x`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(self.run(x, None, 0.0, false)?.1)
+    }
+
+    /// `(x, y)`: the new residual stream `x = res + dropout(branch, p)` (dropout only when
+    /// `train`) and its normalization `y`. Gradients flow into `res`, `branch` and the
+    /// parameters from both outputs.
+    pub fn forward_residual(&self, res: &Tensor, branch: &Tensor, p: f64, train: bool) -> Result<(Tensor, Tensor)> {
+        let (x, y) = self.run(res, Some(branch), p, train)?;
+        Ok((x.unwrap_or_else(|| res.shallow_clone()), y))
+    }
+
+    /// Whether the last forward ran the crate's fused kernels (else ATen's operators).
+    pub fn ran_fused(&self) -> bool {
+        self.fused.get()
+    }
+
+    /// The configuration it was made with.
+    pub fn config(&self) -> NormConfig {
+        self.config
+    }
+
+    fn run(&self, res: &Tensor, branch: Option<&Tensor>, p: f64, train: bool) -> Result<(Option<Tensor>, Tensor)> {
+        let c = &self.config;
+        let options = NormOptions {
+            eps: c.eps,
+            dropout: p,
+            kind: match c.kind {
+                NormKind::Layer => RawNormKind::TCG_NORM_LAYER,
+                NormKind::Rms => RawNormKind::TCG_NORM_RMS,
+            },
+            out: match c.output {
+                NormOutput::Autocast => RawNormOut::TCG_NORM_OUT_AUTOCAST,
+                NormOutput::Input => RawNormOut::TCG_NORM_OUT_INPUT,
+            },
+            train,
+        };
+        let inputs = NormInputs { res, branch, weight: self.ws.as_ref(), bias: self.bs.as_ref() };
+        let out = raw::forward(&inputs, &options, c.kernels.raw())?;
+        self.fused.set(out.ran_own);
+        Ok((out.res, out.y))
+    }
+}

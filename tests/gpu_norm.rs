@@ -1,0 +1,151 @@
+//! The crate's fused normalization kernels (`norm::LayerNorm`) against ATen's operators on a
+//! GPU: LayerNorm and RMSNorm in fp32 (output and every gradient within 1e-5 of the largest
+//! value, several widths), the residual add with dropout under bf16 autocast (the dropout rate,
+//! the kept values scaled, the bf16 output equal to ATen's fp32 norm of the same sum rounded, the
+//! branch gradient the residual gradient masked and scaled, bit for bit), and the choice of
+//! kernels (`Kernels::Own` refuses a width it does not take, `Kernels::Auto` falls back).
+//! Ignored without a GPU; fails loudly there.
+mod common;
+
+use common::cuda;
+use tch::{nn, Device, Kind, Tensor};
+use tch_cuda_graphs::amp::Autocast;
+use tch_cuda_graphs::norm::{layer_norm, LayerNorm, NormConfig, NormKind};
+use tch_cuda_graphs::optim::Kernels;
+use tch_cuda_graphs::Error;
+
+/// Two norms of the same kind and parameters (random weight and bias): the fused one
+/// (`Kernels::Own`) and ATen's (`Kernels::PyTorch`).
+fn twins(device: Device, dim: i64, kind: NormKind) -> (nn::VarStore, LayerNorm, nn::VarStore, LayerNorm) {
+    let make = |kernels| {
+        let vs = nn::VarStore::new(device);
+        let ln = layer_norm(
+            vs.root(),
+            dim,
+            NormConfig { kind, kernels, bias: kind == NormKind::Layer, ..Default::default() },
+        );
+        (vs, ln)
+    };
+    let (vs_a, a) = make(Kernels::Own);
+    let (mut vs_b, b) = make(Kernels::PyTorch);
+    tch::no_grad(|| {
+        for (_, t) in vs_a.variables() {
+            t.shallow_clone().copy_(&(Tensor::randn_like(&t) * 0.5 + 1.0));
+        }
+    });
+    vs_b.copy(&vs_a).expect("the same parameters");
+    (vs_a, a, vs_b, b)
+}
+
+/// max |a - b| / max |b|.
+fn rel(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
+    f64::try_from((&a - &b).abs().max()).unwrap() / f64::try_from(b.abs().max()).unwrap().max(1e-30)
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn fused_norms_match_aten_in_fp32() {
+    let dev = cuda();
+    for kind in [NormKind::Layer, NormKind::Rms] {
+        for (rows, dim) in [(4096, 32), (16384, 384), (2048, 768), (1024, 1024), (3, 4)] {
+            tch::manual_seed(1);
+            let (vs_a, a, vs_b, b) = twins(dev, dim, kind);
+            let x0 = Tensor::randn([rows, dim], (Kind::Float, dev)) * 3.0 + 0.7;
+            let dy = Tensor::randn([rows, dim], (Kind::Float, dev));
+            let run = |ln: &LayerNorm| {
+                let x = x0.detach().set_requires_grad(true);
+                let y = ln.forward(&x).expect("forward");
+                (&y * &dy).sum(Kind::Float).backward();
+                (y, x.grad())
+            };
+            let (ya, dxa) = run(&a);
+            assert!(a.ran_fused(), "the fused kernels ran");
+            let (yb, dxb) = run(&b);
+            assert!(!b.ran_fused());
+            let mut figures = vec![("y", rel(&ya, &yb)), ("dx", rel(&dxa, &dxb))];
+            let grads = |vs: &nn::VarStore| {
+                let mut v: Vec<(String, Tensor)> = vs.variables().into_iter().map(|(n, t)| (n, t.grad())).collect();
+                v.sort_by(|p, q| p.0.cmp(&q.0));
+                v
+            };
+            for ((name, ga), (_, gb)) in grads(&vs_a).iter().zip(grads(&vs_b).iter()) {
+                figures.push((if name.ends_with("weight") { "dweight" } else { "dbias" }, rel(ga, gb)));
+            }
+            println!("{kind:?} [{rows}, {dim}] fp32, max |fused - ATen| / max |ATen|: {figures:?}");
+            for (what, r) in figures {
+                assert!(r <= 1e-5, "{kind:?} [{rows}, {dim}] {what}: {r:e} > 1e-5");
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn residual_add_with_dropout_under_bf16_autocast() {
+    let dev = cuda();
+    let (rows, dim, p) = (16384i64, 384i64, 0.2);
+    tch::manual_seed(2);
+    let (_vs_a, a, _vs_b, b) = twins(dev, dim, NormKind::Layer);
+    // a zero residual stream: x is then the dropped-out branch itself, so the mask reads off x
+    let res = Tensor::zeros([rows, dim], (Kind::Float, dev)).set_requires_grad(true);
+    let branch = Tensor::randn([rows, dim], (Kind::Float, dev)).to_kind(Kind::BFloat16).set_requires_grad(true);
+    let (x, y) = {
+        let _autocast = Autocast::new(Kind::BFloat16, false).expect("autocast");
+        a.forward_residual(&res, &branch, p, true).expect("forward")
+    };
+    assert!(a.ran_fused(), "the fused kernels ran");
+    assert_eq!((x.kind(), y.kind()), (Kind::Float, Kind::BFloat16));
+    let kept = x.ne(0.0);
+    let rate = 1.0 - f64::try_from(kept.to_kind(Kind::Float).mean(Kind::Float)).unwrap();
+    let scaled = branch.detach().to_kind(Kind::Float) * (1.0 / (1.0 - p));
+    let kept_error = f64::try_from((x.detach() - &scaled * kept.to_kind(Kind::Float)).abs().max()).unwrap();
+    // ATen's fp32 LayerNorm of the same sum, rounded to bf16
+    let reference = b.forward(&x.detach()).expect("ATen's norm").to_kind(Kind::BFloat16);
+    let differ = f64::try_from(y.ne_tensor(&reference).to_kind(Kind::Float).mean(Kind::Float)).unwrap();
+    // in bf16 ulps of each value, or of a thousandth of the largest where the norm cancels to
+    // near zero (there an fp32 rounding of the sum moves the result by more than its own ulp)
+    let r = reference.to_kind(Kind::Float);
+    let floor = f64::try_from(r.abs().max()).unwrap() * 1e-3;
+    let ulps =
+        f64::try_from(((y.to_kind(Kind::Float) - &r).abs() / ((r.abs() + floor) * (1.0 / 128.0))).max()).unwrap();
+    println!(
+        "[{rows}, {dim}], p = {p}: dropped {rate:.5}; max |kept x - branch / (1 - p)| = {kept_error:e}; bf16 y unlike ATen's fp32 norm rounded: {:.4}% of elements, at most {ulps:.2} bf16 ulps (of the value, or of a thousandth of the largest)",
+        differ * 100.0
+    );
+    assert!((rate - p).abs() < 0.003, "dropout rate {rate}");
+    assert_eq!(kept_error, 0.0, "kept values are the branch scaled by 1 / (1 - p)");
+    assert!(ulps <= 1.0, "bf16 output within one bf16 ulp of ATen's fp32 norm rounded");
+
+    // gradients into both outputs: dy (bf16 values) into y, dx into x
+    let dy = Tensor::randn([rows, dim], (Kind::Float, dev)).to_kind(Kind::BFloat16).to_kind(Kind::Float);
+    let dx = Tensor::randn([rows, dim], (Kind::Float, dev));
+    ((y.to_kind(Kind::Float) * &dy).sum(Kind::Float) + (&x * &dx).sum(Kind::Float)).backward();
+    let (dres, dbranch) = (res.grad(), branch.grad());
+    assert_eq!(dbranch.kind(), Kind::BFloat16);
+    let expected = (&dres * kept.to_kind(Kind::Float) * (1.0 / (1.0 - p))).to_kind(Kind::BFloat16);
+    let equal = dbranch.equal(&expected);
+    println!("dbranch equals dres masked and scaled, rounded to bf16: {equal}");
+    assert!(equal, "the branch gradient is the residual gradient through the same mask");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn own_kernels_refuse_what_they_do_not_take_and_auto_falls_back() {
+    let dev = cuda();
+    let vs = nn::VarStore::new(dev);
+    let x = Tensor::randn([8, 30], (Kind::Float, dev));
+    let own = layer_norm(vs.root() / "own", 30, NormConfig { kernels: Kernels::Own, ..Default::default() });
+    match own.forward(&x) {
+        Err(Error::Unsupported(why)) => println!("Kernels::Own on width 30: {why}"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    let auto = layer_norm(vs.root() / "auto", 30, NormConfig::default());
+    let reference = layer_norm(vs.root() / "aten", 30, NormConfig { kernels: Kernels::PyTorch, ..Default::default() });
+    let (ya, yr) = (auto.forward(&x).expect("auto"), reference.forward(&x).expect("ATen"));
+    println!("Kernels::Auto on width 30: fused {}, equal to ATen's {}", auto.ran_fused(), ya.equal(&yr));
+    assert!(!auto.ran_fused() && ya.equal(&yr), "Auto falls back to ATen's operators");
+    // a bf16 residual stream is not taken either: ATen's, the same result
+    let xb = x.to_kind(Kind::BFloat16);
+    assert!(matches!(own.forward(&xb), Err(Error::Unsupported(_))));
+}
