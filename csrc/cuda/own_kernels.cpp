@@ -20,8 +20,8 @@ extern "C" const unsigned char tcg_norm_kernels_fatbin[];
 namespace tcg::own {
 namespace {
 
-// Every kernel of the fat binaries, by name (see the end of each *_kernels.cu).
-std::vector<std::string> kernel_names() {
+// Every kernel of each fat binary, by name (see the end of each *_kernels.cu).
+std::vector<std::string> optim_kernel_names() {
   std::vector<std::string> names;
   for (const char* t : {"f32", "f64", "f16", "bf16"}) {
     for (const char* mode : {"adam", "adamw"}) {
@@ -32,6 +32,11 @@ std::vector<std::string> kernel_names() {
     for (const char* depth : {"2", "3"}) names.push_back(std::string("tcg_sgd_") + t + "_" + depth);
   }
   names.push_back("tcg_cond_set");  // cond_kernels.cuh
+  return names;
+}
+
+std::vector<std::string> norm_kernel_names() {
+  std::vector<std::string> names;
   for (const char* b : {"f32", "bf16", "f16"}) {
     for (const char* y : {"f32", "bf16", "f16"}) {
       for (const char* v : {"_v4", "_v8"}) {
@@ -58,7 +63,9 @@ Library& library() {
   static Library* l = [] {
     auto* l = new Library();
 #ifdef TCG_OWN_KERNELS
-    for (const unsigned char* image : {tcg_optim_kernels_fatbin, tcg_norm_kernels_fatbin}) {
+    const std::pair<const unsigned char*, std::vector<std::string>> images[] = {
+        {tcg_optim_kernels_fatbin, optim_kernel_names()}, {tcg_norm_kernels_fatbin, norm_kernel_names()}};
+    for (const auto& [image, names] : images) {
       cudaLibrary_t lib = nullptr;
       cudaError_t e = cudaLibraryLoadData(&lib, image, nullptr, nullptr, 0, nullptr, nullptr, 0);
       if (e != cudaSuccess) {
@@ -67,19 +74,16 @@ Library& library() {
         return l;
       }
       l->libs.push_back(lib);
-    }
-    for (const auto& name : kernel_names()) {
-      cudaKernel_t k = nullptr;
-      for (cudaLibrary_t lib : l->libs) {
-        if (cudaLibraryGetKernel(&k, lib, name.c_str()) == cudaSuccess) break;
-        (void)cudaGetLastError();
-        k = nullptr;
+      for (const auto& name : names) {
+        cudaKernel_t k = nullptr;
+        e = cudaLibraryGetKernel(&k, lib, name.c_str());
+        if (e != cudaSuccess) {
+          (void)cudaGetLastError();
+          l->error = "kernel " + name + " missing: " + cudaGetErrorString(e);
+          return l;
+        }
+        l->kernels[name] = k;
       }
-      if (k == nullptr) {
-        l->error = "kernel " + name + " missing from their fat binaries";
-        break;
-      }
-      l->kernels[name] = k;
     }
 #else
     l->error = std::string("not built into this binary: ") + TCG_OWN_KERNELS_MISSING;
