@@ -14,8 +14,6 @@ using tcg::tensor_ref;
 
 namespace {
 
-at::Tensor optional_tensor(tcg_tensor t) { return t == nullptr ? at::Tensor() : tensor_ref(t); }
-
 // The dtype of y: the CUDA autocast dtype while autocast is on for a CUDA input, else res's.
 at::ScalarType out_dtype(const at::Tensor& res, tcg_norm_out out) {
   if (out == TCG_NORM_OUT_AUTOCAST && res.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA)) {
@@ -52,8 +50,8 @@ tcg_status tcg_norm_forward(const tcg_norm_inputs* in, const tcg_norm_options* o
     *ran_own = false;
     if (in == nullptr || opts == nullptr) misuse("norm: null inputs or options");
     const at::Tensor& res = tensor_ref(in->res);
-    const at::Tensor branch = optional_tensor(in->branch), weight = optional_tensor(in->weight),
-                     bias = optional_tensor(in->bias);
+    const at::Tensor branch = tcg::tensor_or_undefined(in->branch), weight = tcg::tensor_or_undefined(in->weight),
+                     bias = tcg::tensor_or_undefined(in->bias);
     if (opts->kind != TCG_NORM_LAYER && opts->kind != TCG_NORM_RMS) misuse("norm: unknown kind");
     if (opts->kind == TCG_NORM_RMS && bias.defined()) misuse("norm: RMSNorm takes no bias");
     if (!(opts->dropout >= 0.0 && opts->dropout < 1.0)) misuse("norm: dropout must be in [0, 1)");

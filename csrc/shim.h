@@ -62,6 +62,9 @@ inline at::Tensor& tensor_ref(tcg_tensor t) {
   return *static_cast<at::Tensor*>(t);
 }
 
+// An optional tensor argument: the tensor, or an undefined one for NULL.
+inline at::Tensor tensor_or_undefined(tcg_tensor t) { return t == nullptr ? at::Tensor() : tensor_ref(t); }
+
 inline std::vector<at::Tensor> tensor_list(const tcg_tensor* ts, size_t n) {
   if (ts == nullptr && n != 0) misuse("null tensor list");
   std::vector<at::Tensor> v;

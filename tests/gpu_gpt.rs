@@ -17,7 +17,7 @@ use tch::{nn, Device, Kind, Tensor};
 
 /// Trains a small GPT for `iters` iterations from seed 7, captured or eager; returns its
 /// variables (sorted by name) and the losses.
-fn train(eager: bool, iters: usize) -> (Vec<(String, Tensor)>, Vec<f64>) {
+fn train(eager: bool, iters: usize) -> Run {
     train_with(eager, iters, 0.2, false, false)
 }
 
@@ -74,21 +74,27 @@ fn max_param_difference(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f64 {
     worst
 }
 
+/// Asserts two runs (variables, losses) equal bit for bit, printing both largest differences.
+fn assert_bit_for_bit(what: &str, (a, a_losses): &Run, (b, b_losses): &Run) {
+    let worst = max_param_difference(a, b);
+    let loss_diff = a_losses.iter().zip(b_losses).map(|(x, y)| (x - y).abs()).fold(0f64, f64::max);
+    println!("{what}: max |param difference| = {worst:e}, max |loss difference| = {loss_diff:e}");
+    assert_eq!(worst, 0.0, "{what}: parameters bit for bit");
+    assert_eq!(loss_diff, 0.0, "{what}: losses bit for bit");
+}
+
+/// A run's variables (sorted by name) and losses.
+type Run = (Vec<(String, Tensor)>, Vec<f64>);
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn the_captured_gpt_step_equals_the_eager_step_bit_for_bit_with_dropout() {
     let iters = 200;
-    let (graphed, graphed_losses) = train(false, iters);
-    let (eager, eager_losses) = train(true, iters);
-    let worst = max_param_difference(&graphed, &eager);
-    let loss_diff = graphed_losses.iter().zip(&eager_losses).map(|(a, b)| (a - b).abs()).fold(0f64, f64::max);
-    println!(
-        "after {iters} iterations: max |param graphed - param eager| = {worst:e}, max |loss graphed - loss eager| = {loss_diff:e}; loss {:.4} -> {:.4}",
-        graphed_losses[0], graphed_losses[iters - 1]
-    );
-    assert!(graphed_losses[iters - 1] < graphed_losses[0], "it trains");
-    assert_eq!(worst, 0.0, "parameters bit for bit");
-    assert_eq!(loss_diff, 0.0, "losses bit for bit");
+    let graphed = train(false, iters);
+    let (first, last) = (graphed.1[0], graphed.1[iters - 1]);
+    println!("loss {first:.4} -> {last:.4}");
+    assert!(last < first, "it trains");
+    assert_bit_for_bit(&format!("after {iters} iterations, graphed against eager"), &graphed, &train(true, iters));
 }
 
 /// Weight shadows change no bit: the captured step reading the weights' bf16 shadows (refreshed
@@ -98,13 +104,9 @@ fn the_captured_gpt_step_equals_the_eager_step_bit_for_bit_with_dropout() {
 #[ignore = "needs a CUDA device"]
 fn weight_shadows_change_no_bit_of_the_step() {
     let iters = 200;
-    let (shadowed, shadowed_losses) = train_with(false, iters, 0.2, false, true);
-    let (cast, cast_losses) = train_with(false, iters, 0.2, false, false);
-    let worst = max_param_difference(&shadowed, &cast);
-    let loss_diff = shadowed_losses.iter().zip(&cast_losses).map(|(a, b)| (a - b).abs()).fold(0f64, f64::max);
-    println!("weight shadows, {iters} iterations: max |param shadows - param casts| = {worst:e}, max |loss difference| = {loss_diff:e}");
-    assert_eq!(worst, 0.0, "shadows: parameters bit for bit");
-    assert_eq!(loss_diff, 0.0, "shadows: losses bit for bit");
+    let shadowed = train_with(false, iters, 0.2, false, true);
+    let cast = train_with(false, iters, 0.2, false, false);
+    assert_bit_for_bit(&format!("weight shadows, {iters} iterations, against casts"), &shadowed, &cast);
 }
 
 /// With `--fused` (the crate's fused norms and weight shadows): the captured step equals its
@@ -117,13 +119,9 @@ fn weight_shadows_change_no_bit_of_the_step() {
 #[ignore = "needs a CUDA device"]
 fn the_fused_gpt_step_replays_its_eager_twin_and_trains_like_the_aten_step() {
     let iters = 200;
-    let (graphed, graphed_losses) = train_with(false, iters, 0.2, true, true);
-    let (eager, eager_losses) = train_with(true, iters, 0.2, true, true);
-    let worst = max_param_difference(&graphed, &eager);
-    let loss_diff = graphed_losses.iter().zip(&eager_losses).map(|(a, b)| (a - b).abs()).fold(0f64, f64::max);
-    println!("fused, dropout 0.2, {iters} iterations: max |param graphed - param eager| = {worst:e}, max |loss difference| = {loss_diff:e}");
-    assert_eq!(worst, 0.0, "fused: parameters bit for bit");
-    assert_eq!(loss_diff, 0.0, "fused: losses bit for bit");
+    let graphed = train_with(false, iters, 0.2, true, true);
+    let eager = train_with(true, iters, 0.2, true, true);
+    assert_bit_for_bit(&format!("fused, dropout 0.2, {iters} iterations, graphed against eager"), &graphed, &eager);
 
     let (fused, fused_losses) = train_with(false, iters, 0.0, true, true);
     let (aten, aten_losses) = train_with(false, iters, 0.0, false, false);

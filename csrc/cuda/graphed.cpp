@@ -139,8 +139,6 @@ struct GraphedFunction : torch::autograd::Function<GraphedFunction> {
   }
 };
 
-at::Tensor optional_tensor(tcg_tensor t) { return t == nullptr ? at::Tensor() : tensor_ref(t); }
-
 }  // namespace
 
 struct tcg_graphed {
@@ -163,10 +161,10 @@ tcg_status tcg_graphed_new(tcg_graph* fwd, tcg_graph* bwd, tcg_tensor* surface, 
     st->outputs = tensor_list(outputs, n_out);
     bool any_grad = false;
     for (size_t k = 0; k < n_out; ++k) {
-      st->grad_outputs.push_back(optional_tensor(grad_outputs[k]));
+      st->grad_outputs.push_back(tcg::tensor_or_undefined(grad_outputs[k]));
       any_grad = any_grad || st->grad_outputs.back().defined();
     }
-    for (size_t j = 0; j < n_surface; ++j) st->grad_inputs.push_back(optional_tensor(grad_inputs[j]));
+    for (size_t j = 0; j < n_surface; ++j) st->grad_inputs.push_back(tcg::tensor_or_undefined(grad_inputs[j]));
     if (any_grad && bwd == nullptr) misuse("graphed callable: outputs require grad but there is no backward graph");
     st->bwd = any_grad ? bwd : nullptr;
     *out = new tcg_graphed{std::move(st)};

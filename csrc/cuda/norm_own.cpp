@@ -139,9 +139,7 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     const int device = x.get_device();
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     const int64_t cols = x.size(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
-    const at::ScalarType out_type = dy.defined() ? dy.scalar_type() : at::kFloat;
-    if (dy.defined() && (type_name(out_type) == nullptr)) dy = dy.to(at::kFloat);
-    if (dy.defined()) dy = dy.contiguous();
+    if (dy.defined()) dy = (type_name(dy.scalar_type()) == nullptr ? dy.to(at::kFloat) : dy).contiguous();
     if (dres.defined()) dres = dres.to(at::kFloat).contiguous();
     at::Tensor dx = at::empty_like(x);
     at::Tensor dbranch = has_branch ? at::empty(x.sizes(), x.options().dtype(branch_type)) : at::Tensor();
