@@ -70,7 +70,7 @@ fn find_nvcc(torch_root: &Path) -> Option<PathBuf> {
 
 /// The crate's own kernels: each `csrc/cuda/NAME.cu` becomes a fat binary embedded as
 /// `tcg_NAME_fatbin` (loaded by `csrc/cuda/own_kernels.cpp`).
-const OWN_KERNELS: [&str; 2] = ["optim_kernels", "norm_kernels"];
+const OWN_KERNELS: [&str; 3] = ["optim_kernels", "norm_kernels", "loss_kernels"];
 
 /// Compiles the [`OWN_KERNELS`] into fat binaries and writes a C++ file that embeds them. Err: why
 /// not (the optimizers then run PyTorch's fused kernels and the fused layers ATen's operators;
@@ -202,6 +202,8 @@ fn main() {
             "csrc/optim.cpp",
             "csrc/norm.cpp",
             "csrc/shadow.cpp",
+            "csrc/linear.cpp",
+            "csrc/loss.cpp",
             "csrc/profiler.cpp",
             "csrc/watch.cpp",
             "csrc/layout.cpp",
@@ -232,6 +234,9 @@ fn main() {
             "csrc/cuda/optim_own.cpp",
             "csrc/cuda/own_kernels.cpp",
             "csrc/cuda/norm_own.cpp",
+            "csrc/cuda/linear_own.cpp",
+            "csrc/cuda/cublaslt.cpp",
+            "csrc/cuda/loss_own.cpp",
         ]);
         // The crate's own kernels; without them the optimizers run PyTorch's, the fused layers ATen's.
         match build_own_kernels(&torch_root, &includes, &cuda_include, &cxx11_abi) {

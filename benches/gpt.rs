@@ -231,10 +231,14 @@ fn family(name: &str) -> &'static str {
     let has = |keys: &[&str]| keys.iter().any(|k| n.contains(k));
     if has(&["tcg_norm"]) {
         "LayerNorm"
+    } else if has(&["tcg_ce_"]) {
+        "loss and embeddings"
     } else if has(&["tcg_", "adam", "multi_tensor", "fused_sgd"]) {
         "optimizer"
     } else if has(&["sdpa", "flash", "fmha", "attention"]) {
         "attention"
+    } else if has(&["bgrad"]) {
+        "bias gradients (cuBLASLt)"
     } else if has(&["gemm", "nvjet", "cutlass", "xmma", "cublas"]) {
         "GEMM"
     } else if has(&["layer_norm", "layernorm", "gammabeta"]) {
@@ -277,12 +281,14 @@ fn profile(device: Device, (name, config, batch): (&str, model::Config, i64), fu
     synchronize(device)?;
     let profile = prof.stop()?;
     let mut by: std::collections::BTreeMap<&str, (usize, f64)> = Default::default();
+    let mut by_kernel: std::collections::BTreeMap<&str, (usize, f64)> = Default::default();
     let mut total = (0usize, 0f64);
     for e in profile.events().iter().filter(|e| e.kind == EventKind::Kernel) {
         let us = (e.end_ns - e.start_ns) as f64 / 1e3 / replays as f64;
-        let f = by.entry(family(&e.name)).or_default();
-        f.0 += 1;
-        f.1 += us;
+        for f in [by.entry(family(&e.name)).or_default(), by_kernel.entry(&e.name).or_default()] {
+            f.0 += 1;
+            f.1 += us;
+        }
         total.0 += 1;
         total.1 += us;
     }
@@ -295,6 +301,13 @@ fn profile(device: Device, (name, config, batch): (&str, model::Config, i64), fu
         println!("| {f} | {} | {us:.0} | {:.1}% |", k / replays, us / total.1 * 100.0);
     }
     println!("| all | {} | {:.0} | 100% |", total.0 / replays, total.1);
+    let mut kernels: Vec<_> = by_kernel.into_iter().collect();
+    kernels.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+    println!("\nthe 12 kernels that take longest, per replay:\n\n| kernel | launches | µs |\n|---|---:|---:|");
+    for (k, (n, us)) in kernels.into_iter().take(12) {
+        let short: String = k.chars().take(100).collect();
+        println!("| `{short}` | {} | {us:.0} |", n / replays);
+    }
     let s = profile.summary();
     println!(
         "\nGPU busy {:.0} µs of a {:.0} µs span per replay",

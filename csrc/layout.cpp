@@ -17,6 +17,7 @@ static_assert(sizeof(tcg_bucket_memory) == sizeof(int), "tcg_bucket_memory is pa
 static_assert(sizeof(tcg_layout_struct) == sizeof(int), "tcg_layout_struct is passed as an int");
 static_assert(sizeof(tcg_norm_kind) == sizeof(int), "tcg_norm_kind is passed as an int");
 static_assert(sizeof(tcg_norm_out) == sizeof(int), "tcg_norm_out is passed as an int");
+static_assert(sizeof(tcg_weight_grad) == sizeof(int), "tcg_weight_grad is passed as an int");
 
 namespace {
 
@@ -170,6 +171,12 @@ size_t tcg_layout(tcg_layout_struct s, size_t* size, size_t* align, size_t* offs
       TCG_FIELD(tcg_norm_options, kind);
       TCG_FIELD(tcg_norm_options, out);
       TCG_FIELD(tcg_norm_options, train);
+      break;
+    case TCG_LAYOUT_LINEAR_INPUTS:
+      set(sizeof(tcg_linear_inputs), alignof(tcg_linear_inputs));
+      TCG_FIELD(tcg_linear_inputs, x);
+      TCG_FIELD(tcg_linear_inputs, weight);
+      TCG_FIELD(tcg_linear_inputs, bias);
       break;
   }
   return w.n;

@@ -2,6 +2,8 @@
 // TCH_CUDA_GRAPHS_NO_CUDA=1 at build time): every entry point reports TCG_NO_CUDA, except the
 // queries that have an honest answer (no device). error.cpp, optim.cpp and watch.cpp are
 // built as usual, so the optimizers and the eager fallback keep working.
+#include "linear_own.h"
+#include "loss_own.h"
 #include "norm_own.h"
 #include "optim_own.h"
 #include "shim.h"
@@ -111,5 +113,22 @@ std::pair<at::Tensor, at::Tensor> fused(const at::Tensor&, const at::Tensor&, co
   throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
 }
 }  // namespace tcg::norm
+
+// The crate's linear path needs CUDA (cuBLASLt): linear.cpp runs ATen's at::linear.
+namespace tcg::linear {
+at::ScalarType compute_dtype(const at::Tensor&, const at::Tensor&) { return at::ScalarType::Undefined; }
+std::string unsupported(const Operands&) { return "this binary was built without CUDA"; }
+at::Tensor fused(const Operands&, bool) {
+  throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no cuBLASLt path");
+}
+}  // namespace tcg::linear
+
+// The fused cross-entropy needs CUDA: loss.cpp runs ATen's cross_entropy_loss.
+namespace tcg::loss {
+std::string unsupported(const at::Tensor&, const at::Tensor&) { return "this binary was built without CUDA"; }
+at::Tensor cross_entropy(const at::Tensor&, const at::Tensor&, int64_t) {
+  throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
+}
+}  // namespace tcg::loss
 
 bool tcg::capturing_on(const at::Tensor&) { return false; }

@@ -6,6 +6,7 @@
 // is attached to autograd by ShadowFunction, whose backward is the cast's (the gradient cast back
 // to the parameter's dtype), so a step reading shadows equals the step casting at each use, bit
 // for bit.
+#include "shadow.h"
 #include "shim.h"
 
 #include <ATen/autocast_mode.h>
@@ -67,17 +68,23 @@ struct ShadowFunction : torch::autograd::Function<ShadowFunction> {
   }
 };
 
-// What a linear layer reads for `param` under CUDA autocast while shadows are active: the
-// shadow through ShadowFunction, or the parameter itself (autocast then casts it).
+}  // namespace
+
+namespace tcg::shadow {
+
+at::Tensor lookup(const at::Tensor& param) {
+  if (!param.defined() || !active || !param.is_cuda() || !at::autocast::is_autocast_enabled(at::kCUDA)) return at::Tensor();
+  return shadow_of(param, at::autocast::get_autocast_dtype(at::kCUDA));
+}
+
 at::Tensor read(const at::Tensor& param) {
-  if (!param.defined() || !active || !param.is_cuda() || !at::autocast::is_autocast_enabled(at::kCUDA)) return param;
-  at::Tensor s = shadow_of(param, at::autocast::get_autocast_dtype(at::kCUDA));
+  at::Tensor s = lookup(param);
   if (!s.defined()) return param;
   if (!at::GradMode::is_enabled() || !param.requires_grad()) return s.detach();
   return ShadowFunction::apply(param, ShadowRef{s})[0];
 }
 
-}  // namespace
+}  // namespace tcg::shadow
 
 extern "C" {
 
@@ -145,8 +152,8 @@ tcg_status tcg_shadow_linear(tcg_tensor x, tcg_tensor weight, tcg_tensor bias, t
   return guard([&] {
     *out = nullptr;
     const at::Tensor& xs = tensor_ref(x);
-    const at::Tensor w = read(tensor_ref(weight));
-    const at::Tensor b = bias == nullptr ? at::Tensor() : read(tensor_ref(bias));
+    const at::Tensor w = tcg::shadow::read(tensor_ref(weight));
+    const at::Tensor b = bias == nullptr ? at::Tensor() : tcg::shadow::read(tensor_ref(bias));
     auto y = std::make_unique<at::Tensor>(at::linear(xs, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt));
     *out = y.release();
   });

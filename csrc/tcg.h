@@ -236,6 +236,38 @@ tcg_status tcg_shadow_set_active(bool on, bool* was);
 // shadow of the autocast dtype. The gradient reaches the float32 parameter as through the cast.
 tcg_status tcg_shadow_linear(tcg_tensor x, tcg_tensor weight, tcg_tensor bias, tcg_tensor* out);
 
+// ---------------------------------------------------------------- linear.cpp (CPU and CUDA)
+// A linear layer, y = x · weightᵀ + bias (bias NULL: none), reading weight shadows as
+// tcg_shadow_linear does, whose backward (on the crate's path) computes the bias gradient in the
+// weight-gradient GEMM (cuBLASLt's BGRADB epilogue) instead of a separate reduction.
+// The weight gradient of a 16-bit step: TCG_WEIGHT_GRAD_ROUNDED: computed in the compute dtype
+// and cast to the parameter's, as under autocast; TCG_WEIGHT_GRAD_FP32: the GEMM writes the
+// float32 gradient directly (Megatron's main_grad: one rounding fewer, no cast kernel).
+typedef enum { TCG_WEIGHT_GRAD_ROUNDED = 0, TCG_WEIGHT_GRAD_FP32 = 1 } tcg_weight_grad;
+typedef struct {
+  tcg_tensor x, weight, bias;
+} tcg_linear_inputs;
+// *out: y, a new tensor. kernels: TCG_KERNELS_AUTO takes the crate's path where it applies (CUDA
+// tensors, a 16-bit compute dtype: CUDA autocast's, or x's and weight's when both are bfloat16
+// or float16; a 2-d weight, float32 or of the compute dtype, and a matching 1-d bias), ATen's
+// at::linear otherwise; TCG_KERNELS_PYTORCH always ATen's (then wgrad is ignored: ATen rounds);
+// TCG_KERNELS_OWN: TCG_UNSUPPORTED, with the reason, where the crate's path does not apply.
+// *ran_own: whether it was taken. The forward is at::linear on the same operands either way.
+tcg_status tcg_linear_forward(const tcg_linear_inputs* in, tcg_weight_grad wgrad, tcg_kernels kernels,
+                              tcg_tensor* out, bool* ran_own);
+
+// ---------------------------------------------------------------- loss.cpp (CPU and CUDA)
+// The mean cross-entropy of logits [rows, classes] against int64 targets [rows] (rows whose
+// target is ignore_index not counted), as ATen's cross_entropy_loss with mean reduction; *out: a
+// new 0-d float32 tensor, differentiable in the logits. kernels: TCG_KERNELS_AUTO runs the crate's
+// fused kernels where they apply (contiguous CUDA float32/bfloat16/float16 logits: one pass
+// forward, one backward, in the logits' dtype, fp32 math; an out-of-range target gives a NaN
+// loss rather than a device assert), ATen's operators otherwise; TCG_KERNELS_PYTORCH always
+// ATen's; TCG_KERNELS_OWN: TCG_UNSUPPORTED, with the reason, where the fused kernels do not
+// apply. *ran_own: whether they ran.
+tcg_status tcg_cross_entropy(tcg_tensor logits, tcg_tensor targets, int64_t ignore_index, tcg_kernels kernels,
+                             tcg_tensor* out, bool* ran_own);
+
 // ---------------------------------------------------------------- autograd.cpp (CPU and CUDA)
 // torch::autograd::grad(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused).
 // grad_outputs: n_out tensors, or NULL for none (ones; scalar outputs only). out: n_in slots,
@@ -538,6 +570,7 @@ typedef enum {
   TCG_LAYOUT_BUCKET_SLOT,
   TCG_LAYOUT_NORM_INPUTS,
   TCG_LAYOUT_NORM_OPTIONS,
+  TCG_LAYOUT_LINEAR_INPUTS,
 } tcg_layout_struct;
 // The size and alignment of struct `s` as this shim was compiled, and the offsets of its fields
 // in declaration order (at most `cap` written); returns the number of fields (0: unknown `s`).

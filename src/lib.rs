@@ -26,6 +26,9 @@
 //!   the crate's own fused kernels (ATen's operators where they do not apply).
 //! - [`shadow`]: weight shadows, the low-precision copies of the weights a captured autocast
 //!   step reads instead of casting each weight at each use.
+//! - [`linear`]: [`linear::Linear`], whose backward computes the bias gradient inside the
+//!   weight-gradient GEMM (cuBLASLt's epilogue) and can write float32 weight gradients directly;
+//!   [`loss`]: the cross-entropy of a language model's head in one pass over the logits each way.
 //! - [`dist`]: NCCL process groups over libtorch's c10d, from torchrun's environment.
 //! - [`train_step`]: [`TrainStep`], a training step captured per batch shape into one pool, fed
 //!   from the GPU or the CPU, with an eager fallback on machines without a GPU; [`bucket`]:
@@ -58,6 +61,8 @@ pub mod error;
 pub mod feed;
 pub mod graph;
 pub mod graphed;
+pub mod linear;
+pub mod loss;
 pub mod memory;
 pub mod norm;
 pub mod optim;

@@ -897,3 +897,49 @@ fn weight_shadows_take_no_cpu_parameter() {
     assert!(y.equal(&x.linear(&lin.ws, lin.bs.as_ref())));
     assert!(matches!(WeightShadows::new(&vs.trainable_variables(), Kind::Float), Err(Error::Misuse(_))));
 }
+
+/// Without CUDA the linear layer runs `at::linear`: its output and gradients equal
+/// `Tensor::linear`'s, `Kernels::Own` is refused, and a weight that does not fit is a misuse.
+#[test]
+fn the_linear_layer_runs_aten_on_the_cpu() {
+    use tch_cuda_graphs::linear::{linear, LinearConfig, WeightGrad};
+    use tch_cuda_graphs::optim::Kernels;
+    tch::manual_seed(5);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let ours = linear(vs.root() / "fc", 8, 4, LinearConfig { weight_grad: WeightGrad::Float32, ..Default::default() });
+    let x = Tensor::randn([2, 3, 8], (Kind::Float, Device::Cpu));
+    let y = ours.forward(&x).expect("forward");
+    assert!(!ours.ran_fused());
+    let expected = x.linear(&ours.ws, ours.bs.as_ref());
+    assert!(y.equal(&expected), "equal to Tensor::linear");
+    y.sum(Kind::Float).backward();
+    let bias_grad = ours.bs.as_ref().unwrap().grad();
+    assert!(bias_grad.equal(&Tensor::full([4], 6.0, (Kind::Float, Device::Cpu))), "the bias gradient sums 6 rows");
+    let column_sums = x.view([6, 8]).sum_dim_intlist(0, false, Kind::Float).unsqueeze(0).expand([4, 8], false);
+    let diff = f64::try_from((ours.ws.grad() - column_sums).abs().max()).unwrap();
+    println!("weight gradient against the input's column sums: max difference {diff:e}");
+    assert!(diff < 1e-5, "the weight gradient of a sum is the input's column sums");
+    let own = linear(vs.root() / "own", 8, 4, LinearConfig { kernels: Kernels::Own, ..Default::default() });
+    assert!(matches!(own.forward(&x), Err(Error::Unsupported(_))), "Own without CUDA is refused");
+    let wide = Tensor::randn([2, 9], (Kind::Float, Device::Cpu));
+    assert!(matches!(ours.forward(&wide), Err(Error::Misuse(_))), "a misfit input is a misuse");
+}
+
+/// Without CUDA the cross-entropy is ATen's: equal to tch's `cross_entropy_loss`, gradient
+/// included; `Kernels::Own` is refused; mismatched targets are a misuse.
+#[test]
+fn cross_entropy_runs_aten_on_the_cpu() {
+    use tch_cuda_graphs::loss::{cross_entropy_ran, CrossEntropyConfig};
+    use tch_cuda_graphs::optim::Kernels;
+    tch::manual_seed(6);
+    let logits = Tensor::randn([12, 9], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let targets = Tensor::randint(9, [12], (Kind::Int64, Device::Cpu));
+    let (loss, ran) = cross_entropy_ran(&logits, &targets, &CrossEntropyConfig::default()).expect("loss");
+    assert!(!ran);
+    let expected = logits.cross_entropy_loss::<Tensor>(&targets, None, tch::Reduction::Mean, -100, 0.0);
+    assert!(loss.equal(&expected), "equal to cross_entropy_loss");
+    let own = CrossEntropyConfig { kernels: Kernels::Own, ..Default::default() };
+    assert!(matches!(cross_entropy_ran(&logits, &targets, &own), Err(Error::Unsupported(_))));
+    let wrong = Tensor::randint(9, [11], (Kind::Int64, Device::Cpu));
+    assert!(matches!(cross_entropy_ran(&logits, &wrong, &own), Err(Error::Misuse(_))));
+}

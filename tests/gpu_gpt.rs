@@ -14,24 +14,27 @@ mod step;
 
 use std::sync::{Arc, Mutex};
 use tch::{nn, Device, Kind, Tensor};
+use tch_cuda_graphs::linear::WeightGrad;
 
 /// Trains a small GPT for `iters` iterations from seed 7, captured or eager; returns its
 /// variables (sorted by name) and the losses.
 fn train(eager: bool, iters: usize) -> Run {
-    train_with(eager, iters, 0.2, false, false)
+    train_with(eager, iters, 0.2, None, false)
 }
 
-/// [`train`] with a dropout probability, the crate's fused norms or ATen's, weight shadows or not.
+/// [`train`] with a dropout probability, the crate's fused norms and linear layers (with their
+/// weight-gradient mode) or ATen's, weight shadows or not.
 fn train_with(
     eager: bool,
     iters: usize,
     dropout: f64,
-    fused: bool,
+    fused: Option<WeightGrad>,
     shadows: bool,
 ) -> (Vec<(String, Tensor)>, Vec<f64>) {
+    let (weight_grad, fused) = (fused.unwrap_or_default(), fused.is_some());
     let dev = Device::Cuda(0);
     assert!(tch_cuda_graphs::cuda_is_available(), "this test needs a CUDA device");
-    let config = model::Config { vocab: 96, block: 64, layers: 2, heads: 4, embd: 128, dropout, fused };
+    let config = model::Config { vocab: 96, block: 64, layers: 2, heads: 4, embd: 128, dropout, fused, weight_grad };
     tch::manual_seed(7);
     let vs = nn::VarStore::new(dev);
     let gpt = model::Gpt::new(&vs.root(), config);
@@ -104,37 +107,64 @@ fn the_captured_gpt_step_equals_the_eager_step_bit_for_bit_with_dropout() {
 #[ignore = "needs a CUDA device"]
 fn weight_shadows_change_no_bit_of_the_step() {
     let iters = 200;
-    let shadowed = train_with(false, iters, 0.2, false, true);
-    let cast = train_with(false, iters, 0.2, false, false);
+    let shadowed = train_with(false, iters, 0.2, None, true);
+    let cast = train_with(false, iters, 0.2, None, false);
     assert_bit_for_bit(&format!("weight shadows, {iters} iterations, against casts"), &shadowed, &cast);
 }
 
-/// With `--fused` (the crate's fused norms and weight shadows): the captured step equals its
-/// eager twin bit for bit, dropout included (the fused kernels draw their masks from PyTorch's
-/// generator, graph-safe);
+/// With `--fused` (the crate's fused norms, linear layers with float32 weight gradients, and
+/// weight shadows): the captured step equals its eager twin bit for bit, dropout included (the
+/// fused kernels draw their masks from PyTorch's generator, graph-safe);
 /// and without dropout it trains as the ATen step does: after 200 iterations the mean loss of the
 /// last 20 is within 1% of the unfused step's (bf16 autocast; the two differ by the roundings of
-/// the fused kernels, which keep the residual add and the norm in fp32).
+/// the fused kernels, which keep the residual add and the norm in fp32, and by the float32 weight
+/// gradients). The same holds for the fused step with rounded weight gradients.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn the_fused_gpt_step_replays_its_eager_twin_and_trains_like_the_aten_step() {
     let iters = 200;
-    let graphed = train_with(false, iters, 0.2, true, true);
-    let eager = train_with(true, iters, 0.2, true, true);
+    let fp32 = Some(WeightGrad::Float32);
+    let graphed = train_with(false, iters, 0.2, fp32, true);
+    let eager = train_with(true, iters, 0.2, fp32, true);
     assert_bit_for_bit(&format!("fused, dropout 0.2, {iters} iterations, graphed against eager"), &graphed, &eager);
 
-    let (fused, fused_losses) = train_with(false, iters, 0.0, true, true);
-    let (aten, aten_losses) = train_with(false, iters, 0.0, false, false);
     let tail = |l: &[f64]| l[iters - 20..].iter().sum::<f64>() / 20.0;
-    let (f, a) = (tail(&fused_losses), tail(&aten_losses));
-    let param_diff = max_param_difference(&fused, &aten);
+    let (aten, aten_losses) = train_with(false, iters, 0.0, None, false);
+    let a = tail(&aten_losses);
+    for mode in [WeightGrad::Float32, WeightGrad::Rounded] {
+        let (fused, fused_losses) = train_with(false, iters, 0.0, Some(mode), true);
+        let f = tail(&fused_losses);
+        let param_diff = max_param_difference(&fused, &aten);
+        println!(
+            "dropout 0, {iters} iterations, weight gradients {mode:?}: mean loss of the last 20 fused {f:.5}, ATen {a:.5} ({:+.3}%); first losses {:.5} / {:.5}; max |param fused - param ATen| = {param_diff:e}",
+            (f - a) / a * 100.0,
+            fused_losses[0],
+            aten_losses[0]
+        );
+        assert!(((f - a) / a).abs() < 0.01, "the fused step ({mode:?}) trains like the ATen step");
+    }
+}
+
+/// The float32 weight-gradient switch (`WeightGrad::Float32`, Megatron's `main_grad`) against
+/// the rounded gradients, both on the crate's fused step without dropout: after 200 iterations
+/// they differ (one bf16 rounding fewer per gradient) by the figures printed, and train alike
+/// (the mean loss of the last 20 within 0.5%).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn float32_weight_gradients_against_rounded_ones() {
+    let iters = 200;
+    let (fp32, fp32_losses) = train_with(false, iters, 0.0, Some(WeightGrad::Float32), true);
+    let (rounded, rounded_losses) = train_with(false, iters, 0.0, Some(WeightGrad::Rounded), true);
+    let tail = |l: &[f64]| l[iters - 20..].iter().sum::<f64>() / 20.0;
+    let (f, r) = (tail(&fp32_losses), tail(&rounded_losses));
+    let param_diff = max_param_difference(&fp32, &rounded);
+    let scale = fp32.iter().map(|(_, t)| f64::try_from(t.abs().max()).expect("a max")).fold(0f64, f64::max);
     println!(
-        "dropout 0, {iters} iterations: mean loss of the last 20 fused {f:.5}, ATen {a:.5} ({:+.3}%); first losses {:.5} / {:.5}; max |param fused - param ATen| = {param_diff:e}",
-        (f - a) / a * 100.0,
-        fused_losses[0],
-        aten_losses[0]
+        "after {iters} iterations: max |param fp32 grads - param rounded grads| = {param_diff:e} (largest parameter {scale:.4}); mean loss of the last 20: fp32 grads {f:.5}, rounded {r:.5} ({:+.3}%)",
+        (f - r) / r * 100.0
     );
-    assert!(((f - a) / a).abs() < 0.01, "the fused step trains like the ATen step");
+    assert!(param_diff > 0.0, "float32 weight gradients change the step");
+    assert!(((f - r) / r).abs() < 0.005, "and train alike");
 }
 
 /// The example's captured decode step (static shapes, a device-side position, Gumbel-max draws)
@@ -145,7 +175,16 @@ fn the_fused_gpt_step_replays_its_eager_twin_and_trains_like_the_aten_step() {
 fn captured_sampling_draws_the_eager_tokens() {
     let dev = Device::Cuda(0);
     assert!(tch_cuda_graphs::cuda_is_available(), "this test needs a CUDA device");
-    let config = model::Config { vocab: 96, block: 64, layers: 2, heads: 4, embd: 128, dropout: 0.2, fused: false };
+    let config = model::Config {
+        vocab: 96,
+        block: 64,
+        layers: 2,
+        heads: 4,
+        embd: 128,
+        dropout: 0.2,
+        fused: false,
+        weight_grad: WeightGrad::Float32,
+    };
     tch::manual_seed(11);
     let vs = nn::VarStore::new(dev);
     let gpt = model::Gpt::new(&vs.root(), config);

@@ -31,6 +31,13 @@ inline void require_cuda() {
   at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);  // call_once inside: cheap
 }
 
+// `name` from the loaded library whose file name starts with `lib_prefix` ("libcudart.so",
+// "libcublasLt.so": those libtorch_cuda brought in), or null. Defined in cudart.cpp.
+void* loaded_symbol(const char* lib_prefix, const char* name);
+
+// Whether libcublasLt is loaded in this process (the forwards of cublaslt.cpp can run).
+bool cublaslt_loaded();
+
 inline c10::DeviceIndex checked_device(int device) {
   require_cuda();
   if (device < 0 || device >= c10::cuda::device_count()) {

@@ -17,32 +17,46 @@
 
 namespace {
 
+struct Wanted {
+  const char* prefix;  // the file name's start, e.g. "libcudart.so"
+  const char* path;    // what was found
+};
+
 // dl_iterate_phdr callback: the path of the first loaded object whose file name starts with
-// "libcudart.so" (libtorch_cuda's own dependency, whatever its major version).
-int find_cudart(struct dl_phdr_info* info, size_t, void* data) {
+// the wanted prefix (libtorch_cuda's own dependency, whatever its major version).
+int find_loaded(struct dl_phdr_info* info, size_t, void* data) {
+  auto* wanted = static_cast<Wanted*>(data);
   const char* path = info->dlpi_name;
   if (path == nullptr) return 0;
   const char* base = std::strrchr(path, '/');
   base = base == nullptr ? path : base + 1;
-  if (std::strncmp(base, "libcudart.so", 12) != 0) return 0;
-  *static_cast<const char**>(data) = path;
+  if (std::strncmp(base, wanted->prefix, std::strlen(wanted->prefix)) != 0) return 0;
+  wanted->path = path;
   return 1;
 }
 
-void* resolve(const char* name) {
-  // Found in the global scope when libtorch_cuda was loaded by the dynamic linker (the usual
-  // case); otherwise (libtorch dlopen'ed with RTLD_LOCAL, as Python does) look among the loaded
-  // objects for the runtime libtorch_cuda brought in.
+}  // namespace
+
+namespace tcg {
+
+// `name` from the library libtorch_cuda loaded whose file name starts with `lib_prefix`: found in
+// the global scope when libtorch_cuda was loaded by the dynamic linker (the usual case); otherwise
+// (libtorch dlopen'ed with RTLD_LOCAL, as Python does) among the loaded objects. Null if neither.
+void* loaded_symbol(const char* lib_prefix, const char* name) {
   void* p = dlsym(RTLD_DEFAULT, name);
   if (p == nullptr) {
-    const char* path = nullptr;
-    dl_iterate_phdr(find_cudart, &path);
-    void* lib = path == nullptr ? nullptr : dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
+    Wanted wanted{lib_prefix, nullptr};
+    dl_iterate_phdr(find_loaded, &wanted);
+    void* lib = wanted.path == nullptr ? nullptr : dlopen(wanted.path, RTLD_LAZY | RTLD_NOLOAD);
     if (lib != nullptr) p = dlsym(lib, name);
   }
   return p;
 }
 
+}  // namespace tcg
+
+namespace {
+void* resolve(const char* name) { return tcg::loaded_symbol("libcudart.so", name); }
 }  // namespace
 
 #define TCG_FORWARD(name, params, args)                                        \

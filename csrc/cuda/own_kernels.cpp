@@ -15,6 +15,7 @@
 // The fat binaries, embedded by the file build.rs generates.
 extern "C" const unsigned char tcg_optim_kernels_fatbin[];
 extern "C" const unsigned char tcg_norm_kernels_fatbin[];
+extern "C" const unsigned char tcg_loss_kernels_fatbin[];
 #endif
 
 namespace tcg::own {
@@ -51,6 +52,16 @@ std::vector<std::string> norm_kernel_names() {
 
 // The loaded libraries, their kernels, and what each device made of them. One per process,
 // never unloaded (kernels may be captured in graphs that live until exit).
+std::vector<std::string> loss_kernel_names() {
+  std::vector<std::string> names;
+  for (const char* t : {"f32", "bf16", "f16"}) {
+    names.push_back(std::string("tcg_ce_fwd_") + t);
+    names.push_back(std::string("tcg_ce_bwd_") + t);
+  }
+  names.push_back("tcg_ce_finish");
+  return names;
+}
+
 struct Library {
   std::mutex mu;
   std::vector<cudaLibrary_t> libs;
@@ -64,7 +75,9 @@ Library& library() {
     auto* l = new Library();
 #ifdef TCG_OWN_KERNELS
     const std::pair<const unsigned char*, std::vector<std::string>> images[] = {
-        {tcg_optim_kernels_fatbin, optim_kernel_names()}, {tcg_norm_kernels_fatbin, norm_kernel_names()}};
+        {tcg_optim_kernels_fatbin, optim_kernel_names()},
+        {tcg_norm_kernels_fatbin, norm_kernel_names()},
+        {tcg_loss_kernels_fatbin, loss_kernel_names()}};
     for (const auto& [image, names] : images) {
       cudaLibrary_t lib = nullptr;
       cudaError_t e = cudaLibraryLoadData(&lib, image, nullptr, nullptr, 0, nullptr, nullptr, 0);

@@ -1,8 +1,8 @@
 // The crate's own CUDA kernels as one library: the fat binaries build.rs compiles from
-// csrc/cuda/*_kernels.cu and embeds (optimizers, conditional-node setter, normalization),
+// csrc/cuda/*_kernels.cu and embeds (optimizers, conditional-node setter, normalization, loss),
 // loaded once per process with the CUDA runtime's library API and checked per device, so that no
 // lazy loading ever happens inside a capture. The launchers (optim_own.cpp, conditional.cpp,
-// norm_own.cpp) take their kernels from here by name.
+// norm_own.cpp, loss_own.cpp) take their kernels from here by name.
 #pragma once
 #include <cuda_runtime_api.h>
 

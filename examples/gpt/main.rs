@@ -80,7 +80,9 @@ Trains nanoGPT's character GPT on the torch package's Python sources with a capt
   --out DIR          loss.csv, the checkpoint and sample.txt (default target/gpt)
   --ddp              data-parallel under torchrun, one GPU per process (batch is per GPU)
   --fused            LayerNorms with the residual adds and dropouts folded in, on the crate's
-                     fused kernels (ATen's where they do not apply), and bf16 weight shadows
+                     fused kernels (ATen's where they do not apply), linear layers whose bias
+                     gradients come out of the weight-gradient GEMM, in float32 with the weight
+                     gradients, and bf16 weight shadows
   -h, --help         this text";
 
 /// The command line: `None` when it asked for the usage.
@@ -212,7 +214,7 @@ fn main() -> Result<()> {
         corpus.val.size()[0],
         args.accum,
         if hyper.autocast.is_some() { "bf16 autocast" } else { "fp32" },
-        if config.fused { ", fused norms and weight shadows" } else { "" },
+        if config.fused { ", fused norms and linear layers, weight shadows" } else { "" },
     );
 
     let ckpt = args.out.join("ckpt.safetensors");

@@ -3,17 +3,21 @@
 //! a GPU) and a GELU MLP, dropout, a final LayerNorm and a head tied to the token embedding.
 //! Its norms are the crate's [`LayerNorm`]s, each also taking the residual add and the dropout of
 //! the branch before it: ATen's operators by default (the same operations as nanoGPT's), the
-//! crate's fused kernels with `fused` ([`Config::fused`]). Its matmuls go through
-//! `shadow::linear`, which reads the weights' bf16 shadows in a step run with them.
+//! crate's fused kernels with `fused` ([`Config::fused`]). Its matmuls are the crate's
+//! [`Linear`]s (and [`linear::apply`] for the tied head), which read the weights' bf16 shadows in a
+//! step run with them: `at::linear` by default, and with `fused` a backward that computes each
+//! bias gradient inside the weight-gradient GEMM ([`Config::weight_grad`]). Its loss is the
+//! crate's cross-entropy: ATen's by default, the fused kernels with `fused`.
 //! Shared by `examples/gpt/main.rs` and `benches/gpt.rs`, and built the same way by
 //! `benches/torch_gpt.py`.
 #![allow(dead_code)]
 
 use std::cell::Cell;
-use tch::{nn, nn::Module, Kind, Reduction, Tensor};
+use tch::{nn, nn::Module, Kind, Tensor};
+use tch_cuda_graphs::linear::{self, Linear, LinearConfig, WeightGrad};
+use tch_cuda_graphs::loss::{cross_entropy, CrossEntropyConfig};
 use tch_cuda_graphs::norm::{layer_norm, LayerNorm, NormConfig};
 use tch_cuda_graphs::optim::Kernels;
-use tch_cuda_graphs::shadow;
 
 /// The model's shape.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -30,20 +34,40 @@ pub struct Config {
     pub embd: i64,
     /// Dropout probability (embeddings, attention, residual branches).
     pub dropout: f64,
-    /// The norms, residual adds and residual dropouts on the crate's fused kernels (else ATen's
-    /// operators).
+    /// The norms, residual adds and residual dropouts on the crate's fused kernels, and the
+    /// linear layers' bias gradients in their weight-gradient GEMMs (else ATen's operators).
     pub fused: bool,
+    /// With `fused`: how the linear layers' weight gradients reach the float32 parameters.
+    pub weight_grad: WeightGrad,
 }
 
 impl Config {
     /// nanoGPT's `shakespeare_char`: 6 layers, 6 heads, 384 wide, block 256, dropout 0.2.
     pub fn shakespeare_char(vocab: i64) -> Config {
-        Config { vocab, block: 256, layers: 6, heads: 6, embd: 384, dropout: 0.2, fused: false }
+        Config {
+            vocab,
+            block: 256,
+            layers: 6,
+            heads: 6,
+            embd: 384,
+            dropout: 0.2,
+            fused: false,
+            weight_grad: WeightGrad::Float32,
+        }
     }
 
     /// GPT-2 small's shape (12 × 768, block 1024), dropout 0.
     pub fn gpt2_small(vocab: i64) -> Config {
-        Config { vocab, block: 1024, layers: 12, heads: 12, embd: 768, dropout: 0.0, fused: false }
+        Config {
+            vocab,
+            block: 1024,
+            layers: 12,
+            heads: 12,
+            embd: 768,
+            dropout: 0.0,
+            fused: false,
+            weight_grad: WeightGrad::Float32,
+        }
     }
 
     /// FLOPs of one forward and backward per token (nanoGPT's `estimate_mfu`: 6N + 12·L·H·Q·T).
@@ -53,24 +77,33 @@ impl Config {
 
     /// A tiny model for CPU runs and tests.
     pub fn tiny(vocab: i64) -> Config {
-        Config { vocab, block: 32, layers: 2, heads: 2, embd: 32, dropout: 0.1, fused: false }
+        Config {
+            vocab,
+            block: 32,
+            layers: 2,
+            heads: 2,
+            embd: 32,
+            dropout: 0.1,
+            fused: false,
+            weight_grad: WeightGrad::Float32,
+        }
     }
 }
 
 #[derive(Debug)]
 struct Block {
     ln_1: LayerNorm,
-    c_attn: nn::Linear,
-    attn_proj: nn::Linear,
+    c_attn: Linear,
+    attn_proj: Linear,
     ln_2: LayerNorm,
-    c_fc: nn::Linear,
-    mlp_proj: nn::Linear,
+    c_fc: Linear,
+    mlp_proj: Linear,
 }
 
-/// A linear layer through [`shadow::linear`]: inside a step run with weight shadows under
-/// autocast it reads the bf16 shadows of its weight and bias instead of casting them.
-fn lin(l: &nn::Linear, x: &Tensor) -> Result<Tensor, tch::TchError> {
-    shadow::linear(x, &l.ws, l.bs.as_ref()).map_err(|e| tch::TchError::Torch(e.to_string()))
+/// A linear layer's forward: inside a step run with weight shadows under autocast it reads the
+/// bf16 shadows of its weight and bias instead of casting them.
+fn lin(l: &Linear, x: &Tensor) -> Result<Tensor, tch::TchError> {
+    l.forward(x).map_err(|e| tch::TchError::Torch(e.to_string()))
 }
 
 /// The GPT. Its dropout is on while [`Gpt::set_train`] says so; a captured step records what
@@ -91,21 +124,23 @@ impl Gpt {
     pub fn new(p: &nn::Path, config: Config) -> Gpt {
         let std = 0.02;
         let proj_std = 0.02 / (2.0 * config.layers as f64).sqrt();
+        let kernels = if config.fused { Kernels::Auto } else { Kernels::PyTorch };
         let lin = |p: nn::Path, i: i64, o: i64, s: f64| {
-            nn::linear(
+            linear::linear(
                 p,
                 i,
                 o,
-                nn::LinearConfig {
+                LinearConfig {
                     ws_init: nn::Init::Randn { mean: 0.0, stdev: s },
                     bs_init: Some(nn::Init::Const(0.0)),
                     bias: true,
+                    weight_grad: config.weight_grad,
+                    kernels,
                 },
             )
         };
         let emb = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: std }, ..Default::default() };
         let e = config.embd;
-        let kernels = if config.fused { Kernels::Auto } else { Kernels::PyTorch };
         let ln = |p: nn::Path| layer_norm(p, e, NormConfig { kernels, ..Default::default() });
         let blocks = (0..config.layers)
             .map(|l| {
@@ -166,19 +201,24 @@ impl Gpt {
             (x, h) = next.forward_residual(&x, &m, p, train).map_err(err)?;
         }
         // the head is the token embedding, transposed (weight tying)
-        shadow::linear(&h, &self.wte.ws, None).map_err(err)
+        let head = LinearConfig {
+            weight_grad: self.config.weight_grad,
+            kernels: if self.config.fused { Kernels::Auto } else { Kernels::PyTorch },
+            ..Default::default()
+        };
+        Ok(linear::apply(&h, &self.wte.ws, None, &head).map_err(err)?.0)
     }
 
-    /// Mean cross-entropy of the next-token predictions.
+    /// Mean cross-entropy of the next-token predictions (with `fused`, on the crate's fused
+    /// kernels: one pass over the logits each way, in bf16 under autocast).
     pub fn loss(&self, idx: &Tensor, targets: &Tensor) -> Result<Tensor, tch::TchError> {
         let logits = self.logits(idx)?;
-        logits.f_view([-1, self.config.vocab])?.f_cross_entropy_loss::<Tensor>(
-            &targets.f_reshape([-1])?,
-            None,
-            Reduction::Mean,
-            -100,
-            0.0,
-        )
+        let config = CrossEntropyConfig {
+            kernels: if self.config.fused { Kernels::Auto } else { Kernels::PyTorch },
+            ..Default::default()
+        };
+        cross_entropy(&logits.f_view([-1, self.config.vocab])?, &targets.f_reshape([-1])?, &config)
+            .map_err(|e| tch::TchError::Torch(e.to_string()))
     }
 
     /// Parameters as nanoGPT counts them (without the position embedding).

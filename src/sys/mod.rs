@@ -37,6 +37,8 @@ pub(crate) mod graph;
 pub(crate) mod graphed;
 #[cfg(test)]
 mod layout;
+pub(crate) mod linear;
+pub(crate) mod loss;
 pub(crate) mod memory;
 pub(crate) mod norm;
 pub(crate) mod optim;

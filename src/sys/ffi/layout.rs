@@ -18,6 +18,7 @@ c_enum!(tcg_layout_struct {
     TCG_LAYOUT_BUCKET_SLOT = 13,
     TCG_LAYOUT_NORM_INPUTS = 14,
     TCG_LAYOUT_NORM_OPTIONS = 15,
+    TCG_LAYOUT_LINEAR_INPUTS = 16,
 });
 
 extern "C" {

@@ -15,6 +15,8 @@ mod error;
 mod feed;
 #[cfg(test)]
 mod layout;
+mod linear;
+mod loss;
 mod norm;
 mod optim;
 mod profiler;
@@ -29,6 +31,8 @@ pub use error::*;
 pub use feed::*;
 #[cfg(test)]
 pub use layout::*;
+pub use linear::*;
+pub use loss::*;
 pub use norm::*;
 pub use optim::*;
 pub use profiler::*;

@@ -1,0 +1,162 @@
+// The crate's fused cross-entropy kernels: log-softmax, the negative log-likelihood and the mean
+// in one pass over the logits (forward), and the gradient in one more (backward), reading and
+// writing the logits in their own dtype (bf16, fp16 or fp32) with fp32 math. ATen's path under
+// autocast casts the logits to fp32, runs log_softmax and nll_loss, and in the backward writes
+// the fp32 gradient, its log_softmax gradient and the cast back: five passes over the largest
+// tensor of a language model. One block per row (see loss_params.h for what each computes); the
+// row's max and sum of exponentials are kept online per thread and combined across the block.
+//
+// Compiled by nvcc into a fat binary that build.rs embeds in the shim; the launcher
+// (loss_own.cpp) launches the extern "C" kernels by name.
+#include <math_constants.h>
+
+#include "loss_params.h"
+#include "vec_io.cuh"
+
+namespace tcg::loss {
+namespace {
+
+using tcg::cuda::load1;
+using tcg::cuda::load4;
+using tcg::cuda::store1;
+using tcg::cuda::store4;
+
+// Running (max, Σ exp(x - max)) of one thread.
+struct MaxSum {
+  float m = -CUDART_INF_F;
+  float s = 0.0f;
+  __device__ __forceinline__ void add(float x) {
+    if (x > m) {
+      s = s * expf(m - x) + 1.0f;
+      m = x;
+    } else if (m != -CUDART_INF_F) {  // (x and m both -inf: nothing to add)
+      s += expf(x - m);
+    }
+  }
+  __device__ __forceinline__ void merge(float m2, float s2) {
+    const float mm = fmaxf(m, m2);
+    if (mm == -CUDART_INF_F) return;  // both empty (or all -inf)
+    s = s * expf(m - mm) + s2 * expf(m2 - mm);
+    m = mm;
+  }
+};
+
+// The block's (max, sum) combined, in every thread. blockDim.x: a multiple of 32 up to 1024.
+__device__ MaxSum block_max_sum(MaxSum v) {
+  __shared__ float ms[32], ss[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v.merge(__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  if (lane == 0) {
+    ms[warp] = v.m;
+    ss[warp] = v.s;
+  }
+  __syncthreads();
+  MaxSum r;
+  if (lane < warps) {
+    r.m = ms[lane];
+    r.s = ss[lane];
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) r.merge(__shfl_xor_sync(0xffffffffu, r.m, o), __shfl_xor_sync(0xffffffffu, r.s, o));
+  return r;
+}
+
+template <typename T>
+__device__ void forward(const Forward& a) {
+  const int64_t row = blockIdx.x;
+  if (row >= a.rows) return;
+  const T* x = static_cast<const T*>(a.logits) + row * a.cols;
+  MaxSum v;
+  if (a.vec) {
+    for (int64_t i = 4 * static_cast<int64_t>(threadIdx.x); i < a.cols; i += 4 * blockDim.x) {
+      const float4 q = load4<T>(x + i);
+      const float mx = fmaxf(fmaxf(q.x, q.y), fmaxf(q.z, q.w));
+      if (mx > v.m) {
+        v.s *= expf(v.m - mx);
+        v.m = mx;
+      }
+      if (v.m != -CUDART_INF_F) v.s += expf(q.x - v.m) + expf(q.y - v.m) + expf(q.z - v.m) + expf(q.w - v.m);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < a.cols; i += blockDim.x) v.add(load1(x + i));
+  }
+  const MaxSum r = block_max_sum(v);
+  if (threadIdx.x == 0) {
+    const float lse = r.m + logf(r.s);
+    const int64_t t = a.targets[row];
+    a.lse[row] = lse;
+    if (t == a.ignore_index) {
+      a.row_loss[row] = 0.0f;
+    } else if (t < 0 || t >= a.cols) {
+      a.row_loss[row] = CUDART_NAN_F;
+    } else {
+      a.row_loss[row] = lse - load1(x + t);
+    }
+  }
+}
+
+template <typename T>
+__device__ void backward(const Backward& a) {
+  const int64_t row = blockIdx.x;
+  if (row >= a.rows) return;
+  const T* x = static_cast<const T*>(a.logits) + row * a.cols;
+  T* dx = static_cast<T*>(a.dlogits) + row * a.cols;
+  const int64_t t = a.targets[row];
+  const bool ignored = t == a.ignore_index || t < 0 || t >= a.cols;
+  const float scale = ignored ? 0.0f : *a.grad * *a.inv_count;
+  const float lse = a.lse[row];
+  if (a.vec) {
+    for (int64_t i = 4 * static_cast<int64_t>(threadIdx.x); i < a.cols; i += 4 * blockDim.x) {
+      const float4 q = load4<T>(x + i);
+      const float4 d = make_float4(expf(q.x - lse) - (t == i ? 1.0f : 0.0f), expf(q.y - lse) - (t == i + 1 ? 1.0f : 0.0f),
+                                   expf(q.z - lse) - (t == i + 2 ? 1.0f : 0.0f), expf(q.w - lse) - (t == i + 3 ? 1.0f : 0.0f));
+      store4<T>(dx + i, make_float4(d.x * scale, d.y * scale, d.z * scale, d.w * scale));
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < a.cols; i += blockDim.x) {
+      const float p = expf(load1(x + i) - lse) - (i == t ? 1.0f : 0.0f);
+      store1(dx + i, p * scale);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tcg::loss
+
+#define TCG_LOSS_KERNELS(N, T)                                                                      \
+  extern "C" __global__ void __launch_bounds__(tcg::loss::kMaxThreads) tcg_ce_fwd_##N(const tcg::loss::Forward a) { \
+    tcg::loss::forward<T>(a);                                                                       \
+  }                                                                                                 \
+  extern "C" __global__ void __launch_bounds__(tcg::loss::kMaxThreads) tcg_ce_bwd_##N(const tcg::loss::Backward a) { \
+    tcg::loss::backward<T>(a);                                                                      \
+  }
+TCG_LOSS_KERNELS(f32, float)
+TCG_LOSS_KERNELS(bf16, __nv_bfloat16)
+TCG_LOSS_KERNELS(f16, __half)
+
+// One block: the rows' losses summed in a fixed order (per thread strided, then a tree), the
+// count of rows not ignored, the mean and its reciprocal count.
+extern "C" __global__ void __launch_bounds__(tcg::loss::kFinishThreads) tcg_ce_finish(const tcg::loss::Finish a) {
+  __shared__ float sums[tcg::loss::kFinishThreads];
+  __shared__ float counts[tcg::loss::kFinishThreads];
+  float s = 0.0f, c = 0.0f;
+  for (int64_t r = threadIdx.x; r < a.rows; r += blockDim.x) {
+    s += a.row_loss[r];
+    c += a.targets[r] == a.ignore_index ? 0.0f : 1.0f;
+  }
+  sums[threadIdx.x] = s;
+  counts[threadIdx.x] = c;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half >>= 1) {
+    if (threadIdx.x < half) {
+      sums[threadIdx.x] += sums[threadIdx.x + half];
+      counts[threadIdx.x] += counts[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    *a.loss = sums[0] / counts[0];  // no row counted: 0 / 0, NaN (as ATen's mean)
+    *a.inv_count = 1.0f / counts[0];
+  }
+}

@@ -1,0 +1,17 @@
+// Weight shadows as the other translation units see them (defined in shadow.cpp).
+#pragma once
+#include <ATen/ATen.h>
+
+namespace tcg::shadow {
+
+// The shadow of `param` in the CUDA autocast dtype while shadows are read on this thread and
+// CUDA autocast is on (undefined otherwise, or when it has none). A plain tensor, outside
+// autograd: its gradient is the caller's to route to `param`.
+at::Tensor lookup(const at::Tensor& param);
+
+// What a linear layer reads for `param`: its shadow through an autograd node whose backward
+// casts the gradient back to the parameter's dtype (as autocast's cast would), or the
+// parameter itself when it has no shadow to read (autocast then casts it).
+at::Tensor read(const at::Tensor& param);
+
+}  // namespace tcg::shadow

@@ -1,0 +1,159 @@
+//! A linear layer whose backward computes the bias gradient inside the weight-gradient GEMM, and
+//! can write float32 weight gradients without a cast: [`Linear`].
+//!
+//! Under bf16 autocast, `tch::nn::Linear`'s backward launches, per layer, the weight-gradient
+//! GEMM (bf16 out), a reduction of the output gradient for the bias gradient (bf16 out), and two
+//! casts of those gradients back to the float32 parameters' dtype. [`Linear`] runs one cuBLASLt
+//! GEMM whose `BGRADB` epilogue sums the bias gradient while the GEMM reads the output gradient,
+//! and with [`WeightGrad::Float32`] that GEMM writes both gradients in float32 (Megatron's
+//! `main_grad`: no cast kernels, one rounding fewer). Its forward is `at::linear` on the same
+//! operands as autocast's (the weights' bf16 shadows inside a step run with
+//! [`crate::StepOptions::weight_shadows`], [`crate::shadow`]), so forward values equal
+//! `nn::Linear`'s bit for bit; the gradients differ by summation order (the bias) and, with
+//! [`WeightGrad::Float32`], by the bf16 rounding they no longer get (`tests/gpu_linear.rs` states
+//! the figures).
+//!
+//! The crate's path runs where it applies — CUDA tensors with a 16-bit compute dtype (CUDA
+//! autocast's, or bf16 / f16 input and weight) — and `at::linear` (with the shadows) elsewhere,
+//! with the same forward ([`LinearConfig::kernels`]). cuBLASLt's GELU epilogues are not offered:
+//! they compute the tanh approximation, not `nn::GELU`'s exact erf form.
+//!
+//! ```no_run
+//! # fn main() -> tch_cuda_graphs::Result<()> {
+//! use tch::{nn, Device, Kind, Tensor};
+//! use tch_cuda_graphs::linear::{linear, LinearConfig, WeightGrad};
+//! let vs = nn::VarStore::new(Device::Cuda(0));
+//! let fc = linear(vs.root() / "c_fc", 384, 1536, LinearConfig { weight_grad: WeightGrad::Float32, ..Default::default() });
+//! let x = Tensor::randn([8, 256, 384], (Kind::BFloat16, Device::Cuda(0)));
+//! let y = fc.forward(&x)?; // bf16 out; its backward: one GEMM for the weight and bias gradients
+//! # let _ = y; Ok(()) }
+//! ```
+
+use crate::error::Result;
+use crate::optim::Kernels;
+use crate::sys::linear::{self as raw, RawWeightGrad};
+use std::borrow::Borrow;
+use std::cell::Cell;
+use tch::{nn, Tensor};
+
+/// How the weight gradient of a 16-bit step reaches a float32 parameter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightGrad {
+    /// Computed in the compute dtype (bf16 or f16), then cast to float32: the values autocast's
+    /// `nn::Linear` gives (up to summation order).
+    #[default]
+    Rounded,
+    /// The GEMM writes float32 from its float32 accumulators (Megatron's `main_grad`): no cast
+    /// kernel, and more precise, so no longer equal to the rounded gradient.
+    Float32,
+}
+
+impl WeightGrad {
+    fn raw(self) -> RawWeightGrad {
+        match self {
+            WeightGrad::Rounded => RawWeightGrad::TCG_WEIGHT_GRAD_ROUNDED,
+            WeightGrad::Float32 => RawWeightGrad::TCG_WEIGHT_GRAD_FP32,
+        }
+    }
+}
+
+/// How a [`Linear`] is made and run.
+#[derive(Clone, Copy, Debug)]
+pub struct LinearConfig {
+    /// The weight's initialisation (default: `tch::nn::LinearConfig`'s, Kaiming uniform).
+    pub ws_init: nn::Init,
+    /// The bias's initialisation (`None`: `tch::nn::LinearConfig`'s, uniform in ±1/sqrt(in)).
+    pub bs_init: Option<nn::Init>,
+    /// A learnable bias (default true).
+    pub bias: bool,
+    /// How the weight (and bias) gradient reaches the parameters (default [`WeightGrad::Rounded`]).
+    pub weight_grad: WeightGrad,
+    /// The crate's path where it applies ([`Kernels::Auto`], the default), `at::linear` always
+    /// ([`Kernels::PyTorch`]; `weight_grad` is then not honoured: ATen rounds), or the crate's
+    /// path only ([`Kernels::Own`]: an input it does not take fails with
+    /// [`crate::Error::Unsupported`]).
+    pub kernels: Kernels,
+}
+
+impl Default for LinearConfig {
+    fn default() -> Self {
+        let tch_default = nn::LinearConfig::default();
+        LinearConfig {
+            ws_init: tch_default.ws_init,
+            bs_init: tch_default.bs_init,
+            bias: true,
+            weight_grad: WeightGrad::Rounded,
+            kernels: Kernels::Auto,
+        }
+    }
+}
+
+/// A linear layer, `x · weightᵀ + bias`. Its variables are named as `tch::nn::linear`'s
+/// (`weight` [out, in], `bias` [out]), so checkpoints move between the two.
+#[derive(Debug)]
+pub struct Linear {
+    /// The weight, [out, in].
+    pub ws: Tensor,
+    /// The bias, [out] (`None` without one).
+    pub bs: Option<Tensor>,
+    config: LinearConfig,
+    own: Cell<bool>,
+}
+
+/// A linear layer from `in_dim` to `out_dim` features under `path`.
+///
+/// ```no_run
+/// # use tch::{nn, Device};
+/// # use tch_cuda_graphs::linear::{linear, LinearConfig};
+/// let vs = nn::VarStore::new(Device::Cuda(0));
+/// let proj = linear(vs.root() / "c_proj", 384, 384, LinearConfig::default());
+/// ```
+pub fn linear<'a>(path: impl Borrow<nn::Path<'a>>, in_dim: i64, out_dim: i64, config: LinearConfig) -> Linear {
+    let p = path.borrow();
+    let ws = p.var("weight", &[out_dim, in_dim], config.ws_init);
+    let bs = config.bias.then(|| {
+        let init = config.bs_init.unwrap_or_else(|| {
+            let bound = 1.0 / (in_dim.max(1) as f64).sqrt();
+            nn::Init::Uniform { lo: -bound, up: bound }
+        });
+        p.var("bias", &[out_dim], init)
+    });
+    Linear { ws, bs, config, own: Cell::new(false) }
+}
+
+impl Linear {
+    /// `x · weightᵀ + bias` over the last dimension of `x`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (y, own) = apply(x, &self.ws, self.bs.as_ref(), &self.config)?;
+        self.own.set(own);
+        Ok(y)
+    }
+
+    /// Whether the last forward took the crate's path (else `at::linear`).
+    pub fn ran_fused(&self) -> bool {
+        self.own.get()
+    }
+
+    /// The configuration it was made with.
+    pub fn config(&self) -> LinearConfig {
+        self.config
+    }
+}
+
+/// `x · weightᵀ + bias` as [`Linear::forward`] runs it, for weights a [`Linear`] does not own (a
+/// language-model head tied to the token embedding); the second value says whether the crate's
+/// path ran. Only `config.weight_grad` and `config.kernels` are read.
+///
+/// ```no_run
+/// # fn main() -> tch_cuda_graphs::Result<()> {
+/// use tch::{nn, Device, Kind, Tensor};
+/// use tch_cuda_graphs::linear::{apply, LinearConfig};
+/// let vs = nn::VarStore::new(Device::Cuda(0));
+/// let wte = nn::embedding(vs.root() / "wte", 65, 384, Default::default());
+/// let h = Tensor::randn([8, 256, 384], (Kind::BFloat16, Device::Cuda(0)));
+/// let (logits, _) = apply(&h, &wte.ws, None, &LinearConfig::default())?;
+/// # let _ = logits; Ok(()) }
+/// ```
+pub fn apply(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, config: &LinearConfig) -> Result<(Tensor, bool)> {
+    raw::forward(x, weight, bias, config.weight_grad.raw(), config.kernels.raw())
+}

@@ -1,0 +1,26 @@
+//! `csrc/loss.cpp` (and `csrc/cuda/loss_own.cpp` behind it): the fused cross-entropy.
+
+use super::{adopt_some, check, ffi, tensor_ptr};
+use crate::error::Result;
+use tch::Tensor;
+
+use super::optim::RawKernels;
+
+/// The mean cross-entropy of `logits` [rows, classes] against `targets` [rows] (differentiable),
+/// and whether the crate's fused kernels ran.
+pub(crate) fn cross_entropy(
+    logits: &Tensor,
+    targets: &Tensor,
+    ignore_index: i64,
+    kernels: RawKernels,
+) -> Result<(Tensor, bool)> {
+    let (mut out, mut ran_own) = (std::ptr::null_mut(), false);
+    // SAFETY: live tensor handles for the call; the out slots are valid; the shim writes a new
+    // handle or null into `out`.
+    check(unsafe {
+        ffi::tcg_cross_entropy(tensor_ptr(logits), tensor_ptr(targets), ignore_index, kernels, &mut out, &mut ran_own)
+    })?;
+    // SAFETY: the slot holds a new handle made for this call (or null), owned by nobody else.
+    let loss = unsafe { adopt_some(out, "cross_entropy")? };
+    Ok((loss, ran_own))
+}

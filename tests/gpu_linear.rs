@@ -1,0 +1,173 @@
+//! The crate's linear layer (`linear::Linear`) against `at::linear` on a GPU, under bf16
+//! autocast at the GPT's shapes: the forward equal bit for bit, the input gradient too; the
+//! weight and bias gradients within a bf16 rounding of ATen's (rounded mode), and with float32
+//! weight gradients within 1e-5 of a float32 reference computed from the same bf16 operands,
+//! closer to it than the rounded ones; the backward launches no separate reduction for the bias
+//! gradient and no cast in float32 mode (the profiler's kernel names); the choice of path
+//! (`Kernels::Own` refuses float32 without autocast, `Kernels::Auto` falls back to `at::linear`).
+//! Ignored without a GPU; fails loudly there.
+mod common;
+
+use common::cuda;
+use tch::{nn, Kind, Tensor};
+use tch_cuda_graphs::amp::Autocast;
+use tch_cuda_graphs::linear::{linear, Linear, LinearConfig, WeightGrad};
+use tch_cuda_graphs::optim::Kernels;
+use tch_cuda_graphs::profiler::{EventKind, Profiler};
+use tch_cuda_graphs::Error;
+
+/// max |a - b| / max |b|.
+fn rel(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
+    f64::try_from((&a - &b).abs().max()).unwrap() / f64::try_from(b.abs().max()).unwrap().max(1e-30)
+}
+
+/// A layer `inp -> out` with bias under `vs`, of random weights and bias.
+fn layer(vs: &nn::VarStore, inp: i64, out: i64, weight_grad: WeightGrad, kernels: Kernels) -> Linear {
+    let l = linear(vs.root(), inp, out, LinearConfig { weight_grad, kernels, ..Default::default() });
+    tch::no_grad(|| {
+        let _ = l.bs.as_ref().unwrap().shallow_clone().normal_(0.0, 0.1);
+    });
+    l
+}
+
+/// Forward and backward of `l` under bf16 autocast on the bf16 input `x0` (batch of 8 rows of
+/// the token dimension) with output gradient `dy`: (y, dx, dweight, dbias).
+fn run(l: &Linear, x0: &Tensor, dy: &Tensor) -> (Tensor, Tensor, Tensor, Tensor) {
+    let x = x0.detach().set_requires_grad(true);
+    let y = {
+        let _autocast = Autocast::new(Kind::BFloat16, false).expect("autocast");
+        l.forward(&x).expect("forward")
+    };
+    (&y.to_kind(Kind::Float) * dy).sum(Kind::Float).backward();
+    (y, x.grad(), l.ws.grad(), l.bs.as_ref().unwrap().grad())
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn the_linear_layer_matches_aten_under_bf16_autocast() {
+    let dev = cuda();
+    // the GPT's layers at batch 8 (2048 tokens): c_attn, c_proj, c_fc, mlp c_proj
+    for (inp, out) in [(384i64, 1152i64), (384, 384), (384, 1536), (1536, 384)] {
+        tch::manual_seed(3);
+        let vs_aten = nn::VarStore::new(dev);
+        let aten = layer(&vs_aten, inp, out, WeightGrad::Rounded, Kernels::PyTorch);
+        let mk = |mode| {
+            let mut vs = nn::VarStore::new(dev);
+            let l = layer(&vs, inp, out, mode, Kernels::Own);
+            vs.copy(&vs_aten).expect("the same parameters");
+            (vs, l)
+        };
+        let (_vs_r, rounded) = mk(WeightGrad::Rounded);
+        let (_vs_f, fp32) = mk(WeightGrad::Float32);
+        let x0 = Tensor::randn([8, 256, inp], (Kind::Float, dev)).to_kind(Kind::BFloat16);
+        // bf16 values, as a bf16 step's gradients are
+        let dy = Tensor::randn([8, 256, out], (Kind::Float, dev)).to_kind(Kind::BFloat16).to_kind(Kind::Float);
+        let (ya, dxa, dwa, dba) = run(&aten, &x0, &dy);
+        let (yr, dxr, dwr, dbr) = run(&rounded, &x0, &dy);
+        assert!(rounded.ran_fused() && !aten.ran_fused(), "the crate's path ran (and ATen's for the twin)");
+        let (yf, dxf, dwf, dbf) = run(&fp32, &x0, &dy);
+        // float32 references from the same bf16 operands
+        let (x2, dy2) = (x0.to_kind(Kind::Float).view([-1, inp]), dy.view([-1, out]));
+        let dw_ref = dy2.tr().matmul(&x2);
+        let db_ref = dy2.sum_dim_intlist(0, false, Kind::Float);
+        let same_forward = ya.equal(&yr) && ya.equal(&yf);
+        let same_dx = dxa.equal(&dxr) && dxa.equal(&dxf);
+        let figures = [
+            ("dweight rounded vs ATen", rel(&dwr, &dwa)),
+            ("dbias rounded vs ATen", rel(&dbr, &dba)),
+            ("dweight ATen vs fp32 reference", rel(&dwa, &dw_ref)),
+            ("dweight fp32 vs fp32 reference", rel(&dwf, &dw_ref)),
+            ("dbias ATen vs fp32 reference", rel(&dba, &db_ref)),
+            ("dbias fp32 vs fp32 reference", rel(&dbf, &db_ref)),
+        ];
+        println!(
+            "[2048, {inp}] -> {out}: forward equal to ATen's {same_forward}, input gradient equal {same_dx}; max |a - b| / max |b|: {figures:?}"
+        );
+        assert!(same_forward, "the forward is at::linear on the same operands");
+        assert!(same_dx, "the input gradient is the same GEMM");
+        assert_eq!((dwf.kind(), dbf.kind(), dwr.kind()), (Kind::Float, Kind::Float, Kind::Float));
+        assert!(
+            figures[0].1 <= 1.0 / 128.0 && figures[1].1 <= 1.0 / 128.0,
+            "rounded: within a bf16 rounding of ATen's"
+        );
+        assert!(figures[3].1 <= 1e-5 && figures[5].1 <= 1e-5, "fp32: within 1e-5 of the fp32 reference");
+        assert!(figures[3].1 < figures[2].1, "fp32 weight gradients are closer to the reference than rounded ones");
+    }
+}
+
+/// The backward's kernels, by name: the input-gradient GEMM and the weight-gradient GEMM, whose
+/// bias gradient cuBLASLt makes (in the GEMM's epilogue, or in a companion kernel of its own where
+/// it chooses so: on an H100 it does), never ATen's reduction; in float32 mode no cast kernel.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn the_bias_gradient_comes_out_of_the_gemm() {
+    let dev = cuda();
+    for mode in [WeightGrad::Rounded, WeightGrad::Float32] {
+        let vs = nn::VarStore::new(dev);
+        let l = layer(&vs, 384, 1536, mode, Kernels::Own);
+        let x0 = Tensor::randn([2048, 384], (Kind::Float, dev)).to_kind(Kind::BFloat16);
+        let dy = Tensor::randn([2048, 1536], (Kind::Float, dev));
+        let x = x0.detach().set_requires_grad(true);
+        let y = {
+            let _autocast = Autocast::new(Kind::BFloat16, false).expect("autocast");
+            l.forward(&x).expect("forward")
+        };
+        // the output gradient in bf16 already, so the backward is the layer's alone
+        let dy = dy.to_kind(Kind::BFloat16);
+        tch::Cuda::synchronize(0);
+        let inputs = [x.shallow_clone(), l.ws.shallow_clone(), l.bs.as_ref().unwrap().shallow_clone()];
+        let profiler = Profiler::start().expect("profiler");
+        let grads = tch_cuda_graphs::autograd::grad(&[y], &inputs, Some(&[dy]), false, false).expect("backward");
+        tch::Cuda::synchronize(0);
+        assert!(grads.iter().all(Option::is_some), "every gradient");
+        let kernels: Vec<String> = profiler
+            .stop()
+            .expect("profile")
+            .events()
+            .iter()
+            .filter(|e| e.kind == EventKind::Kernel)
+            .map(|e| e.name.clone())
+            .collect();
+        println!("{mode:?}: backward kernels {kernels:?}");
+        let reductions = kernels.iter().filter(|k| k.contains("reduce_kernel")).count();
+        let casts = kernels.iter().filter(|k| k.contains("copy")).count();
+        assert_eq!(reductions, 0, "no separate bias-gradient reduction");
+        assert!(
+            kernels.len() >= 2 && kernels.len() <= 3 + casts,
+            "two GEMMs (input and weight gradients), cuBLASLt's bias-gradient kernel if it has one, and the casts"
+        );
+        if mode == WeightGrad::Float32 {
+            assert_eq!(casts, 0, "float32 gradients come out of the GEMM without a cast");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn the_crate_path_refuses_what_it_does_not_take_and_auto_falls_back() {
+    let dev = cuda();
+    let vs = nn::VarStore::new(dev);
+    let x = Tensor::randn([8, 64], (Kind::Float, dev));
+    let own = linear(vs.root() / "own", 64, 32, LinearConfig { kernels: Kernels::Own, ..Default::default() });
+    match own.forward(&x) {
+        Err(Error::Unsupported(why)) => println!("Kernels::Own on float32 without autocast: {why}"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    let auto = linear(vs.root() / "auto", 64, 32, LinearConfig::default());
+    let y = auto.forward(&x).expect("auto");
+    let expected = x.linear(&auto.ws, auto.bs.as_ref());
+    println!(
+        "Kernels::Auto on float32: crate's path {}, equal to Tensor::linear {}",
+        auto.ran_fused(),
+        y.equal(&expected)
+    );
+    assert!(!auto.ran_fused() && y.equal(&expected), "Auto falls back to at::linear");
+    // the same layer under autocast takes the crate's path
+    let _autocast = Autocast::new(Kind::BFloat16, false).expect("autocast");
+    let yb = own.forward(&x).expect("own under autocast");
+    assert!(own.ran_fused() && yb.kind() == Kind::BFloat16);
+    // a misuse: a weight that does not fit the input
+    let narrow = Tensor::randn([8, 48], (Kind::Float, dev));
+    assert!(matches!(own.forward(&narrow), Err(Error::Misuse(_))));
+}
