@@ -120,6 +120,8 @@ mod doc_pages {
     struct Gpt;
     #[doc = include_str!("../docs/norm.md")]
     struct Norm;
+    #[doc = include_str!("../docs/linear-loss.md")]
+    struct LinearLoss;
     #[doc = include_str!("../docs/benchmarks.md")]
     struct Benchmarks;
     #[doc = include_str!("../docs/building.md")]

@@ -4,7 +4,8 @@
 // autocast casts the logits to fp32, runs log_softmax and nll_loss, and in the backward writes
 // the fp32 gradient, its log_softmax gradient and the cast back: five passes over the largest
 // tensor of a language model. One block per row (see loss_params.h for what each computes); the
-// row's max and sum of exponentials are kept online per thread and combined across the block.
+// row's max and sum of exponentials are kept online per thread and combined across the block
+// (a warp per row for narrow rows, a character vocabulary's).
 //
 // Compiled by nvcc into a fat binary that build.rs embeds in the shim; the launcher
 // (loss_own.cpp) launches the extern "C" kernels by name.
@@ -41,11 +42,17 @@ struct MaxSum {
   }
 };
 
+// The warp's (max, sum) combined, in every lane.
+__device__ __forceinline__ MaxSum warp_max_sum(MaxSum v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v.merge(__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o));
+  return v;
+}
+
 // The block's (max, sum) combined, in every thread. blockDim.x: a multiple of 32 up to 1024.
 __device__ MaxSum block_max_sum(MaxSum v) {
   __shared__ float ms[32], ss[32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v.merge(__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o));
+  v = warp_max_sum(v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   if (lane == 0) {
     ms[warp] = v.m;
@@ -57,32 +64,61 @@ __device__ MaxSum block_max_sum(MaxSum v) {
     r.m = ms[lane];
     r.s = ss[lane];
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) r.merge(__shfl_xor_sync(0xffffffffu, r.m, o), __shfl_xor_sync(0xffffffffu, r.s, o));
-  return r;
+  return warp_max_sum(r);
+}
+
+// Which row this thread works on, its index among the row's threads and their count: a block per
+// row, or a warp per row (narrow rows: `warp_rows`).
+struct RowThread {
+  int64_t row;
+  int tid;
+  int n;
+  __device__ RowThread(int32_t warp_rows) {
+    if (warp_rows) {
+      row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+      tid = threadIdx.x % 32;
+      n = 32;
+    } else {
+      row = blockIdx.x;
+      tid = threadIdx.x;
+      n = blockDim.x;
+    }
+  }
+};
+
+// Folds four more values into a running (max, sum): one rescale for the four.
+__device__ __forceinline__ void add4(MaxSum& v, float4 q) {
+  const float mx = fmaxf(fmaxf(q.x, q.y), fmaxf(q.z, q.w));
+  if (mx > v.m) {
+    v.s *= expf(v.m - mx);
+    v.m = mx;
+  }
+  if (v.m != -CUDART_INF_F) v.s += expf(q.x - v.m) + expf(q.y - v.m) + expf(q.z - v.m) + expf(q.w - v.m);
 }
 
 template <typename T>
 __device__ void forward(const Forward& a) {
-  const int64_t row = blockIdx.x;
-  if (row >= a.rows) return;
+  const RowThread rt(a.warp_rows);
+  // a block per row returns as a whole (no barrier skipped); a warp per row uses no barrier
+  if (rt.row >= a.rows) return;
+  const int64_t row = rt.row;
   const T* x = static_cast<const T*>(a.logits) + row * a.cols;
-  MaxSum v;
+  MaxSum v, w;  // two running sums: independent chains
   if (a.vec) {
-    for (int64_t i = 4 * static_cast<int64_t>(threadIdx.x); i < a.cols; i += 4 * blockDim.x) {
-      const float4 q = load4<T>(x + i);
-      const float mx = fmaxf(fmaxf(q.x, q.y), fmaxf(q.z, q.w));
-      if (mx > v.m) {
-        v.s *= expf(v.m - mx);
-        v.m = mx;
-      }
-      if (v.m != -CUDART_INF_F) v.s += expf(q.x - v.m) + expf(q.y - v.m) + expf(q.z - v.m) + expf(q.w - v.m);
+    const int64_t step = 4 * static_cast<int64_t>(rt.n);
+    int64_t i = 4 * static_cast<int64_t>(rt.tid);
+    for (; i + step < a.cols; i += 2 * step) {
+      const float4 q0 = load4<T>(x + i), q1 = load4<T>(x + i + step);
+      add4(v, q0);
+      add4(w, q1);
     }
+    if (i < a.cols) add4(v, load4<T>(x + i));
   } else {
-    for (int64_t i = threadIdx.x; i < a.cols; i += blockDim.x) v.add(load1(x + i));
+    for (int64_t i = rt.tid; i < a.cols; i += rt.n) v.add(load1(x + i));
   }
-  const MaxSum r = block_max_sum(v);
-  if (threadIdx.x == 0) {
+  v.merge(w.m, w.s);
+  const MaxSum r = a.warp_rows ? warp_max_sum(v) : block_max_sum(v);
+  if (rt.tid == 0) {
     const float lse = r.m + logf(r.s);
     const int64_t t = a.targets[row];
     a.lse[row] = lse;
@@ -98,8 +134,9 @@ __device__ void forward(const Forward& a) {
 
 template <typename T>
 __device__ void backward(const Backward& a) {
-  const int64_t row = blockIdx.x;
-  if (row >= a.rows) return;
+  const RowThread rt(a.warp_rows);
+  if (rt.row >= a.rows) return;
+  const int64_t row = rt.row;
   const T* x = static_cast<const T*>(a.logits) + row * a.cols;
   T* dx = static_cast<T*>(a.dlogits) + row * a.cols;
   const int64_t t = a.targets[row];
@@ -107,14 +144,14 @@ __device__ void backward(const Backward& a) {
   const float scale = ignored ? 0.0f : *a.grad * *a.inv_count;
   const float lse = a.lse[row];
   if (a.vec) {
-    for (int64_t i = 4 * static_cast<int64_t>(threadIdx.x); i < a.cols; i += 4 * blockDim.x) {
+    for (int64_t i = 4 * static_cast<int64_t>(rt.tid); i < a.cols; i += 4 * static_cast<int64_t>(rt.n)) {
       const float4 q = load4<T>(x + i);
       const float4 d = make_float4(expf(q.x - lse) - (t == i ? 1.0f : 0.0f), expf(q.y - lse) - (t == i + 1 ? 1.0f : 0.0f),
                                    expf(q.z - lse) - (t == i + 2 ? 1.0f : 0.0f), expf(q.w - lse) - (t == i + 3 ? 1.0f : 0.0f));
       store4<T>(dx + i, make_float4(d.x * scale, d.y * scale, d.z * scale, d.w * scale));
     }
   } else {
-    for (int64_t i = threadIdx.x; i < a.cols; i += blockDim.x) {
+    for (int64_t i = rt.tid; i < a.cols; i += rt.n) {
       const float p = expf(load1(x + i) - lse) - (i == t ? 1.0f : 0.0f);
       store1(dx + i, p * scale);
     }

@@ -20,33 +20,25 @@ using torch::autograd::variable_list;
 namespace tcg::loss {
 namespace {
 
-const char* type_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "f32";
-    case at::kBFloat16: return "bf16";
-    case at::kHalf: return "f16";
-    default: return nullptr;
-  }
-}
-
-void launch(const std::string& name, int device, unsigned blocks, unsigned threads, void* params) {
-  cudaKernel_t k = own::kernel(name.c_str(), device);
-  void* args[] = {params};
-  auto stream = at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
-  check_cuda(cudaLaunchKernel(reinterpret_cast<const void*>(k), dim3(blocks), dim3(threads), args, 0,
-                              stream.stream()),
-             name.c_str());
-}
-
 // 4-value loads: every row 16-byte aligned for them.
 bool vectorized(const at::Tensor& logits) {
   return logits.size(1) % 4 == 0 && reinterpret_cast<uintptr_t>(logits.data_ptr()) % 16 == 0;
 }
 
-// Threads per row: enough for one value (or group of 4) each, a multiple of 32, at most kMaxThreads.
-unsigned threads_for(int64_t cols, bool vec) {
-  const int64_t per = vec ? (cols + 3) / 4 : cols;
-  return static_cast<unsigned>(std::clamp<int64_t>((per + 31) / 32 * 32, 32, kMaxThreads));
+// How the rows are spread: a warp per row for narrow rows (kWarpRowsPerBlock to a block), else a
+// block per row of enough threads for one load each, a multiple of 32, at most kMaxThreads.
+struct Grid {
+  unsigned blocks, threads;
+  bool warp_rows;
+};
+
+Grid grid_for(int64_t rows, int64_t cols, bool vec) {
+  const int64_t items = vec ? (cols + 3) / 4 : cols;
+  if (items <= kWarpRowItems) {
+    return {static_cast<unsigned>((rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock), 32 * kWarpRowsPerBlock, true};
+  }
+  return {static_cast<unsigned>(rows), static_cast<unsigned>(std::clamp<int64_t>((items + 31) / 32 * 32, 32, kMaxThreads)),
+          false};
 }
 
 // The targets, passed as a plain value: not an autograd input.
@@ -64,13 +56,13 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
     at::Tensor lse = at::empty({rows}, f32), row_loss = at::empty({rows}, f32);
     at::Tensor loss = at::empty({}, f32), inv_count = at::empty({}, f32);
     const bool vec = vectorized(logits);
+    const Grid g = grid_for(rows, cols, vec);
     Forward p{logits.data_ptr(), targets.t.data_ptr<int64_t>(), lse.data_ptr<float>(), row_loss.data_ptr<float>(),
-              rows, cols, targets.ignore_index, vec ? 1 : 0};
-    launch(std::string("tcg_ce_fwd_") + type_name(logits.scalar_type()), device, static_cast<unsigned>(rows),
-           threads_for(cols, vec), &p);
+              rows, cols, targets.ignore_index, vec ? 1 : 0, g.warp_rows ? 1 : 0};
+    own::launch(std::string("tcg_ce_fwd_") + own::float_name(logits.scalar_type()), device, g.blocks, g.threads, &p);
     Finish f{row_loss.data_ptr<float>(), targets.t.data_ptr<int64_t>(), loss.data_ptr<float>(),
              inv_count.data_ptr<float>(), rows, targets.ignore_index};
-    launch("tcg_ce_finish", device, 1, kFinishThreads, &f);
+    own::launch("tcg_ce_finish", device, 1, kFinishThreads, &f);
     ctx->save_for_backward({logits, targets.t, lse, inv_count});
     ctx->saved_data["ignore_index"] = targets.ignore_index;
     return {loss};
@@ -88,11 +80,11 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
     const int64_t rows = logits.size(0), cols = logits.size(1);
     at::Tensor dlogits = at::empty_like(logits);
     const bool vec = vectorized(logits);
+    const Grid grid = grid_for(rows, cols, vec);
     Backward p{logits.data_ptr(), targets.data_ptr<int64_t>(), lse.data_ptr<float>(), g.data_ptr<float>(),
                inv_count.data_ptr<float>(), dlogits.data_ptr(), rows, cols, ctx->saved_data.at("ignore_index").toInt(),
-               vec ? 1 : 0};
-    launch(std::string("tcg_ce_bwd_") + type_name(logits.scalar_type()), device, static_cast<unsigned>(rows),
-           threads_for(cols, vec), &p);
+               vec ? 1 : 0, grid.warp_rows ? 1 : 0};
+    own::launch(std::string("tcg_ce_bwd_") + own::float_name(logits.scalar_type()), device, grid.blocks, grid.threads, &p);
     return {dlogits, at::Tensor()};
   }
 };
@@ -102,7 +94,7 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
 std::string unsupported(const at::Tensor& logits, const at::Tensor& targets) {
   if (!logits.is_cuda()) return "the logits are not on a CUDA device";
   if (targets.device() != logits.device()) return "the targets are on another device";
-  if (type_name(logits.scalar_type()) == nullptr) return std::string("logits dtype ") + c10::toString(logits.scalar_type());
+  if (own::float_name(logits.scalar_type()) == nullptr) return std::string("logits dtype ") + c10::toString(logits.scalar_type());
   if (!logits.is_contiguous() || !targets.is_contiguous()) return "the logits or targets are not contiguous";
   if (logits.size(0) == 0 || logits.size(1) == 0) return "no rows or no classes";
   if (logits.size(0) > INT32_MAX) return "more rows than a grid holds";

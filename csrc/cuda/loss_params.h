@@ -16,8 +16,11 @@
 
 namespace tcg::loss {
 
-// The widest block (threads per row); narrower rows get fewer (a multiple of 32).
+// The widest block (threads per row); narrower rows get fewer (a multiple of 32). Rows of at most
+// kWarpRowItems loads go a warp each, kWarpRowsPerBlock warps to a block.
 constexpr int kMaxThreads = 512;
+constexpr int kWarpRowItems = 512;
+constexpr int kWarpRowsPerBlock = 8;
 constexpr int kFinishThreads = 1024;
 
 struct Forward {
@@ -29,6 +32,7 @@ struct Forward {
   int64_t cols;
   int64_t ignore_index;
   int32_t vec;             // 1: every row starts 16-byte aligned and cols % 4 == 0 (4-value loads)
+  int32_t warp_rows;       // 1: a warp per row (else a block per row)
 };
 
 struct Finish {
@@ -51,6 +55,7 @@ struct Backward {
   int64_t cols;
   int64_t ignore_index;
   int32_t vec;
+  int32_t warp_rows;
 };
 
 }  // namespace tcg::loss

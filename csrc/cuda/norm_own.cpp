@@ -24,28 +24,10 @@ using torch::autograd::variable_list;
 namespace tcg::norm {
 namespace {
 
-const char* type_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "f32";
-    case at::kBFloat16: return "bf16";
-    case at::kHalf: return "f16";
-    default: return nullptr;
-  }
-}
-
 // The kernel variant for rows `cols` wide: 4 or 8 groups of 4 values per lane.
 const char* vec(int64_t cols) { return cols <= 32 * 4 * 4 ? "_v4" : "_v8"; }
 
 bool aligned16(const at::Tensor& t) { return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
-
-void launch(const std::string& name, int device, unsigned blocks, unsigned threads, void* params) {
-  cudaKernel_t k = own::kernel(name.c_str(), device);
-  void* args[] = {params};
-  auto stream = at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
-  check_cuda(cudaLaunchKernel(reinterpret_cast<const void*>(k), dim3(blocks), dim3(threads), args, 0,
-                              stream.stream()),
-             name.c_str());
-}
 
 // The generator state for one draw of the dropout mask (4 offsets: one Philox counter step).
 at::PhiloxCudaState philox_state(int device) {
@@ -109,8 +91,8 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     p.dropout = dropout ? 1 : 0;
     if (dropout) p.philox = philox_state(device);
     if (rows > 0) {
-      const std::string name = std::string("tcg_norm_fwd_") + type_name(branch_type) + "_" + type_name(o.out) + vec(cols);
-      launch(name, device, static_cast<unsigned>((rows + kWarps - 1) / kWarps), kWarps * 32, &p);
+      const std::string name = std::string("tcg_norm_fwd_") + own::float_name(branch_type) + "_" + own::float_name(o.out) + vec(cols);
+      own::launch(name, device, static_cast<unsigned>((rows + kWarps - 1) / kWarps), kWarps * 32, &p);
     }
     ctx->save_for_backward({x, mean, rstd, weight});
     ctx->saved_data["philox"] = c10::IValue(pack(p.philox));
@@ -139,7 +121,7 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     const int device = x.get_device();
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     const int64_t cols = x.size(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
-    if (dy.defined()) dy = (type_name(dy.scalar_type()) == nullptr ? dy.to(at::kFloat) : dy).contiguous();
+    if (dy.defined()) dy = (own::float_name(dy.scalar_type()) == nullptr ? dy.to(at::kFloat) : dy).contiguous();
     if (dres.defined()) dres = dres.to(at::kFloat).contiguous();
     at::Tensor dx = at::empty_like(x);
     at::Tensor dbranch = has_branch ? at::empty(x.sizes(), x.options().dtype(branch_type)) : at::Tensor();
@@ -172,8 +154,8 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     p.scale = static_cast<float>(ctx->saved_data.at("scale").toDouble());
     p.dropout = dropout ? 1 : 0;
     p.philox = unpack_state(ctx->saved_data.at("philox").toIntVector());
-    const char* y_name = type_name(dy.defined() ? dy.scalar_type() : at::kFloat);
-    launch(std::string("tcg_norm_bwd_") + type_name(branch_type) + "_" + y_name + vec(cols), device,
+    const char* y_name = own::float_name(dy.defined() ? dy.scalar_type() : at::kFloat);
+    own::launch(std::string("tcg_norm_bwd_") + own::float_name(branch_type) + "_" + y_name + vec(cols), device,
            static_cast<unsigned>(blocks), kWarps * 32, &p);
     if (weight.defined() || has_bias) {
       Finish f{};
@@ -183,7 +165,7 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
       f.dbeta = has_bias ? dbeta.data_ptr<float>() : nullptr;
       f.blocks = static_cast<int32_t>(blocks);
       f.cols = static_cast<int32_t>(cols);
-      launch("tcg_norm_finish", device, static_cast<unsigned>((cols + kFinishCols - 1) / kFinishCols),
+      own::launch("tcg_norm_finish", device, static_cast<unsigned>((cols + kFinishCols - 1) / kFinishCols),
              kFinishThreads, &f);
     }
     return {dx, dbranch, dgamma, dbeta, at::Tensor()};
@@ -200,11 +182,11 @@ std::string unsupported(const at::Tensor& res, const at::Tensor& branch, const a
   if (cols % 4 != 0 || cols > kMaxCols || cols == 0) {
     return "the last dimension (" + std::to_string(cols) + ") is not a multiple of 4 up to " + std::to_string(kMaxCols);
   }
-  if (type_name(o.out) == nullptr) return std::string("output dtype ") + c10::toString(o.out);
+  if (own::float_name(o.out) == nullptr) return std::string("output dtype ") + c10::toString(o.out);
   if (!res.is_contiguous() || !aligned16(res)) return "the input is not contiguous and 16-byte aligned";
   if (branch.defined()) {
     if (branch.device() != res.device()) return "the branch is on another device";
-    if (type_name(branch.scalar_type()) == nullptr) return std::string("branch dtype ") + c10::toString(branch.scalar_type());
+    if (own::float_name(branch.scalar_type()) == nullptr) return std::string("branch dtype ") + c10::toString(branch.scalar_type());
     if (!branch.is_contiguous() || !aligned16(branch)) return "the branch is not contiguous and 16-byte aligned";
   }
   for (const at::Tensor* p : {&weight, &bias}) {

@@ -177,4 +177,22 @@ cudaKernel_t kernel(const char* name, int device) {
   return it->second;
 }
 
+void launch(const std::string& name, int device, unsigned blocks, unsigned threads, void* params) {
+  cudaKernel_t k = kernel(name.c_str(), device);
+  void* args[] = {params};
+  auto stream = at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+  check_cuda(cudaLaunchKernel(reinterpret_cast<const void*>(k), dim3(blocks), dim3(threads), args, 0,
+                              stream.stream()),
+             name.c_str());
+}
+
+const char* float_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "f32";
+    case at::kBFloat16: return "bf16";
+    case at::kHalf: return "f16";
+    default: return nullptr;
+  }
+}
+
 }  // namespace tcg::own
