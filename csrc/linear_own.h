@@ -14,10 +14,6 @@ struct Operands {
   at::Tensor x, weight, bias, shadow_w, shadow_b;
 };
 
-// The 16-bit dtype the GEMMs run in for these operands (CUDA autocast's, or x's and weight's when
-// both are bfloat16 or float16), or Undefined when there is none.
-at::ScalarType compute_dtype(const at::Tensor& x, const at::Tensor& weight);
-
 // Why the crate's path cannot take these operands, or "" when it can.
 std::string unsupported(const Operands& in);
 

@@ -116,7 +116,6 @@ std::pair<at::Tensor, at::Tensor> fused(const at::Tensor&, const at::Tensor&, co
 
 // The crate's linear path needs CUDA (cuBLASLt): linear.cpp runs ATen's at::linear.
 namespace tcg::linear {
-at::ScalarType compute_dtype(const at::Tensor&, const at::Tensor&) { return at::ScalarType::Undefined; }
 std::string unsupported(const Operands&) { return "this binary was built without CUDA"; }
 at::Tensor fused(const Operands&, bool) {
   throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no cuBLASLt path");

@@ -180,8 +180,8 @@ struct FusedLinear : torch::autograd::Function<FusedLinear> {
   }
 };
 
-}  // namespace
-
+// The 16-bit dtype the GEMMs run in for these operands (CUDA autocast's, or x's and weight's when
+// both are bfloat16 or float16), or Undefined when there is none.
 at::ScalarType compute_dtype(const at::Tensor& x, const at::Tensor& weight) {
   if (x.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA)) {
     const at::ScalarType t = at::autocast::get_autocast_dtype(at::kCUDA);
@@ -190,6 +190,8 @@ at::ScalarType compute_dtype(const at::Tensor& x, const at::Tensor& weight) {
   if (is_16bit(x.scalar_type()) && x.scalar_type() == weight.scalar_type()) return x.scalar_type();
   return at::ScalarType::Undefined;
 }
+
+}  // namespace
 
 std::string unsupported(const Operands& in) {
   if (!in.x.is_cuda() || !in.weight.is_cuda()) return "the input or the weight is not on a CUDA device";
