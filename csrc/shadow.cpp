@@ -1,6 +1,6 @@
 // Weight shadows (CPU and CUDA builds): a low-precision copy of each registered float32 CUDA
 // parameter, refreshed by one multi-tensor copy (`_foreach_copy_`) at the start of each step that
-// asks for them, and read by tcg_shadow_linear instead of autocast's per-use cast. libtorch's own
+// asks for them, and read by the linear layer (linear.cpp) instead of autocast's per-use cast. libtorch's own
 // autocast cache cannot be filled from outside (its map is private), and it must be off inside a
 // captured graph; a shadow is a cast cache that lives across replays. The shadow of a parameter
 // is attached to autograd by ShadowFunction, whose backward is the cast's (the gradient cast back
@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <map>
-#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -145,17 +144,6 @@ tcg_status tcg_shadow_set_active(bool on, bool* was) {
   return guard([&] {
     *was = active;
     active = on;
-  });
-}
-
-tcg_status tcg_shadow_linear(tcg_tensor x, tcg_tensor weight, tcg_tensor bias, tcg_tensor* out) {
-  return guard([&] {
-    *out = nullptr;
-    const at::Tensor& xs = tensor_ref(x);
-    const at::Tensor w = tcg::shadow::read(tensor_ref(weight));
-    const at::Tensor b = bias == nullptr ? at::Tensor() : tcg::shadow::read(tensor_ref(bias));
-    auto y = std::make_unique<at::Tensor>(at::linear(xs, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt));
-    *out = y.release();
   });
 }
 

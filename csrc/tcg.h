@@ -229,16 +229,14 @@ tcg_status tcg_shadow_unregister(tcg_tensors params);
 // Copies every registered parameter into its shadow: one multi-tensor copy per device and
 // dtype, on the current stream (capturable). *refreshed: how many.
 tcg_status tcg_shadow_refresh(size_t* refreshed);
-// Whether tcg_shadow_linear reads shadows on this thread; *was: the previous value.
+// Whether tcg_linear_forward reads shadows on this thread; *was: the previous value. It reads the
+// shadows of weight and bias instead of casting them when shadows are active on this thread, CUDA
+// autocast is on, and they have a shadow of the autocast dtype; on ATen's path the gradient
+// reaches the float32 parameter as through the cast.
 tcg_status tcg_shadow_set_active(bool on, bool* was);
-// at::linear(x, weight, bias) (bias NULL: none), reading the shadows of weight and bias instead
-// of casting them when shadows are active on this thread, CUDA autocast is on, and they have a
-// shadow of the autocast dtype. The gradient reaches the float32 parameter as through the cast.
-tcg_status tcg_shadow_linear(tcg_tensor x, tcg_tensor weight, tcg_tensor bias, tcg_tensor* out);
 
 // ---------------------------------------------------------------- linear.cpp (CPU and CUDA)
-// A linear layer, y = x · weightᵀ + bias (bias NULL: none), reading weight shadows as
-// tcg_shadow_linear does, whose backward (on the crate's path) computes the bias gradient in the
+// A linear layer, y = x · weightᵀ + bias (bias NULL: none), reading weight shadows (above), whose backward (on the crate's path) computes the bias gradient in the
 // weight-gradient GEMM (cuBLASLt's BGRADB epilogue) instead of a separate reduction.
 // The weight gradient of a 16-bit step: TCG_WEIGHT_GRAD_ROUNDED: computed in the compute dtype
 // and cast to the parameter's, as under autocast; TCG_WEIGHT_GRAD_FP32: the GEMM writes the

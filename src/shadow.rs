@@ -28,6 +28,8 @@
 //! ```
 
 use crate::error::Result;
+use crate::sys::linear::{self as raw_linear, RawWeightGrad};
+use crate::sys::optim::RawKernels;
 use crate::sys::shadow as raw;
 use tch::{Kind, Tensor};
 
@@ -65,9 +67,10 @@ impl Drop for WeightShadows {
 }
 
 /// `x · weightᵀ + bias` (as `Tensor::linear`), reading the shadows of `weight` and `bias` inside
-/// a step run with weight shadows under autocast.
+/// a step run with weight shadows under autocast: [`crate::linear::apply`] on ATen's path.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    raw::linear(x, weight, bias)
+    let rounded = RawWeightGrad::TCG_WEIGHT_GRAD_ROUNDED;
+    Ok(raw_linear::forward(x, weight, bias, rounded, RawKernels::TCG_KERNELS_PYTORCH)?.0)
 }
 
 /// While it lives, this thread reads shadows, refreshed when it was made.

@@ -110,7 +110,8 @@ impl StepOptions {
         self
     }
     /// Refreshes every [`crate::shadow::WeightShadows`] at the start of each step (one
-    /// multi-tensor copy, captured with the step) and lets [`crate::shadow::linear`] read them
+    /// multi-tensor copy, captured with the step) and lets [`crate::shadow::linear`] and
+    /// [`crate::linear::Linear`] read them
     /// under autocast instead of casting each weight at each use (default off).
     pub fn weight_shadows(mut self, yes: bool) -> Self {
         self.shadows = yes;

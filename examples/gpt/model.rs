@@ -70,6 +70,16 @@ impl Config {
         }
     }
 
+    /// The kernels of the norms, linear layers and loss: the crate's where they apply with
+    /// `fused`, ATen's otherwise.
+    pub fn kernels(&self) -> Kernels {
+        if self.fused {
+            Kernels::Auto
+        } else {
+            Kernels::PyTorch
+        }
+    }
+
     /// FLOPs of one forward and backward per token (nanoGPT's `estimate_mfu`: 6N + 12·L·H·Q·T).
     pub fn flops_per_token(&self, params: i64) -> f64 {
         6.0 * params as f64 + 12.0 * (self.layers * self.heads * (self.embd / self.heads) * self.block) as f64
@@ -124,7 +134,7 @@ impl Gpt {
     pub fn new(p: &nn::Path, config: Config) -> Gpt {
         let std = 0.02;
         let proj_std = 0.02 / (2.0 * config.layers as f64).sqrt();
-        let kernels = if config.fused { Kernels::Auto } else { Kernels::PyTorch };
+        let kernels = config.kernels();
         let lin = |p: nn::Path, i: i64, o: i64, s: f64| {
             linear::linear(
                 p,
@@ -201,11 +211,8 @@ impl Gpt {
             (x, h) = next.forward_residual(&x, &m, p, train).map_err(err)?;
         }
         // the head is the token embedding, transposed (weight tying)
-        let head = LinearConfig {
-            weight_grad: self.config.weight_grad,
-            kernels: if self.config.fused { Kernels::Auto } else { Kernels::PyTorch },
-            ..Default::default()
-        };
+        let head =
+            LinearConfig { weight_grad: self.config.weight_grad, kernels: self.config.kernels(), ..Default::default() };
         Ok(linear::apply(&h, &self.wte.ws, None, &head).map_err(err)?.0)
     }
 
@@ -213,10 +220,7 @@ impl Gpt {
     /// kernels: one pass over the logits each way, in bf16 under autocast).
     pub fn loss(&self, idx: &Tensor, targets: &Tensor) -> Result<Tensor, tch::TchError> {
         let logits = self.logits(idx)?;
-        let config = CrossEntropyConfig {
-            kernels: if self.config.fused { Kernels::Auto } else { Kernels::PyTorch },
-            ..Default::default()
-        };
+        let config = CrossEntropyConfig { kernels: self.config.kernels(), ..Default::default() };
         cross_entropy(&logits.f_view([-1, self.config.vocab])?, &targets.f_reshape([-1])?, &config)
             .map_err(|e| tch::TchError::Torch(e.to_string()))
     }

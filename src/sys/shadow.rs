@@ -1,6 +1,6 @@
 //! `csrc/shadow.cpp`: weight shadows (a registry in the shim, keyed by parameter).
 
-use super::{adopt_some, amp::dtype_of, check, ffi, opt_tensor_ptr, tensor_ptr, tensor_ptrs};
+use super::{amp::dtype_of, check, ffi, tensor_ptrs};
 use crate::error::Result;
 use tch::{Kind, Tensor};
 
@@ -36,13 +36,4 @@ pub(crate) fn set_active(on: bool) -> Result<bool> {
     // SAFETY: a valid out pointer.
     check(unsafe { ffi::tcg_shadow_set_active(on, &mut was) })?;
     Ok(was)
-}
-
-/// `x · weightᵀ + bias`, reading shadows where active.
-pub(crate) fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    let mut out = std::ptr::null_mut();
-    // SAFETY: live tensor handles (bias may be null) and a valid out slot.
-    check(unsafe { ffi::tcg_shadow_linear(tensor_ptr(x), tensor_ptr(weight), opt_tensor_ptr(bias), &mut out) })?;
-    // SAFETY: the slot holds a new handle made for this call.
-    unsafe { adopt_some(out, "shadow linear") }
 }
