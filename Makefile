@@ -1,5 +1,5 @@
 # The README's commands. Each installs what it needs first (scripts/setup.sh, once).
-.PHONY: setup run test test-no-cuda test-gpu test-gpu-dist ddp bench bench-gpt gpt-curves bench-graphed bench-control bench-ddp
+.PHONY: setup run test test-no-cuda test-gpu test-gpu-dist ddp bench bench-gpt gpt-curves gpt-trajectory bench-graphed bench-control bench-ddp
 
 setup:
 	@bash scripts/setup.sh
@@ -48,9 +48,15 @@ bench: setup
 bench-gpt: setup
 	bash scripts/gpu.sh bench gpt
 
-# The GPT example and PyTorch's same model trained on the same corpus: both loss curves, one chart.
+# The GPT example (as written and --fused) and PyTorch's same model trained on the same corpus
+# from five seeds each: the loss curves with their spread, one chart, the final losses compared.
 gpt-curves: setup
 	bash scripts/gpu.sh gpt-curves
+
+# The GPT example and PyTorch's same model from the same weights on the same batches, step for
+# step (fp32 and bf16 autocast, dropout 0): each step's loss and gradient norm side by side.
+gpt-trajectory: setup
+	bash scripts/gpu.sh gpt-trajectory
 
 bench-graphed: setup
 	bash scripts/gpu.sh bench graphed

@@ -14,11 +14,20 @@ DIR (train.bin, val.bin) as that example does (batch 64, warmup + cosine learnin
 evaluation of 20 batches every 250 iterations), eagerly, and writes iter,train_loss,val_loss to
 --csv: the reference loss curve.
 
+With --trajectory DIR it reads what `examples/gpt --trajectory DIR` wrote (the settings, the
+initial weights and the batches), trains PyTorch's same model from them step for step, writes
+torch.safetensors beside them (every step's loss and gradient norm, the gradients of step 1, the
+parameters after steps 1, 10 and 100) and prints where the two runs part.
+
 python benches/torch_gpt.py [--rows NAME,...] [--iters N] [--modes M,...]
 python benches/torch_gpt.py --train target/gpt-data/DIR --iters 2000 --csv torch-loss.csv
+python benches/torch_gpt.py --trajectory target/gpt-trajectory [--device cpu]
 """
 import argparse
+import ctypes
+import json
 import math
+import os
 import time
 
 import torch
@@ -183,18 +192,21 @@ def train(cache, iters, csv, seed=0, batch=64, eval_every=250, eval_iters=20):
 
     @torch.no_grad()
     def evaluate(split):
+        """The mean loss over eval_iters batches and its standard error."""
         model.eval()
-        total = 0.0
+        losses = []
         for _ in range(eval_iters):
             x, y = get(split, batch)
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                total += model.loss(x, y).item()
+                losses.append(model.loss(x, y).float())
         model.train()
-        return total / eval_iters
+        losses = torch.stack(losses).double()
+        se = (losses.std() / math.sqrt(eval_iters)).item() if eval_iters > 1 else float("nan")
+        return losses.mean().item(), se
 
     warmup = min(100, iters // 10)
     with open(csv, "w") as out:
-        out.write("iter,train_loss,val_loss\n")
+        out.write("iter,train_loss,val_loss,val_se\n")
         for it in range(1, iters + 1):
             for g in opt.param_groups:
                 g["lr"] = 1e-3 * lr_factor(it, warmup, iters, 0.1)
@@ -206,19 +218,176 @@ def train(cache, iters, csv, seed=0, batch=64, eval_every=250, eval_iters=20):
             opt.step()
             opt.zero_grad(set_to_none=True)
             if it % eval_every == 0 or it == iters:
-                tr, va = evaluate("train"), evaluate("val")
-                out.write(f"{it},{tr:.5f},{va:.5f}\n")
-                print(f"iter {it}: train loss {tr:.4f}, val loss {va:.4f}", flush=True)
+                (tr, _), (va, se) = evaluate("train"), evaluate("val")
+                out.write(f"{it},{tr:.5f},{va:.5f},{se:.5f}\n")
+                print(f"iter {it}: train loss {tr:.4f}, val loss {va:.4f} (± {se:.4f})", flush=True)
+
+
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
+                      "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
+
+
+def read_safetensors(path):
+    """A safetensors file as {name: CPU tensor}, with torch alone."""
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, v in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = v["data_offsets"]
+        dtype = SAFETENSORS_DTYPES[v["dtype"]]
+        data = bytearray(raw[8 + n + b:8 + n + e])
+        t = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+        out[name] = t.reshape(v["shape"])
+    return out
+
+
+def write_safetensors(path, tensors):
+    """{name: tensor} into a safetensors file, with torch alone."""
+    names = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        t = t.detach().cpu().contiguous()
+        nbytes = t.numel() * t.element_size()
+        blobs.append(ctypes.string_at(t.data_ptr(), nbytes) if nbytes else b"")
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + nbytes]}
+        off += nbytes
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h)
+        for b in blobs:
+            f.write(b)
+
+
+# the crate's variable names (nanoGPT's module paths) -> this file's
+CRATE_TO_TORCH = ((".attn.c_attn.", ".c_attn."), (".attn.c_proj.", ".attn_proj."), (".mlp.c_fc.", ".c_fc."),
+                  (".mlp.c_proj.", ".mlp_proj."))
+
+
+def torch_name(crate_name):
+    for a, b in CRATE_TO_TORCH:
+        crate_name = crate_name.replace(a, b)
+    return crate_name
+
+
+def run_trajectory(d, dev):
+    """Trains the model `examples/gpt --trajectory d` described, from its weights, on its batches,
+    as its step does (the learning rate of step t set before it, forward under bf16 autocast with
+    the cache off when asked, backward, clipping, fused AdamW over decay and no-decay groups)."""
+    m = json.load(open(f"{d}/meta.json"))
+    torch.manual_seed(m["seed"])
+    model = Gpt(m["vocab"], m["block"], m["layers"], m["heads"], m["embd"], m["dropout"]).to(dev)
+    init = read_safetensors(f"{d}/init.safetensors")
+    state = {torch_name(k): v for k, v in init.items()}
+    # the tied head: the crate has one variable (wte.weight), as named_parameters() does
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise SystemExit(f"torch_gpt.py: weights do not match the model: missing {missing}, unexpected {unexpected}")
+    batches = read_safetensors(f"{d}/batches.safetensors")
+    xs, ys = batches["x"].to(dev).long(), batches["y"].to(dev).long()
+    named = dict(model.named_parameters())
+    decay = [p for p in named.values() if p.dim() >= 2]
+    no_decay = [p for p in named.values() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": m["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=m["lr"], betas=tuple(m["betas"]), eps=m["eps"], fused=True)
+    crate_names = {torch_name(k): k for k in init}
+    rec, losses, norms = {}, [], []
+    bf16 = m["autocast"] == "bf16"
+    torch.manual_seed(m["seed"])  # as the crate reseeds before its first step: the same dropout masks
+    for t in range(1, m["steps"] + 1):
+        for g in opt.param_groups:
+            g["lr"] = m["lr"] * lr_factor(t, m["warmup"], m["iters"], m["min_lr"] / m["lr"])
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16 and dev.type == "cuda", cache_enabled=False):
+            loss = model.loss(xs[t - 1], ys[t - 1])
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), m["clip"], foreach=True)
+        if t == 1:
+            rec.update({f"grad@1/{crate_names[n]}": p.grad.detach().clone() for n, p in named.items()})
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        norms.append(norm.item())
+        if t in m["recorded"] or t == m["steps"]:
+            rec.update({f"param@{t}/{crate_names[n]}": p.detach().clone() for n, p in named.items()})
+    rec["loss"] = torch.tensor(losses, dtype=torch.float64)
+    rec["grad_norm"] = torch.tensor(norms, dtype=torch.float64)
+    write_safetensors(f"{d}/torch.safetensors", rec)
+    rec["model"] = model
+    return rec
+
+
+def paired_validation(d, crate, model):
+    """The validation loss of both runs' final parameters on the same batches (val.safetensors),
+    one model, bf16 autocast as the runs trained (fp32 otherwise), dropout off; with the standard
+    error of the paired difference."""
+    m = json.load(open(f"{d}/meta.json"))
+    val = read_safetensors(f"{d}/val.safetensors")
+    dev = next(model.parameters()).device
+    xs, ys = val["x"].to(dev).long(), val["y"].to(dev).long()
+    last = f"param@{m['steps']}/"
+
+    @torch.no_grad()
+    def losses():
+        model.eval()
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=m["autocast"] == "bf16" and dev.type == "cuda"):
+            out = torch.stack([model.loss(x, y).float() for x, y in zip(xs, ys)]).double()
+        model.train()
+        return out
+
+    theirs = losses()
+    state = {torch_name(k[len(last):]): v for k, v in crate.items() if k.startswith(last)}
+    model.load_state_dict(state, strict=True)
+    ours = losses()
+    diff = ours - theirs
+    se = (diff.std() / math.sqrt(len(diff))).item()
+    print(f"validation after step {m['steps']} ({len(diff)} batches, the same on both sides): crate {ours.mean().item():.5f}, "
+          f"torch {theirs.mean().item():.5f}, crate - torch {diff.mean().item():+.5f} "
+          f"({diff.mean().item() / theirs.mean().item() * 100:+.3f}%), standard error of the paired difference {se:.5f}")
+
+
+def compare_trajectories(d, ours):
+    """Prints the two runs side by side: every step's loss and gradient norm, then each recorded
+    set of tensors (the largest difference relative to the tensor's largest value, and where),
+    then, when validation batches were written, both runs' validation loss on them."""
+    crate = read_safetensors(f"{d}/crate.safetensors")
+    print("step,loss_crate,loss_torch,rel_diff,grad_norm_crate,grad_norm_torch,rel_diff")
+    for i, (a, b, ga, gb) in enumerate(zip(crate["loss"].tolist(), ours["loss"].tolist(), crate["grad_norm"].tolist(),
+                                            ours["grad_norm"].tolist())):
+        print(f"{i + 1},{a:.9g},{b:.9g},{(a - b) / abs(b):.3e},{ga:.9g},{gb:.9g},{(ga - gb) / abs(gb):.3e}")
+    sets = sorted({k.split("/")[0] for k in crate if "/" in k}, key=lambda s: (s[0], int(s.split("@")[1])))
+    for s in sets:
+        worst = (0.0, "")
+        for k in (k for k in crate if k.startswith(s + "/")):
+            a, b = crate[k].double(), ours[k].double().cpu()
+            rel = ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+            worst = max(worst, (rel, k.split("/", 1)[1]))
+        print(f"{s}: max |crate - torch| / max |torch| = {worst[0]:.3e} (in {worst[1]})")
+    if os.path.exists(f"{d}/val.safetensors"):
+        paired_validation(d, crate, ours["model"])
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--train", metavar="DIR", help="train on the corpus in DIR instead of timing")
+    ap.add_argument("--trajectory", metavar="DIR", help="train from what examples/gpt --trajectory DIR wrote and compare")
+    ap.add_argument("--device", default="cuda", help="with --trajectory: cuda or cpu")
     ap.add_argument("--csv", default="torch-loss.csv")
+    ap.add_argument("--seed", type=int, default=0, help="with --train: the random seed")
+    ap.add_argument("--eval-iters", type=int, default=20, help="with --train: validation batches per evaluation")
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--modes", default="eager,graph,compile,compile_graph")
     a = ap.parse_args()
+    if a.trajectory:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        dev = torch.device(a.device if torch.cuda.is_available() else "cpu")
+        compare_trajectories(a.trajectory, run_trajectory(a.trajectory, dev))
+        return
     if not torch.cuda.is_available():
         raise SystemExit("torch_gpt.py: no CUDA device")
     torch.backends.cuda.matmul.allow_tf32 = False  # libtorch's default, as on the Rust side
@@ -226,7 +395,7 @@ def main():
     dev = torch.device("cuda")
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}", flush=True)
     if a.train:
-        train(a.train, a.iters, a.csv)
+        train(a.train, a.iters, a.csv, seed=a.seed, eval_iters=a.eval_iters)
         return
     for name in a.rows.split(","):
         for mode in a.modes.split(","):

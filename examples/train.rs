@@ -24,7 +24,7 @@ use std::time::Instant;
 use tch::{nn, nn::Module, Device, Kind, Tensor};
 use tch_cuda_graphs::amp::{self, GradScaler};
 use tch_cuda_graphs::feed::{self, DeviceMeter};
-use tch_cuda_graphs::optim::{split_params, Adam, AdamConfig, Optimizer, ParamGroup};
+use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig, Optimizer};
 use tch_cuda_graphs::schedule::{LrScheduler, WarmupCosine};
 use tch_cuda_graphs::{checkpoint, cuda_is_available, synchronize, StepOptions, TrainStep};
 
@@ -134,12 +134,8 @@ fn fit(run: &Run) -> Result<(nn::VarStore, f64)> {
     tch::manual_seed(42);
     let vs = nn::VarStore::new(device);
     let model = Arc::new(Mutex::new(mlp(vs.root() / "student")));
-    let (decay, no_decay) = split_params(&vs, |_, t| t.dim() <= 1);
     let cfg = AdamConfig::adamw().lr(2e-3).weight_decay(0.01);
-    let opt = Arc::new(Mutex::new(Adam::with_groups(vec![
-        ParamGroup::new(decay, cfg),
-        ParamGroup::new(no_decay, cfg.weight_decay(0.0)),
-    ])?));
+    let opt = Arc::new(Mutex::new(Adam::with_groups(decay_groups(&vs, cfg, cfg.weight_decay(0.0)))?));
     let steps_per_epoch = (TRAIN + BATCH - 1) / BATCH;
     let total = steps_per_epoch as u64 * run.args.epochs as u64;
     let mut schedule =

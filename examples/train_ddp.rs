@@ -22,7 +22,7 @@ use tch_cuda_graphs::dist::{
     broadcast_parameters, BucketConfig, GradAllReduce, ProcessGroup, ReduceOp, DEFAULT_BUCKET_BYTES,
 };
 use tch_cuda_graphs::feed::{self, DeviceMeter};
-use tch_cuda_graphs::optim::{split_params, Adam, AdamConfig, Optimizer, ParamGroup};
+use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig, Optimizer};
 use tch_cuda_graphs::schedule::{LrScheduler, WarmupCosine};
 use tch_cuda_graphs::{checkpoint, synchronize, StepOptions, TrainStep};
 
@@ -100,9 +100,8 @@ fn main() -> Result<()> {
     let vs = nn::VarStore::new(device);
     let model = mlp(vs.root() / "student");
     broadcast_parameters(&pg, &vs)?;
-    let (decay, no_decay) = split_params(&vs, |_, t| t.dim() <= 1);
     let cfg = AdamConfig::adamw().lr(2e-3).weight_decay(0.01);
-    let opt = Adam::with_groups(vec![ParamGroup::new(decay, cfg), ParamGroup::new(no_decay, cfg.weight_decay(0.0))])?;
+    let opt = Adam::with_groups(decay_groups(&vs, cfg, cfg.weight_decay(0.0)))?;
     let config = BucketConfig::default().bucket_bytes(DEFAULT_BUCKET_BYTES).views(views).grouped(grouped);
     let mut reduce = GradAllReduce::with_config(&pg, opt.params(), config)?;
     let lr_handles = opt.lr_handles();

@@ -11,8 +11,16 @@
 #   sanitize [FILTER]     the same under compute-sanitizer memcheck
 #   example NAME [ARGS]   one example (train, train_ddp)
 #   bench NAME [ARGS]     one benchmark (step, gpt, graphed, control)
-#   gpt-curves [ITERS]    examples/gpt and benches/torch_gpt.py trained on the same corpus (ITERS
-#                         iterations, default 2000): both loss curves in target/gpt/, one chart
+#   gpt-curves [ITERS] [SEED...]
+#                         examples/gpt (as written and --fused) and benches/torch_gpt.py trained
+#                         on the same corpus from each seed (default 2000 iterations, seeds 1-5,
+#                         the three runs of a seed side by side on the GPU): the loss curves in
+#                         target/gpt-curves/, one chart with each side's spread, the summary
+#   gpt-trajectory [STEPS]
+#                         the step-for-step comparison: examples/gpt --trajectory (fp32, bf16
+#                         autocast, bf16 with dropout 0.2: the same seed on both sides, so the
+#                         same masks) and benches/torch_gpt.py --trajectory, each step's
+#                         loss and gradient norm side by side (target/gpt-trajectory/)
 # Two GPUs (or TCG_NPROC):
 #   dist-tests            tests/gpu_dist.rs, then again with NCCL_GRAPH_MIXING_SUPPORT=0
 #   ddp-example           examples/train_ddp.rs under torchrun
@@ -28,7 +36,8 @@
 #                  without a Rust toolchain)
 #   TCG_LOGS       where logs go (default target/gpu-logs)
 #   TCG_NPROC      ranks of the multi-GPU parts (default 2)
-#   TCG_GPT_DATA   the corpus folder of gpt-curves (default .venv/torch)
+#   TCG_GPT_DATA   the corpus folder of gpt-curves and gpt-trajectory (default .venv/torch)
+#   TCG_GPT_EVAL_ITERS  validation batches per evaluation in gpt-curves (default 200)
 #   NCCL_*         reach every rank, ours and PyTorch's alike
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -73,7 +82,7 @@ for line in sys.stdin:
 part=${1:-}
 shift || true
 case $part in
-  tests|sanitize|example|bench|gpt-curves|dist-tests|ddp-example|ddp-nodes|ddp-sanitize|ddp-bench|ddp-tune) ;;
+  tests|sanitize|example|bench|gpt-curves|gpt-trajectory|dist-tests|ddp-example|ddp-nodes|ddp-sanitize|ddp-bench|ddp-tune) ;;
   *)
     sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
     exit 2 ;;
@@ -130,14 +139,46 @@ case $part in
     "$exe" "$@" || status=1 ;;
   gpt-curves)
     iters=${1:-2000}
+    shift || true
+    seeds=("$@")
+    (( ${#seeds[@]} )) || seeds=(1 2 3 4 5)
     corpus=${TCG_GPT_DATA:-.venv/torch}
-    "$bins/example-gpt" --iters "$iters" --data-dir "$corpus" --out target/gpt --sample 300 > "$logs/gpt.log" 2>&1 || status=1
-    grep -E "^iter|ms/iter" "$logs/gpt.log"
     cache=target/gpt-data/$(printf '%s' "$corpus" | sed 's/[^A-Za-z0-9.]/_/g')
-    "$py" benches/torch_gpt.py --train "$cache" --iters "$iters" --csv target/gpt/torch-loss.csv > "$logs/torch_gpt.log" 2>&1 || status=1
-    grep -E "^iter" "$logs/torch_gpt.log"
-    "$py" benches/plot_loss.py target/gpt/loss.svg "this crate=target/gpt/loss.csv" "PyTorch=target/gpt/torch-loss.csv" || status=1
-    echo "gpt-curves: target/gpt/loss.csv, target/gpt/torch-loss.csv, target/gpt/loss.svg" ;;
+    dir=target/gpt-curves
+    mkdir -p "$dir"
+    common=(--iters "$iters" --eval-iters "${TCG_GPT_EVAL_ITERS:-200}")
+    "$bins/example-gpt" --iters 1 --data-dir "$corpus" --out "$dir/prepare" --sample 1 > /dev/null || status=1 # the corpus cache
+    for s in "${seeds[@]}"; do
+      "$bins/example-gpt" "${common[@]}" --seed "$s" --data-dir "$corpus" --out "$dir/crate-$s" --sample 100 > "$logs/gpt-$s.log" 2>&1 &
+      "$bins/example-gpt" "${common[@]}" --seed "$s" --data-dir "$corpus" --out "$dir/fused-$s" --sample 100 --fused > "$logs/gpt-fused-$s.log" 2>&1 &
+      "$py" benches/torch_gpt.py --train "$cache" "${common[@]}" --seed "$s" --csv "$dir/torch-$s.csv" > "$logs/torch_gpt-$s.log" 2>&1 &
+      wait || status=1
+      for f in "$dir/crate-$s/loss.csv" "$dir/fused-$s/loss.csv" "$dir/torch-$s.csv"; do
+        [[ -s $f ]] && echo "seed $s: $f: $(tail -n 1 "$f")" || { echo "seed $s: no $f" >&2; status=1; }
+      done
+    done
+    list() { local IFS=,; echo "$*"; }
+    torch=() crate=() fused=()
+    for s in "${seeds[@]}"; do
+      torch+=("$dir/torch-$s.csv") crate+=("$dir/crate-$s/loss.csv") fused+=("$dir/fused-$s/loss.csv")
+    done
+    "$py" benches/plot_loss.py "$dir/loss.svg" "PyTorch=$(list "${torch[@]}")" "this crate=$(list "${crate[@]}")" \
+      "this crate, --fused=$(list "${fused[@]}")" || status=1
+    echo "gpt-curves: $dir/loss.svg" ;;
+  gpt-trajectory)
+    steps=${1:-100}
+    corpus=${TCG_GPT_DATA:-.venv/torch}
+    for mode in fp32 bf16 bf16-dropout; do
+      flags=()
+      [[ $mode == fp32 ]] && flags=(--fp32)
+      [[ $mode == bf16-dropout ]] && flags=(--dropout 0.2)
+      dir=target/gpt-trajectory/$mode
+      "$bins/example-gpt" --trajectory "$dir" --iters "$steps" --data-dir "$corpus" "${flags[@]}" || status=1
+      "$py" benches/torch_gpt.py --trajectory "$dir" > "$dir/report.csv" || status=1
+      echo "$mode, step,loss_crate,loss_torch,rel_diff,grad_norm_crate,grad_norm_torch,rel_diff:"
+      grep -E "^([0-9]|[0-9]0|100)," "$dir/report.csv"
+      grep "@" "$dir/report.csv"
+    done ;;
   dist-tests)
     rm -f "$logs"/test-*.log
     timeout 300 "$bins/test-gpu_dist" --include-ignored --test-threads=1 --nocapture > "$logs/test-gpu_dist.log" 2>&1 || status=1

@@ -6,7 +6,9 @@ mod common;
 
 use common::{cpu_batches, max_param_diff, mlp, mse_step, plain_loop, schedule_twins, twin_mlps, ScheduleTwins};
 use tch::{nn, Device, Kind, Tensor};
-use tch_cuda_graphs::optim::{split_params, Adam, AdamConfig, Optimizer, ParamGroup, Sgd, SgdConfig};
+use tch_cuda_graphs::optim::{
+    decay_groups, split_params, Adam, AdamConfig, Optimizer, ParamGroup, Sgd, SgdConfig, Split,
+};
 use tch_cuda_graphs::schedule::{LinearWarmup, Schedule, StepDecay, WarmupCosine};
 use tch_cuda_graphs::{checkpoint, feed::DeviceMeter, Buckets, Error, StepOptions, TrainStep};
 
@@ -192,18 +194,15 @@ fn a_checkpoint_that_does_not_fit_changes_nothing() {
 fn parameter_groups_have_their_own_hyper_parameters() {
     let batches = cpu_batches(5, &[16; 30], D, O);
     let (vs_a, a, vs_b, b) = twin_mlps(Device::Cpu, D, 16, O);
-    let (decay, no_decay) = split_params(&vs_a, |_, t| t.dim() <= 1);
-    assert!(decay.iter().all(|(n, _)| n.ends_with("weight")), "{:?}", decay.iter().map(|p| &p.0).collect::<Vec<_>>());
-    assert!(no_decay.iter().all(|(n, _)| n.ends_with("bias")));
     let cfg = AdamConfig::adamw().lr(1e-2);
-    let mut grouped = Adam::with_groups(vec![
-        ParamGroup::new(decay, cfg.weight_decay(0.1)),
-        ParamGroup::new(no_decay, cfg.weight_decay(0.0).lr(3e-2)),
-    ])
-    .unwrap();
+    let groups = decay_groups(&vs_a, cfg.weight_decay(0.1), cfg.weight_decay(0.0).lr(3e-2));
+    let names = |g: &ParamGroup<AdamConfig>| g.params.iter().map(|p| p.0.clone()).collect::<Vec<_>>();
+    assert!(groups[0].params.iter().all(|(n, t)| n.ends_with("weight") && t.dim() == 2), "{:?}", names(&groups[0]));
+    assert!(groups[1].params.iter().all(|(n, t)| n.ends_with("bias") && t.dim() == 1), "{:?}", names(&groups[1]));
+    let mut grouped = Adam::with_groups(groups).unwrap();
     assert_eq!(grouped.group_count(), 2);
     assert_eq!(grouped.lr_handles().iter().map(|h| h.get()).collect::<Vec<_>>(), [1e-2, 3e-2]);
-    let (decay_b, no_decay_b) = split_params(&vs_b, |_, t| t.dim() <= 1);
+    let Split { matching: no_decay_b, rest: decay_b } = split_params(&vs_b, |_, t| t.dim() <= 1);
     let take = |p: Vec<(String, Tensor)>| p.into_iter().map(|(_, t)| t).collect::<Vec<_>>();
     let mut first = Adam::from_params(take(decay_b), cfg.weight_decay(0.1)).unwrap();
     let mut second = Adam::from_params(take(no_decay_b), cfg.weight_decay(0.0).lr(3e-2)).unwrap();

@@ -14,9 +14,21 @@ const D: i64 = 16;
 const H: i64 = 64;
 const O: i64 = 4;
 
+/// A group of one rank on a free port (another port when the one picked is taken before the
+/// store binds it: a free port is only free until someone else takes it).
 fn group() -> ProcessGroup {
     let d = common::cuda();
-    ProcessGroup::new_tcp("127.0.0.1", free_port(), 0, 1, d, Duration::from_secs(60)).expect("a group of one rank")
+    let mut tries = 0;
+    loop {
+        match ProcessGroup::new_tcp("127.0.0.1", free_port(), 0, 1, d, Duration::from_secs(60)) {
+            Ok(pg) => return pg,
+            Err(e) if tries < 4 => {
+                tries += 1;
+                println!("a group of one rank, try {tries}: {e}");
+            }
+            Err(e) => panic!("a group of one rank: {e}"),
+        }
+    }
 }
 
 fn sgd(vs: &tch::nn::VarStore) -> Sgd {

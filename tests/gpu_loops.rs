@@ -10,7 +10,7 @@ use common::{
 };
 use std::sync::{Arc, Mutex};
 use tch::{nn, nn::Module, Device, Kind, Tensor};
-use tch_cuda_graphs::optim::{split_params, Adam, AdamConfig, Optimizer, ParamGroup, Sgd, SgdConfig};
+use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use tch_cuda_graphs::schedule::WarmupCosine;
 use tch_cuda_graphs::{checkpoint, empty_cache, feed, pool_memory, synchronize, StepOptions, TrainStep};
 
@@ -422,11 +422,11 @@ fn group_learning_rates_change_between_replays() {
     tch::manual_seed(37);
     let vs = nn::VarStore::new(d);
     let model = mlp(vs.root(), D, 64, O);
-    let (decay, no_decay) = split_params(&vs, |_, t| t.dim() <= 1);
-    let opt = Adam::with_groups(vec![
-        ParamGroup::new(decay, AdamConfig::adamw().lr(1e-3)),
-        ParamGroup::new(no_decay, AdamConfig::adamw().lr(1e-3).weight_decay(0.0)),
-    ])
+    let opt = Adam::with_groups(decay_groups(
+        &vs,
+        AdamConfig::adamw().lr(1e-3),
+        AdamConfig::adamw().lr(1e-3).weight_decay(0.0),
+    ))
     .unwrap();
     let lrs = opt.lr_handles();
     let (x0, y0) = example(d, 64);

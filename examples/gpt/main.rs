@@ -25,6 +25,7 @@ mod data;
 mod model;
 mod sample;
 mod step;
+mod trajectory;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -55,12 +56,14 @@ struct Args {
     out: PathBuf,
     ddp: bool,
     fused: bool,
+    dropout: Option<f64>,
+    trajectory: Option<PathBuf>,
 }
 
 const USAGE: &str = "\
 usage: gpt [--iters N] [--batch B] [--accum K] [--eval-every N] [--eval-iters N] [--tiny] [--fp32]
            [--resume] [--stop-at N] [--sample CHARS] [--seed S] [--peak-tflops T] [--data-dir DIR]
-           [--out DIR] [--ddp] [--fused]
+           [--out DIR] [--ddp] [--fused] [--dropout P] [--trajectory DIR]
 
 Trains nanoGPT's character GPT on the torch package's Python sources with a captured step.
   --iters N          optimizer steps (default 2000; the cosine schedule ends there)
@@ -83,6 +86,12 @@ Trains nanoGPT's character GPT on the torch package's Python sources with a capt
                      fused kernels (ATen's where they do not apply), linear layers whose bias
                      gradients come out of the weight-gradient GEMM, in float32 with the weight
                      gradients, and bf16 weight shadows
+  --dropout P        the dropout probability (default 0.2; 0 with --trajectory)
+  --trajectory DIR   the step-for-step comparison with PyTorch: write the initial weights and
+                     --iters batches into DIR, train on them (no evaluation), write every step's
+                     loss and gradient norm and the variables after steps 1, 10 and 100; then
+                     `python benches/torch_gpt.py --trajectory DIR` trains PyTorch's same model
+                     from them and compares
   -h, --help         this text";
 
 /// The command line: `None` when it asked for the usage.
@@ -105,6 +114,8 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
         data_dir: data::default_source(),
         out: PathBuf::from("target/gpt"),
         ddp: false,
+        dropout: None,
+        trajectory: None,
     };
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
@@ -125,6 +136,8 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
             Long("data-dir") => a.data_dir = parser.value()?.into(),
             Long("out") => a.out = parser.value()?.into(),
             Long("ddp") => a.ddp = true,
+            Long("dropout") => a.dropout = Some(parser.value()?.parse()?),
+            Long("trajectory") => a.trajectory = Some(parser.value()?.into()),
             Short('h') | Long("help") => return Ok(None),
             _ => return Err(arg.unexpected()),
         }
@@ -132,17 +145,33 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
     if a.batch < 1 || a.accum < 1 || a.iters < 1 || a.eval_every < 1 || a.eval_iters < 1 {
         return Err("--batch, --accum, --iters, --eval-every and --eval-iters must be at least 1".into());
     }
+    if a.dropout.is_some_and(|p| !(0.0..1.0).contains(&p)) {
+        return Err("--dropout must be in [0, 1)".into());
+    }
+    if a.trajectory.is_some() && (a.ddp || a.accum != 1) {
+        return Err("--trajectory runs on one device with one micro-batch per step".into());
+    }
     Ok(Some(a))
 }
 
-/// Mean loss over `n` random batches of `split`, with the evaluation step.
-fn evaluate(eval: &mut tch_cuda_graphs::TrainStep, split: &Tensor, batch: i64, block: i64, n: u64) -> Result<f64> {
-    let mut meter = DeviceMeter::new();
+/// Mean loss over `n` random batches of `split`, with the evaluation step, and the standard
+/// error of that mean (the evaluation's own noise).
+fn evaluate(
+    eval: &mut tch_cuda_graphs::TrainStep,
+    split: &Tensor,
+    batch: i64,
+    block: i64,
+    n: u64,
+) -> Result<(f64, f64)> {
+    let mut losses = Vec::new();
     for _ in 0..n {
         let (x, y) = data::batch(split, batch, block)?;
-        meter.add(&eval.run(&[&x, &y])?[0])?;
+        losses.push(eval.run(&[&x, &y])?[0].f_detach_copy()?); // a replay overwrites its output
     }
-    Ok(meter.take()?.unwrap_or(f64::NAN))
+    let losses = Tensor::f_stack(&losses, 0)?.f_to_kind(Kind::Double)?;
+    let mean = f64::try_from(losses.f_mean(None)?)?;
+    let se = if n > 1 { f64::try_from(losses.f_std(true)?)? / (n as f64).sqrt() } else { f64::NAN };
+    Ok((mean, se))
 }
 
 fn main() -> Result<()> {
@@ -168,8 +197,34 @@ fn main() -> Result<()> {
         .with_context(|| format!("preparing the corpus from {}", args.data_dir.display()))?;
     let corpus = data::to_device(&corpus, device)?;
     let config = if tiny { model::Config::tiny(data::VOCAB) } else { model::Config::shakespeare_char(data::VOCAB) };
-    let config = model::Config { fused: args.fused, ..config };
+    let dropout = args.dropout.unwrap_or(if args.trajectory.is_some() { 0.0 } else { config.dropout });
+    let config = model::Config { fused: args.fused, dropout, ..config };
     let (batch, block) = (if tiny { args.batch.min(8) } else { args.batch }, config.block);
+    let hyper = step::Hyper {
+        batch,
+        accum: args.accum,
+        iters: args.iters,
+        warmup: 100.min(args.iters / 10),
+        autocast: (!args.fp32 && device != Device::Cpu).then_some(Kind::BFloat16),
+        shadows: args.fused,
+        eager: device == Device::Cpu,
+        ..Default::default()
+    };
+    if let Some(dir) = &args.trajectory {
+        let spec = trajectory::Spec { config, hyper, steps: args.iters as usize, seed: args.seed };
+        let t = trajectory::run(dir, &spec, &corpus.train, Some(&corpus.val), device)?;
+        let last = t.loss.len() - 1;
+        println!(
+            "trajectory of {} steps in {}: loss {:.6} -> {:.6}, gradient norm {:.4} -> {:.4}",
+            t.loss.len(),
+            dir.display(),
+            t.loss[0],
+            t.loss[last],
+            t.grad_norm[0],
+            t.grad_norm[last]
+        );
+        return Ok(());
+    }
 
     tch::manual_seed(args.seed);
     let vs = nn::VarStore::new(device);
@@ -183,16 +238,6 @@ fn main() -> Result<()> {
     let tokens_per_iter = (batch * block * args.accum) as f64 * world as f64;
     let flops_per_iter = config.flops_per_token(params) * tokens_per_iter;
     let model = Arc::new(Mutex::new(gpt));
-    let hyper = step::Hyper {
-        batch,
-        accum: args.accum,
-        iters: args.iters,
-        warmup: 100.min(args.iters / 10),
-        autocast: (!args.fp32 && device != Device::Cpu).then_some(Kind::BFloat16),
-        shadows: args.fused,
-        eager: device == Device::Cpu,
-        ..Default::default()
-    };
     let mut steps = match &pg {
         Some(pg) => step::build_ddp(&vs, Arc::clone(&model), hyper, pg)?,
         None => step::build(&vs, Arc::clone(&model), hyper)?,
@@ -242,7 +287,7 @@ fn main() -> Result<()> {
         Box::new(std::io::sink())
     };
     if !args.resume {
-        writeln!(csv, "iter,train_loss,val_loss")?;
+        writeln!(csv, "iter,train_loss,val_loss,val_se")?;
     }
 
     let bar = if lead { ProgressBar::new(args.iters) } else { ProgressBar::hidden() };
@@ -270,10 +315,10 @@ fn main() -> Result<()> {
             bar.set_message(format!("loss {loss:.4}, {:.2} ms/iter, {tokens:.0} tok/s, MFU {mfu:.1}%", per_iter * 1e3));
         }
         if (done % args.eval_every == 0 || done == args.iters) && lead {
-            let train_loss = evaluate(&mut steps.eval, &corpus.train, batch, block, args.eval_iters)?;
-            let val_loss = evaluate(&mut steps.eval, &corpus.val, batch, block, args.eval_iters)?;
-            writeln!(csv, "{done},{train_loss:.5},{val_loss:.5}")?;
-            bar.suspend(|| println!("iter {done}: train loss {train_loss:.4}, val loss {val_loss:.4}"));
+            let (train_loss, _) = evaluate(&mut steps.eval, &corpus.train, batch, block, args.eval_iters)?;
+            let (val_loss, val_se) = evaluate(&mut steps.eval, &corpus.val, batch, block, args.eval_iters)?;
+            writeln!(csv, "{done},{train_loss:.5},{val_loss:.5},{val_se:.5}")?;
+            bar.suspend(|| println!("iter {done}: train loss {train_loss:.4}, val loss {val_loss:.4} (± {val_se:.4})"));
             let it = Tensor::from(done as i64);
             let extra = [("iter", &it), ("schedule", &steps.schedule_step)];
             checkpoint::save(&ckpt, &vs, &*steps.opt.lock().unwrap(), &extra)?;

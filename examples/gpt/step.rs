@@ -10,10 +10,15 @@ use crate::model::Gpt;
 use std::sync::{Arc, Mutex};
 use tch::{nn, Kind, Tensor};
 use tch_cuda_graphs::dist::{GradAllReduce, ProcessGroup, ReduceOp};
-use tch_cuda_graphs::optim::{split_params, Adam, AdamConfig, Optimizer, ParamGroup};
+use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig, Optimizer};
 use tch_cuda_graphs::schedule::{DeviceLrScheduler, WarmupCosine};
 use tch_cuda_graphs::shadow::WeightShadows;
 use tch_cuda_graphs::{amp, clip_grad_norm, Result, StepOptions, TrainStep};
+
+/// AdamW's betas and epsilon (nanoGPT's `shakespeare_char`; epsilon PyTorch's default).
+pub const BETA1: f64 = 0.9;
+pub const BETA2: f64 = 0.99;
+pub const EPS: f64 = 1e-8;
 
 /// How the model is trained (nanoGPT's `shakespeare_char` settings by default).
 #[derive(Clone, Copy, Debug)]
@@ -62,7 +67,8 @@ impl Default for Hyper {
 
 /// The steps and what the loop around them needs.
 pub struct Steps {
-    /// Inputs `[accum, batch, block]` twice (tokens, targets); output: the mean loss (0-d).
+    /// Inputs `[accum, batch, block]` twice (tokens, targets); outputs: the mean loss and the
+    /// gradients' norm before clipping (0-d each).
     pub train: TrainStep,
     /// Inputs `[batch, block]` twice; output: the loss, dropout off.
     pub eval: TrainStep,
@@ -89,12 +95,8 @@ fn build_on(vs: &nn::VarStore, model: Arc<Mutex<Gpt>>, h: Hyper, pg: Option<&Pro
     let dev = vs.device();
     let block = model.lock().unwrap().config.block;
     // nanoGPT's groups: weight decay on every tensor of rank ≥ 2 (matrices, embeddings)
-    let (no_decay, decay) = split_params(vs, |_, t| t.dim() < 2);
-    let cfg = AdamConfig::adamw().lr(h.lr).betas(0.9, 0.99).weight_decay(h.weight_decay);
-    let opt = Arc::new(Mutex::new(Adam::with_groups(vec![
-        ParamGroup::new(decay, cfg),
-        ParamGroup::new(no_decay, cfg.weight_decay(0.0)),
-    ])?));
+    let cfg = AdamConfig::adamw().lr(h.lr).betas(BETA1, BETA2).eps(EPS).weight_decay(h.weight_decay);
+    let opt = Arc::new(Mutex::new(Adam::with_groups(decay_groups(vs, cfg, cfg.weight_decay(0.0)))?));
     let handles = opt.lock().unwrap().lr_handles();
     let schedule = WarmupCosine { warmup: h.warmup, total: h.iters, min_factor: h.min_lr / h.lr };
     let mut sched = DeviceLrScheduler::new(schedule, handles)?;
@@ -138,10 +140,10 @@ fn build_on(vs: &nn::VarStore, model: Arc<Mutex<Gpt>>, h: Hyper, pg: Option<&Pro
             reduce.all_reduce()?; // what is left, then the step waits for every bucket
             pg.all_reduce(&total, ReduceOp::Avg)?;
         }
-        let _total_norm = clip_grad_norm(&params, h.clip, 2.0)?;
+        let norm = clip_grad_norm(&params, h.clip, 2.0)?;
         sched.step()?; // this step's learning rate, computed on the device
         opt.step()?;
-        Ok(vec![total])
+        Ok(vec![total, norm])
     })?;
     let eval_options = match train.pool() {
         Some(pool) => options.pool(pool).warmup(1),

@@ -144,7 +144,7 @@ impl Adam {
     }
 
     /// An optimizer over explicit groups, each with its own hyper-parameters (see
-    /// [`super::split_params`]). Adam and AdamW groups may be mixed.
+    /// [`super::decay_groups`], [`super::split_params`]). Adam and AdamW groups may be mixed.
     pub fn with_groups(groups: Vec<ParamGroup<AdamConfig>>) -> Result<Self> {
         Self::build(Groups::build(groups)?)
     }

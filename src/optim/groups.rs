@@ -53,26 +53,51 @@ pub fn var_store_groups(vs: &VarStore) -> Vec<NamedParams> {
         .collect()
 }
 
-/// Splits the trainable variables of `vs` by a rule: `(rest, matching)`, names sorted. The
-/// usual rule keeps weight decay off biases and norms: `|name, t| t.dim() <= 1`.
+/// The two sides of [`split_params`]: the parameters a rule matched and the rest, names sorted.
+#[derive(Debug)]
+pub struct Split {
+    /// The parameters the rule said `true` of.
+    pub matching: NamedParams,
+    /// The others.
+    pub rest: NamedParams,
+}
+
+/// Splits the trainable variables of `vs` by a rule, names sorted. The sides are named, so a
+/// call site says which group is which (for nanoGPT's decay rule, [`decay_groups`] is one call).
 ///
 /// ```
 /// use tch::{nn, Device};
-/// use tch_cuda_graphs::optim::{split_params, Adam, AdamConfig, ParamGroup};
+/// use tch_cuda_graphs::optim::{split_params, Split};
 /// let vs = nn::VarStore::new(Device::Cpu);
 /// let _l = nn::linear(vs.root() / "l1", 4, 4, Default::default());
-/// let (decay, no_decay) = split_params(&vs, |_name, t| t.dim() <= 1);
-/// assert_eq!((decay.len(), no_decay.len()), (1, 1)); // the weight; the bias
-/// let opt = Adam::with_groups(vec![
-///     ParamGroup::new(decay, AdamConfig::adamw().lr(1e-3)),
-///     ParamGroup::new(no_decay, AdamConfig::adamw().lr(1e-3).weight_decay(0.0)),
-/// ])?;
-/// # let _ = opt; Ok::<(), tch_cuda_graphs::Error>(())
+/// let Split { matching: biases, rest: weights } = split_params(&vs, |name, _| name.ends_with("bias"));
+/// assert_eq!((biases[0].0.as_str(), weights[0].0.as_str()), ("l1.bias", "l1.weight"));
 /// ```
-pub fn split_params(vs: &VarStore, rule: impl Fn(&str, &Tensor) -> bool) -> (NamedParams, NamedParams) {
+pub fn split_params(vs: &VarStore, rule: impl Fn(&str, &Tensor) -> bool) -> Split {
     let mut all: NamedParams = var_store_groups(vs).into_iter().flatten().collect();
     all.sort_by(|a, b| a.0.cmp(&b.0));
-    all.into_iter().partition(|(n, t)| !rule(n, t))
+    let (matching, rest) = all.into_iter().partition(|(n, t)| rule(n, t));
+    Split { matching, rest }
+}
+
+/// nanoGPT's (and PyTorch's usual) weight-decay groups of `vs`'s trainable variables: every
+/// tensor of two or more dimensions (matrices, embeddings) with `decay`, the others (biases,
+/// norm weights) with `no_decay`, in that order; names sorted within each group.
+///
+/// ```
+/// use tch::{nn, Device};
+/// use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig};
+/// let vs = nn::VarStore::new(Device::Cpu);
+/// let _l = nn::linear(vs.root() / "l1", 4, 4, Default::default());
+/// let cfg = AdamConfig::adamw().lr(1e-3).weight_decay(0.1);
+/// let groups = decay_groups(&vs, cfg, cfg.weight_decay(0.0));
+/// assert_eq!((groups[0].params[0].0.as_str(), groups[1].params[0].0.as_str()), ("l1.weight", "l1.bias"));
+/// let opt = Adam::with_groups(groups)?;
+/// # let _ = opt; Ok::<(), tch_cuda_graphs::Error>(())
+/// ```
+pub fn decay_groups<C>(vs: &VarStore, decay: C, no_decay: C) -> Vec<ParamGroup<C>> {
+    let Split { matching, rest } = split_params(vs, |_, t| t.dim() >= 2);
+    vec![ParamGroup::new(matching, decay), ParamGroup::new(rest, no_decay)]
 }
 
 /// A learning rate: a 0-d float32 tensor on the parameters' device that fused kernels (and

@@ -16,7 +16,8 @@
 //!   `at::_fused_adamw_`).
 //! - Parameter groups ([`ParamGroup`]): each with its own hyper-parameters and learning-rate
 //!   tensor, one fused launch per group; from tch's VarStore groups ([`var_store_groups`]),
-//!   a name/shape rule ([`split_params`], e.g. no weight decay on biases and norms), or lists.
+//!   a name/shape rule ([`split_params`]; [`decay_groups`] for weight decay on matrices and
+//!   embeddings only), or lists.
 //! - [`LrHandle`]: a cloneable `Send` handle on a group's learning rate that stays reachable
 //!   after the optimizer is moved into a step closure (schedules use it: [`crate::schedule`]).
 //! - [`Optimizer::state`] / [`Optimizer::load_state`]: named state for checkpoints
@@ -58,7 +59,7 @@ mod groups;
 mod sgd;
 
 pub use adam::{Adam, AdamConfig};
-pub use groups::{split_params, var_store_groups, LrHandle, NamedParams, ParamGroup};
+pub use groups::{decay_groups, split_params, var_store_groups, LrHandle, NamedParams, ParamGroup, Split};
 pub use sgd::{Sgd, SgdConfig};
 
 pub(crate) use groups::{check_hparam, Groups, HyperField, HyperParams};
