@@ -17,7 +17,6 @@ mod reference;
 mod step;
 
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 use tch_cuda_graphs::{empty_cache, memory_stats, reset_peak_stats, synchronize, Result};
@@ -117,7 +116,7 @@ fn ours(device: Device, config: model::Config, batch: i64, iters: usize, eager: 
     let gpt = model::Gpt::new(&vs.root(), config);
     let params = model::Gpt::param_count(&vs);
     let hyper = step::Hyper { batch, eager, shadows, ..Default::default() };
-    let mut steps = step::build(&vs, Arc::new(Mutex::new(gpt)), hyper)?;
+    let mut steps = step::build(&vs, &gpt, hyper)?;
     let data = Tensor::f_randint(config.vocab, [8, 1, batch, config.block + 1], (Kind::Int64, device))?;
     let ms = median_ms(device, iters, |i| {
         let w = data.f_get((i % 8) as i64)?;
@@ -266,7 +265,7 @@ fn profile(device: Device, (name, config, batch): (&str, model::Config, i64), fu
     let vs = nn::VarStore::new(device);
     let gpt = model::Gpt::new(&vs.root(), config);
     let hyper = step::Hyper { batch, shadows: fused, ..Default::default() };
-    let mut steps = step::build(&vs, Arc::new(Mutex::new(gpt)), hyper)?;
+    let mut steps = step::build(&vs, &gpt, hyper)?;
     let data = Tensor::f_randint(config.vocab, [1, batch, config.block + 1], (Kind::Int64, device))?;
     let (x, y) = (data.f_narrow(2, 0, config.block)?, data.f_narrow(2, 1, config.block)?);
     for _ in 0..10 {

@@ -176,7 +176,7 @@ fn graphed_step(
     keep_graph: bool,
     precision: Precision,
     variant: StepVariant,
-) -> TrainStep {
+) -> TrainStep<'static> {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(device);
     let model = Model::new(kind, &vs);

@@ -60,7 +60,8 @@ tcg_status tcg_norm_forward(const tcg_norm_inputs* in, const tcg_norm_options* o
     const int64_t d = res.size(-1);
     for (const at::Tensor* p : {&weight, &bias}) {
       if (p->defined() && (p->dim() != 1 || p->size(0) != d)) {
-        misuse("norm: weight and bias must be vectors of the last dimension's size");
+        misuse("norm: the input's last dimension (dimension " + std::to_string(res.dim() - 1) + ", size " +
+               std::to_string(d) + ") differs from the norm's width (" + std::to_string(p->numel()) + ")");
       }
     }
     tcg::norm::Options o{opts->kind == TCG_NORM_RMS, opts->eps, opts->dropout, opts->train,

@@ -179,4 +179,13 @@ tcg_status tcg_grads_clip_norm(tcg_tensors grads, double max_norm, double norm_t
   });
 }
 
+tcg_status tcg_grads_clip_value(tcg_tensors grads, double clip) {
+  return guard([&] {
+    auto g = tensor_list(grads);
+    if (g.empty()) misuse("clip_grad_value: no gradients (call backward first)");
+    at::_foreach_clamp_min_(g, -clip);
+    at::_foreach_clamp_max_(g, clip);
+  });
+}
+
 }  // extern "C"

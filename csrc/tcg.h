@@ -188,6 +188,8 @@ tcg_status tcg_grads_zero(tcg_tensors params);
 // Global-norm clipping on the device: total = ||(||g_i||_p)_i||_p; g_i *= min(1, max/(total+1e-6)).
 // Returns the total norm as a new 0-d tensor; no host sync.
 tcg_status tcg_grads_clip_norm(tcg_tensors grads, double max_norm, double norm_type, tcg_tensor* total_out);
+// Value clipping in place: each g_i clamped to [-clip, clip] (PyTorch's clip_grad_value_, foreach).
+tcg_status tcg_grads_clip_value(tcg_tensors grads, double clip);
 
 // ---------------------------------------------------------------- norm.cpp (CPU and CUDA)
 // LayerNorm or RMSNorm over the last dimension, after an optional residual add through dropout:

@@ -19,7 +19,6 @@ mod cli;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tch::{nn, nn::Module, Device, Kind, Tensor};
 use tch_cuda_graphs::amp::{self, GradScaler};
@@ -127,31 +126,38 @@ struct Run<'a> {
     held_out: &'a Data,
 }
 
+/// What the training step mutates, owned by the step and lent back between runs: the optimizer,
+/// and fp16's loss scaler.
+struct Trainer {
+    opt: Adam,
+    scaler: Option<GradScaler>,
+}
+
 /// Trains (or resumes) one run; returns its VarStore and the seconds per training step (over the
 /// epochs after the first, when there are several).
 fn fit(run: &Run) -> Result<(nn::VarStore, f64)> {
     let device = run.device;
     tch::manual_seed(42);
     let vs = nn::VarStore::new(device);
-    let model = Arc::new(Mutex::new(mlp(vs.root() / "student")));
+    let model = mlp(vs.root() / "student");
     let cfg = AdamConfig::adamw().lr(2e-3).weight_decay(0.01);
-    let opt = Arc::new(Mutex::new(Adam::with_groups(decay_groups(&vs, cfg, cfg.weight_decay(0.0)))?));
+    let opt = Adam::with_groups(decay_groups(&vs, cfg, cfg.weight_decay(0.0)))?;
     let steps_per_epoch = (TRAIN + BATCH - 1) / BATCH;
     let total = steps_per_epoch as u64 * run.args.epochs as u64;
-    let mut schedule =
-        LrScheduler::new(WarmupCosine { warmup: 100, total, min_factor: 0.05 }, opt.lock().unwrap().lr_handles());
+    let mut schedule = LrScheduler::new(WarmupCosine { warmup: 100, total, min_factor: 0.05 }, opt.lr_handles());
 
     // fp16 needs loss scaling; the scaler lives on the device and in the captured step
     let scaler = match run.args.precision {
-        Some(Kind::Half) => Some(Arc::new(Mutex::new(GradScaler::new(device)?))),
+        Some(Kind::Half) => Some(GradScaler::new(device)?),
         _ => None,
     };
+    let mut trainer = Trainer { opt, scaler };
     let mut first_epoch = 0;
     if run.args.resume {
-        let extra = checkpoint::load(&run.args.checkpoint, &vs, &mut *opt.lock().unwrap())
+        let extra = checkpoint::load(&run.args.checkpoint, &vs, &mut trainer.opt)
             .with_context(|| format!("resuming from {}", run.args.checkpoint))?;
-        if let Some(s) = &scaler {
-            s.lock().unwrap().load_state(&extra)?;
+        if let Some(s) = &mut trainer.scaler {
+            s.load_state(&extra)?;
         }
         first_epoch = extra["epoch"].int64_value(&[]) as usize;
         schedule.set_steps(extra["scheduled"].int64_value(&[]) as u64);
@@ -166,21 +172,19 @@ fn fit(run: &Run) -> Result<(nn::VarStore, f64)> {
     }
     let (x0, y0) =
         (Tensor::zeros([BATCH, IN], (Kind::Float, device)), Tensor::zeros([BATCH, OUT], (Kind::Float, device)));
-    let (m, o, sc) = (Arc::clone(&model), Arc::clone(&opt), scaler.clone());
-    let mut train = TrainStep::new(&[("x", &x0), ("y", &y0)], options, move |inp| {
-        let (model, mut opt) = (m.lock().unwrap(), o.lock().unwrap());
-        opt.zero_grad()?;
+    // the step borrows the model and owns the trainer (lent back below for checkpoints)
+    let mut train = TrainStep::with_state(trainer, &[("x", &x0), ("y", &y0)], options, |t, inp| {
+        t.opt.zero_grad()?;
         let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
-        match &sc {
+        match &mut t.scaler {
             Some(scaler) => {
-                let mut scaler = scaler.lock().unwrap();
                 scaler.backward(&loss)?; // scaled, autocast suspended
-                scaler.step(&mut *opt)?;
+                scaler.step(&mut t.opt)?;
                 scaler.update()?;
             }
             None => {
                 amp::backward(&loss)?; // autocast (if any) suspended, as PyTorch runs backward
-                opt.step()?;
+                t.opt.step()?;
             }
         }
         Ok(vec![loss.detach()])
@@ -190,15 +194,14 @@ fn fit(run: &Run) -> Result<(nn::VarStore, f64)> {
     // the last batch then replays from its first epoch on)
     let sizes: Vec<i64> = [BATCH, TRAIN % BATCH].into_iter().filter(|&n| n > 0).collect();
     train.declare_batch_sizes(&sizes)?;
-    let m = Arc::clone(&model);
     let xe = Tensor::zeros([EVAL_BATCH, IN], (Kind::Float, device));
     let eval_options = match train.pool() {
         Some(pool) => options.pool(pool).warmup(1),
         None => options,
     };
-    let mut eval = TrainStep::new(&[("x", &xe), ("y", &xe.narrow(1, 0, OUT))], eval_options, move |inp| {
+    let mut eval = TrainStep::new(&[("x", &xe), ("y", &xe.narrow(1, 0, OUT))], eval_options, |inp| {
         let _no_grad = tch::no_grad_guard();
-        Ok(vec![m.lock().unwrap().forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?])
+        Ok(vec![model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?])
     })?;
 
     let pin = device != Device::Cpu;
@@ -255,10 +258,11 @@ fn fit(run: &Run) -> Result<(nn::VarStore, f64)> {
             bar.suspend(|| println!("{line}"));
         }
         let (epoch_no, scheduled) = (Tensor::from((epoch + 1) as i64), Tensor::from(schedule.steps() as i64));
-        let scaler_state = scaler.as_ref().map(|s| s.lock().unwrap().state()).unwrap_or_default();
+        let trainer = train.state();
+        let scaler_state = trainer.scaler.as_ref().map(|s| s.state()).unwrap_or_default();
         let mut extra: Vec<(&str, &Tensor)> = vec![("epoch", &epoch_no), ("scheduled", &scheduled)];
         extra.extend(scaler_state.iter().map(|(n, t)| (n.as_str(), t)));
-        checkpoint::save(&run.args.checkpoint, &vs, &*opt.lock().unwrap(), &extra)?;
+        checkpoint::save(&run.args.checkpoint, &vs, &trainer.opt, &extra)?;
     }
     bar.finish_and_clear();
     Ok((vs, seconds / steps.max(1) as f64))

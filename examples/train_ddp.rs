@@ -15,7 +15,6 @@
 mod cli;
 
 use anyhow::{ensure, Context, Result};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tch::{nn, nn::Module, Device, Kind, Tensor};
 use tch_cuda_graphs::dist::{
@@ -105,8 +104,6 @@ fn main() -> Result<()> {
     let config = BucketConfig::default().bucket_bytes(DEFAULT_BUCKET_BYTES).views(views).grouped(grouped);
     let mut reduce = GradAllReduce::with_config(&pg, opt.params(), config)?;
     let lr_handles = opt.lr_handles();
-    // shared with the step closure so that rank 0 can checkpoint its state
-    let opt = Arc::new(Mutex::new(opt));
     let per_rank = TRAIN / world as i64;
     let steps_per_epoch = (per_rank + BATCH - 1) / BATCH;
     let mut schedule = LrScheduler::new(
@@ -115,14 +112,13 @@ fn main() -> Result<()> {
     );
     let (x0, y0) =
         (Tensor::zeros([BATCH, IN], (Kind::Float, device)), Tensor::zeros([BATCH, OUT], (Kind::Float, device)));
-    let o = Arc::clone(&opt);
-    let mut step = TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default(), move |inp| {
-        let mut opt = o.lock().unwrap_or_else(|p| p.into_inner());
+    // the optimizer is the step's state: lent back to rank 0 for its checkpoints
+    let mut step = TrainStep::with_state(opt, &[("x", &x0), ("y", &y0)], StepOptions::default(), move |opt, inp| {
         opt.zero_grad()?;
         let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
         if step_per_bucket {
             // each bucket's parameters updated as soon as it is averaged
-            reduce.backward_and_step(&loss, &mut *opt)?;
+            reduce.backward_and_step(&loss, opt)?;
         } else {
             reduce.arm()?; // each bucket's all-reduce starts as soon as its gradients are ready
             tch_cuda_graphs::amp::backward(&loss)?;
@@ -164,8 +160,7 @@ fn main() -> Result<()> {
             println!("epoch {}: mean training loss over {world} ranks {:.5}", epoch + 1, f64::try_from(&loss)?);
             let epoch_no = Tensor::from((epoch + 1) as i64);
             std::fs::create_dir_all("target")?;
-            let opt = opt.lock().unwrap_or_else(|p| p.into_inner());
-            checkpoint::save("target/train-ddp.safetensors", &vs, &*opt, &[("epoch", &epoch_no)])?;
+            checkpoint::save("target/train-ddp.safetensors", &vs, step.state(), &[("epoch", &epoch_no)])?;
         }
     }
     // the parameters are bitwise equal on every rank

@@ -24,3 +24,24 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64, norm_type: f64) -> Resul
     let (_, grads) = with_grads(params)?;
     sys::clip_norm(&grads, max_norm, norm_type)
 }
+
+/// Clamps every gradient of `params` to `[-clip_value, clip_value]` in place (PyTorch's
+/// `clip_grad_value_`, and what tch's `Optimizer::backward_step_clip` does), on the device and
+/// without a host sync, so it can be captured. Parameters without a gradient are skipped.
+///
+/// ```
+/// # fn main() -> tch_cuda_graphs::Result<()> {
+/// use tch::{Device, Kind, Tensor};
+/// let w = Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+/// (&w * Tensor::from_slice(&[-4f32, 0.5, 9.0])).sum(Kind::Float).backward();
+/// tch_cuda_graphs::clip_grad_value(&[w.shallow_clone()], 1.0)?;
+/// assert_eq!(Vec::<f32>::try_from(&w.grad()).unwrap(), [-1.0, 0.5, 1.0]);
+/// # Ok(()) }
+/// ```
+pub fn clip_grad_value(params: &[Tensor], clip_value: f64) -> Result<()> {
+    if !(clip_value.is_finite() && clip_value >= 0.0) {
+        return Err(Error::Misuse(format!("clip_grad_value: invalid clip_value {clip_value}")));
+    }
+    let (_, grads) = with_grads(params)?;
+    sys::clip_value(&grads, clip_value)
+}

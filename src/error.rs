@@ -92,7 +92,7 @@ pub enum Error {
     Unsupported(String),
     /// An error from a tch call (libtorch through tch's C API).
     #[error("libtorch error (through tch)")]
-    Torch(#[from] tch::TchError),
+    Torch(#[source] tch::TchError),
     /// An error that libtorch or the CUDA runtime reported to this crate's shim.
     #[error("libtorch/CUDA error: {0}")]
     Libtorch(String),
@@ -133,6 +133,52 @@ impl Error {
     /// Whether this error is an out-of-memory error.
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, Error::OutOfMemory { .. })
+    }
+}
+
+/// An [`Error`] as tch's error, so that `?` carries it out of code that returns
+/// `Result<_, tch::TchError>` (a model's `forward`, tch-style `f_` functions). A
+/// [`Error::Torch`] becomes the tch error it wraps; any other error travels as
+/// `TchError::Io` of kind `Other`, whose inner error is this one, source chain included:
+/// `io.get_ref().and_then(|e| e.downcast_ref::<tch_cuda_graphs::Error>())` gets it back.
+///
+/// ```
+/// use tch_cuda_graphs::Error;
+/// fn forward() -> Result<(), tch::TchError> {
+///     Err(Error::Misuse("no input".into()))?
+/// }
+/// match forward() {
+///     Err(tch::TchError::Io(io)) => {
+///         let inner = io.get_ref().and_then(|e| e.downcast_ref::<Error>());
+///         assert!(matches!(inner, Some(Error::Misuse(_))));
+///     }
+///     other => panic!("{other:?}"),
+/// }
+/// // and back into this crate's error, as it was
+/// let back: Error = forward().unwrap_err().into();
+/// assert!(matches!(back, Error::Misuse(_)));
+/// ```
+impl From<Error> for tch::TchError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Torch(t) => t,
+            other => tch::TchError::Io(std::io::Error::other(other)),
+        }
+    }
+}
+
+/// A tch error as this crate's: [`Error::Torch`], except that one of this crate's errors that
+/// travelled through tch's type (the `From` above) comes back as it was.
+impl From<tch::TchError> for Error {
+    fn from(e: tch::TchError) -> Self {
+        let tch::TchError::Io(io) = e else { return Error::Torch(e) };
+        let kind = io.kind();
+        match io.into_inner().map(|inner| inner.downcast::<Error>()) {
+            Some(Ok(ours)) => *ours,
+            // any other I/O error, rebuilt as it was (its kind and inner error)
+            Some(Err(inner)) => Error::Torch(tch::TchError::Io(std::io::Error::new(kind, inner))),
+            None => Error::Torch(tch::TchError::Io(kind.into())),
+        }
     }
 }
 

@@ -81,7 +81,7 @@ pub use bucket::{Buckets, Padded};
 pub use capture::{
     capture_with_warmup, retain_in_capture, run_on_capture_stream, CaptureLock, CaptureOptions, DEFAULT_WARMUP,
 };
-pub use clip::clip_grad_norm;
+pub use clip::{clip_grad_norm, clip_grad_value};
 pub use device::{built_with_cuda, cuda_device_count, cuda_is_available, synchronize};
 pub use error::{Error, Result};
 pub use graph::{CaptureMode, CudaGraph, NodeKinds};
@@ -100,6 +100,8 @@ mod doc_pages {
     struct Readme;
     #[doc = include_str!("../docs/index.md")]
     struct Index;
+    #[doc = include_str!("../docs/adopting.md")]
+    struct Adopting;
     #[doc = include_str!("../docs/capture.md")]
     struct Capture;
     #[doc = include_str!("../docs/train-step.md")]

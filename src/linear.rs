@@ -25,7 +25,8 @@
 //! let vs = nn::VarStore::new(Device::Cuda(0));
 //! let fc = linear(vs.root() / "c_fc", 384, 1536, LinearConfig { weight_grad: WeightGrad::Float32, ..Default::default() });
 //! let x = Tensor::randn([8, 256, 384], (Kind::BFloat16, Device::Cuda(0)));
-//! let y = fc.forward(&x)?; // bf16 out; its backward: one GEMM for the weight and bias gradients
+//! let y = fc.f_forward(&x)?; // bf16 out; its backward: one GEMM for the weight and bias gradients
+//! let same = x.apply(&fc); // tch's `nn::Module`: panics where `f_forward` returns an error
 //! # let _ = y; Ok(()) }
 //! ```
 
@@ -88,6 +89,20 @@ impl Default for LinearConfig {
     }
 }
 
+/// tch's linear settings (initialisations, bias) with the crate's defaults for the rest.
+///
+/// ```
+/// use tch::nn;
+/// use tch_cuda_graphs::linear::LinearConfig;
+/// let cfg = LinearConfig::from(nn::LinearConfig { bias: false, ..Default::default() });
+/// assert!(!cfg.bias);
+/// ```
+impl From<nn::LinearConfig> for LinearConfig {
+    fn from(c: nn::LinearConfig) -> Self {
+        LinearConfig { ws_init: c.ws_init, bs_init: c.bs_init, bias: c.bias, ..Default::default() }
+    }
+}
+
 /// A linear layer, `x · weightᵀ + bias`. Its variables are named as `tch::nn::linear`'s
 /// (`weight` [out, in], `bias` [out]), so checkpoints move between the two.
 #[derive(Debug)]
@@ -121,9 +136,16 @@ pub fn linear<'a>(path: impl Borrow<nn::Path<'a>>, in_dim: i64, out_dim: i64, co
     Linear { ws, bs, config, own: Cell::new(false) }
 }
 
+impl nn::Module for Linear {
+    /// [`Linear::f_forward`], panicking on an error as tch's own layers do.
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        self.f_forward(xs).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
 impl Linear {
     /// `x · weightᵀ + bias` over the last dimension of `x`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub fn f_forward(&self, x: &Tensor) -> Result<Tensor> {
         let (y, own) = apply(x, &self.ws, self.bs.as_ref(), &self.config)?;
         self.own.set(own);
         Ok(y)

@@ -23,12 +23,13 @@
 //! use tch::{nn, Device, Kind, Tensor};
 //! use tch_cuda_graphs::norm::{layer_norm, NormConfig};
 //! let vs = nn::VarStore::new(Device::Cuda(0));
-//! let ln = layer_norm(vs.root() / "ln_2", 384, NormConfig::default());
+//! let ln = layer_norm(vs.root() / "ln_2", vec![384], NormConfig::default());
 //! let res = Tensor::randn([8, 256, 384], (Kind::Float, Device::Cuda(0)));
 //! let branch = Tensor::randn([8, 256, 384], (Kind::BFloat16, Device::Cuda(0)));
 //! // res + dropout(branch, 0.2), and its LayerNorm, in one kernel
-//! let (res, y) = ln.forward_residual(&res, &branch, 0.2, true)?;
-//! let plain = ln.forward(&res)?; // a LayerNorm alone
+//! let (res, y) = ln.f_forward_residual(&res, &branch, 0.2, true)?;
+//! let plain = ln.f_forward(&res)?; // a LayerNorm alone
+//! let same = res.apply(&ln); // tch's `nn::Module`: panics where `f_forward` returns an error
 //! # let _ = (y, plain); Ok(()) }
 //! ```
 
@@ -60,14 +61,20 @@ pub enum NormOutput {
     Input,
 }
 
-/// How a [`LayerNorm`] is made and run.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// How a [`LayerNorm`] is made and run: tch's `nn::LayerNormConfig` fields (but
+/// `cudnn_enabled`, which no layer-norm kernel reads) and the crate's. A tch config converts
+/// with `NormConfig::from`.
+#[derive(Clone, Copy, Debug)]
 pub struct NormConfig {
     /// Added to the variance (default 1e-5, PyTorch's).
     pub eps: f64,
-    /// A learnable weight (`weight`, ones at first; default true).
+    /// A learnable weight (`weight`, see `ws_init`; default true).
     pub elementwise_affine: bool,
-    /// A learnable bias (`bias`, zeros at first; default true; never for RMSNorm).
+    /// The weight's initialisation (default ones, as tch's).
+    pub ws_init: nn::Init,
+    /// The bias's initialisation (default zeros, as tch's).
+    pub bs_init: nn::Init,
+    /// A learnable bias (`bias`, see `bs_init`; default true; never for RMSNorm).
     pub bias: bool,
     /// LayerNorm or RMSNorm.
     pub kind: NormKind,
@@ -84,10 +91,26 @@ impl Default for NormConfig {
         NormConfig {
             eps: 1e-5,
             elementwise_affine: true,
+            ws_init: nn::Init::Const(1.0),
+            bs_init: nn::Init::Const(0.0),
             bias: true,
             kind: NormKind::Layer,
             output: NormOutput::Autocast,
             kernels: Kernels::Auto,
+        }
+    }
+}
+
+/// tch's layer-norm settings (epsilon, affine, initialisations) with the crate's defaults for
+/// the rest.
+impl From<nn::LayerNormConfig> for NormConfig {
+    fn from(c: nn::LayerNormConfig) -> Self {
+        NormConfig {
+            eps: c.eps,
+            elementwise_affine: c.elementwise_affine,
+            ws_init: c.ws_init,
+            bs_init: c.bs_init,
+            ..Default::default()
         }
     }
 }
@@ -105,39 +128,63 @@ pub struct LayerNorm {
     fused: Cell<bool>,
 }
 
-/// A LayerNorm over the last dimension (`dim` wide) under `path`.
+/// A LayerNorm over the last dimension under `path`, shaped as tch's `nn::layer_norm`:
+/// `normalized_shape` is `vec![width]`.
+///
+/// # Panics
+/// If `normalized_shape` is not one positive width (the layer normalizes the last dimension
+/// only), or the VarStore cannot make the variables (as tch's constructors panic).
 ///
 /// ```no_run
 /// # use tch::{nn, Device};
 /// # use tch_cuda_graphs::norm::{layer_norm, NormConfig};
 /// let vs = nn::VarStore::new(Device::Cuda(0));
-/// let ln = layer_norm(vs.root() / "ln_f", 384, NormConfig::default());
+/// // was: nn::layer_norm(vs.root() / "ln_f", vec![384], Default::default())
+/// let ln = layer_norm(vs.root() / "ln_f", vec![384], NormConfig::default());
 /// ```
-pub fn layer_norm<'a>(path: impl Borrow<nn::Path<'a>>, dim: i64, config: NormConfig) -> LayerNorm {
+pub fn layer_norm<'a>(path: impl Borrow<nn::Path<'a>>, normalized_shape: Vec<i64>, config: NormConfig) -> LayerNorm {
+    let dim = match normalized_shape[..] {
+        [d] if d > 0 => d,
+        _ => panic!(
+            "layer_norm: normalized_shape must be one positive width (the last dimension), got {normalized_shape:?}"
+        ),
+    };
     let p = path.borrow();
-    let ws = config.elementwise_affine.then(|| p.var("weight", &[dim], nn::Init::Const(1.0)));
-    let bs = (config.bias && config.kind == NormKind::Layer).then(|| p.var("bias", &[dim], nn::Init::Const(0.0)));
+    let ws = config.elementwise_affine.then(|| p.var("weight", &[dim], config.ws_init));
+    let bs = (config.bias && config.kind == NormKind::Layer).then(|| p.var("bias", &[dim], config.bs_init));
     LayerNorm { ws, bs, config, fused: Cell::new(false) }
 }
 
-/// An RMSNorm over the last dimension (`dim` wide) under `path`: [`layer_norm`] with
-/// [`NormKind::Rms`] and no bias.
-pub fn rms_norm<'a>(path: impl Borrow<nn::Path<'a>>, dim: i64, config: NormConfig) -> LayerNorm {
-    layer_norm(path, dim, NormConfig { kind: NormKind::Rms, bias: false, ..config })
+/// An RMSNorm over the last dimension under `path`: [`layer_norm`] with [`NormKind::Rms`] and no
+/// bias (tch has no RMSNorm layer; `torch.nn.RMSNorm`'s semantics).
+pub fn rms_norm<'a>(path: impl Borrow<nn::Path<'a>>, normalized_shape: Vec<i64>, config: NormConfig) -> LayerNorm {
+    layer_norm(path, normalized_shape, NormConfig { kind: NormKind::Rms, bias: false, ..config })
+}
+
+impl nn::Module for LayerNorm {
+    /// [`LayerNorm::f_forward`], panicking on an error as tch's own layers do.
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        self.f_forward(xs).unwrap_or_else(|e| panic!("{e}"))
+    }
 }
 
 impl LayerNorm {
     /// The normalized `x`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub fn f_forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(self.run(x, None, 0.0, false)?.1)
     }
 
     /// `(x, y)`: the new residual stream `x = res + dropout(branch, p)` (dropout only when
     /// `train`) and its normalization `y`. Gradients flow into `res`, `branch` and the
     /// parameters from both outputs.
-    pub fn forward_residual(&self, res: &Tensor, branch: &Tensor, p: f64, train: bool) -> Result<(Tensor, Tensor)> {
+    pub fn f_forward_residual(&self, res: &Tensor, branch: &Tensor, p: f64, train: bool) -> Result<(Tensor, Tensor)> {
         let (x, y) = self.run(res, Some(branch), p, train)?;
         Ok((x.unwrap_or_else(|| res.shallow_clone()), y))
+    }
+
+    /// [`f_forward_residual`](Self::f_forward_residual), panicking on an error as tch's layers do.
+    pub fn forward_residual(&self, res: &Tensor, branch: &Tensor, p: f64, train: bool) -> (Tensor, Tensor) {
+        self.f_forward_residual(res, branch, p, train).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Whether the last forward ran the crate's fused kernels (else ATen's operators).

@@ -14,7 +14,8 @@ use crate::shadow::ActiveShadows;
 use crate::watch::{storage_nbytes, TensorWatch};
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
-type StepFn = Box<dyn FnMut(&[Tensor]) -> Result<Vec<Tensor>> + Send>;
+/// The step closure: the state the step lends it, and the static inputs.
+type StepFn<'a, S> = Box<dyn FnMut(&mut S, &[Tensor]) -> Result<Vec<Tensor>> + 'a>;
 
 /// The default bound on the graphs a [`TrainStep`] keeps (one per batch shape).
 pub const DEFAULT_MAX_GRAPHS: usize = 8;
@@ -202,10 +203,17 @@ impl ShapeEntry {
 /// allocator counts no OOMs). After a failed capture the shape has no graph; its next batch
 /// captures again.
 ///
-/// The step keeps alive everything the graphs touch: the static inputs and outputs, the
-/// closure (move the model and the optimizer into it: their parameters and state are then held
-/// by the step), anything given to [`watch`](Self::watch) or [`watch_vars`](Self::watch_vars),
-/// and the pool.
+/// The step keeps alive what the graphs touch that it owns: the static inputs and outputs, the
+/// closure and its state, anything given to [`watch`](Self::watch) or
+/// [`watch_vars`](Self::watch_vars), and the pool. The closure may borrow (the model, the
+/// VarStore: `TrainStep<'a>` lives no longer than they do), so the same model is evaluated,
+/// sampled and checkpointed through plain references between runs. What the closure must
+/// mutate, the optimizer above all, is best given to the step as its state
+/// ([`with_state`](Self::with_state)): the step lends it to the closure on every call, and to
+/// the caller between runs ([`state`](Self::state), [`state_mut`](Self::state_mut)).
+///
+/// A step is not `Send`: its closure may hold references and `Rc`s. Build it on the thread that
+/// runs it.
 ///
 /// # Stale graphs
 /// A graph works on the addresses its tensors had at capture. Before every
@@ -223,10 +231,11 @@ impl ShapeEntry {
 /// let dev = Device::cuda_if_available();
 /// let vs = nn::VarStore::new(dev);
 /// let model = nn::linear(vs.root(), 8, 1, Default::default());
-/// let mut opt = Adam::new(&vs, AdamConfig::default())?;
+/// let opt = Adam::new(&vs, AdamConfig::default())?;
 /// let x = Tensor::zeros([32, 8], (Kind::Float, dev));
 /// let y = Tensor::zeros([32, 1], (Kind::Float, dev));
-/// let mut step = TrainStep::new(&[("x", &x), ("y", &y)], StepOptions::default(), move |inp| {
+/// // the closure borrows the model; the optimizer is the step's state, lent back between runs
+/// let mut step = TrainStep::with_state(opt, &[("x", &x), ("y", &y)], StepOptions::default(), |opt, inp| {
 ///     opt.zero_grad()?;
 ///     let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
 ///     loss.f_backward()?;
@@ -241,7 +250,7 @@ impl ShapeEntry {
 /// }
 /// # Ok(()) }
 /// ```
-pub struct TrainStep {
+pub struct TrainStep<'a, S = ()> {
     names: Vec<String>,
     kinds: Vec<Kind>,
     ranks: Vec<usize>,
@@ -251,7 +260,9 @@ pub struct TrainStep {
     shapes: Vec<ShapeEntry>,
     /// The entry of the last run (whose outputs are current).
     current: usize,
-    step_fn: StepFn,
+    step_fn: StepFn<'a, S>,
+    /// What the step lends its closure on every call (and its caller between runs).
+    state: S,
     watch: TensorWatch,
     runs: u64,
     captures: u64,
@@ -270,7 +281,7 @@ pub struct TrainStep {
     pool: Option<MemPool>,
 }
 
-impl std::fmt::Debug for TrainStep {
+impl<S> std::fmt::Debug for TrainStep<'_, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TrainStep")
             .field("inputs", &self.names)
@@ -283,11 +294,16 @@ impl std::fmt::Debug for TrainStep {
     }
 }
 
-/// One call of the step closure, under autocast (cast cache off) if asked.
-fn call_step(step_fn: &mut StepFn, options: &StepOptions, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+/// One call of the step closure with its state, under autocast (cast cache off) if asked.
+fn call_step<S>(
+    step_fn: &mut StepFn<'_, S>,
+    state: &mut S,
+    options: &StepOptions,
+    inputs: &[Tensor],
+) -> Result<Vec<Tensor>> {
     let _shadows = options.shadows.then(ActiveShadows::begin).transpose()?;
     let _autocast = options.autocast.map(|dtype| Autocast::new(dtype, false)).transpose()?;
-    step_fn(inputs)
+    step_fn(state, inputs)
 }
 
 /// The outputs of a captured call, each a tensor of its own: an output that views a larger
@@ -336,14 +352,52 @@ fn describe(t: &Tensor) -> String {
     format!("shape {:?} {:?} on {:?}", t.size(), t.kind(), t.device())
 }
 
-impl TrainStep {
+impl<'a> TrainStep<'a> {
     /// Declares the static inputs (name, example tensor: dtype, device, first shape) and the
     /// step. Nothing runs yet: the first [`run`](Self::run) of each shape warms up or captures
     /// (see the type's docs). The example tensors are copied into the first shape's static
-    /// inputs, so [`replay`](Self::replay) before any run steps on them.
-    pub fn new<F>(inputs: &[(&str, &Tensor)], options: StepOptions, step: F) -> Result<Self>
+    /// inputs, so [`replay`](Self::replay) before any run steps on them. The closure may borrow
+    /// what outlives the step; for what it must mutate and the caller must reach between runs
+    /// (the optimizer), see [`with_state`](Self::with_state).
+    pub fn new<F>(inputs: &[(&str, &Tensor)], options: StepOptions, mut step: F) -> Result<Self>
     where
-        F: FnMut(&[Tensor]) -> Result<Vec<Tensor>> + Send + 'static,
+        F: FnMut(&[Tensor]) -> Result<Vec<Tensor>> + 'a,
+    {
+        TrainStep::with_state((), inputs, options, move |_, inputs| step(inputs))
+    }
+}
+
+impl<'a, S: 'a> TrainStep<'a, S> {
+    /// [`new`](TrainStep::new) with a state the step owns and lends: the closure gets `&mut`
+    /// it on every call, the caller gets it between runs through [`state`](Self::state) and
+    /// [`state_mut`](Self::state_mut) (checkpoint the optimizer, set its learning rate), and
+    /// back with [`into_state`](Self::into_state). A captured graph works on the addresses the
+    /// state's tensors had at capture: change their values in place (a checkpoint load does),
+    /// never replace them.
+    ///
+    /// ```
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// use tch::{nn, nn::Module, Device, Kind, Tensor};
+    /// use tch_cuda_graphs::{optim::{Adam, AdamConfig, Optimizer}, StepOptions, TrainStep};
+    /// let vs = nn::VarStore::new(Device::Cpu);
+    /// let model = nn::linear(vs.root(), 8, 1, Default::default());
+    /// let x = Tensor::zeros([4, 8], (Kind::Float, Device::Cpu));
+    /// let opt = Adam::new(&vs, AdamConfig::default().lr(1e-2))?;
+    /// let mut step = TrainStep::with_state(opt, &[("x", &x)], StepOptions::default(), |opt, inp| {
+    ///     opt.zero_grad()?;
+    ///     let loss = model.forward(&inp[0]).f_square()?.f_mean(None)?;
+    ///     loss.f_backward()?;
+    ///     opt.step()?;
+    ///     Ok(vec![loss.detach()])
+    /// })?;
+    /// step.run(&[&Tensor::ones([4, 8], (Kind::Float, Device::Cpu))])?;
+    /// step.state_mut().set_lr(1e-3)?; // the optimizer, between runs
+    /// let _eval = model.forward(&x); // the model, through a plain reference
+    /// # Ok(()) }
+    /// ```
+    pub fn with_state<F>(state: S, inputs: &[(&str, &Tensor)], options: StepOptions, step: F) -> Result<Self>
+    where
+        F: FnMut(&mut S, &[Tensor]) -> Result<Vec<Tensor>> + 'a,
     {
         let names: Vec<String> = inputs.iter().map(|(n, _)| (*n).to_owned()).collect();
         let device = inputs.first().map(|(_, t)| t.device()).or(options.capture.get_device());
@@ -378,6 +432,7 @@ impl TrainStep {
             shapes: Vec::new(),
             current: 0,
             step_fn: Box::new(step),
+            state,
             watch: TensorWatch::new()?,
             runs: 0,
             captures: 0,
@@ -388,6 +443,21 @@ impl TrainStep {
         };
         step.push_entry(inputs.iter().map(|(_, t)| t.size()).collect(), Some(copies))?;
         Ok(step)
+    }
+
+    /// The state lent to the closure ([`with_state`](Self::with_state)).
+    pub fn state(&self) -> &S {
+        &self.state
+    }
+
+    /// The state, mutably (between runs).
+    pub fn state_mut(&mut self) -> &mut S {
+        &mut self.state
+    }
+
+    /// The state back; the step, its graphs and their pool are released.
+    pub fn into_state(self) -> S {
+        self.state
     }
 
     /// Whether the step replays CUDA graphs (`false`: the eager fallback).
@@ -546,12 +616,13 @@ impl TrainStep {
         if !self.graphed {
             let oom = OomWatch::start(self.device)?;
             let entry = &mut self.shapes[i];
-            entry.outputs = call_step(&mut self.step_fn, &self.options, &entry.inputs).map_err(|e| oom.classify(e))?;
+            entry.outputs = call_step(&mut self.step_fn, &mut self.state, &self.options, &entry.inputs)
+                .map_err(|e| oom.classify(e))?;
         } else if entry.graph.is_none() && !warm {
-            let TrainStep { shapes, step_fn, device, options, .. } = self;
+            let TrainStep { shapes, step_fn, state, device, options, .. } = self;
             let entry = &mut shapes[i];
             let inputs = &entry.inputs;
-            entry.outputs = run_on_capture_stream(*device, || call_step(step_fn, options, inputs))?;
+            entry.outputs = run_on_capture_stream(*device, || call_step(step_fn, state, options, inputs))?;
             entry.warmed += 1;
         } else {
             if entry.graph.is_none() {
@@ -621,9 +692,9 @@ impl TrainStep {
             None => self.options.capture,
         };
         let capture = if keep { capture.keep_graph(true) } else { capture };
-        let TrainStep { shapes, step_fn, options, captures, .. } = self;
+        let TrainStep { shapes, step_fn, state, options, captures, .. } = self;
         let inputs = &shapes[j].inputs;
-        let recorded = capture_with_warmup(0, capture, || compact(call_step(step_fn, options, inputs)?))?;
+        let recorded = capture_with_warmup(0, capture, || compact(call_step(step_fn, state, options, inputs)?))?;
         *captures += 1;
         Ok(recorded)
     }
@@ -816,7 +887,7 @@ impl TrainStep {
     /// Keeps `tensors` alive as long as the step and checks before every run that each still
     /// has the storage, dtype and shape it has now (see "Stale graphs" above). Call it right
     /// after [`new`](Self::new), with tensors the step uses.
-    pub fn watch<'a>(&mut self, tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>) -> Result<()> {
+    pub fn watch<'t>(&mut self, tensors: impl IntoIterator<Item = (&'t str, &'t Tensor)>) -> Result<()> {
         let (names, tensors): (Vec<String>, Vec<&Tensor>) =
             tensors.into_iter().map(|(n, t)| (format!("tensor `{n}`"), t)).unzip();
         self.watch.add(names, tensors)

@@ -375,7 +375,7 @@ fn clip_grad_norm_matches_a_manual_computation() {
 }
 
 /// A TrainStep over an MLP with Adam on `device`, returning the step and its VarStore.
-fn mlp_step(device: Device, options: StepOptions) -> (TrainStep, nn::VarStore, Tensor, Tensor) {
+fn mlp_step(device: Device, options: StepOptions) -> (TrainStep<'static>, nn::VarStore, Tensor, Tensor) {
     tch::manual_seed(3);
     let vs = nn::VarStore::new(device);
     let model = common::mlp(vs.root(), 8, 16, 2);
@@ -860,28 +860,28 @@ fn norm_layers_run_aten_without_the_fused_kernels() {
     use tch_cuda_graphs::optim::Kernels;
     tch::manual_seed(3);
     let vs = nn::VarStore::new(Device::Cpu);
-    let ours = layer_norm(vs.root() / "ours", 16, NormConfig::default());
+    let ours = layer_norm(vs.root() / "ours", vec![16], NormConfig::default());
     let theirs = nn::layer_norm(vs.root() / "theirs", vec![16], Default::default());
     let x = Tensor::randn([4, 5, 16], (Kind::Float, Device::Cpu));
-    let y = ours.forward(&x).expect("forward");
+    let y = ours.f_forward(&x).expect("forward");
     assert!(!ours.ran_fused());
     assert!(y.equal(&theirs.forward(&x)), "a LayerNorm equals nn::layer_norm");
     let branch = Tensor::randn([4, 5, 16], (Kind::Float, Device::Cpu));
-    let (sum, y2) = ours.forward_residual(&x, &branch, 0.3, false).expect("residual");
+    let (sum, y2) = ours.f_forward_residual(&x, &branch, 0.3, false).expect("residual");
     assert!(sum.equal(&(&x + &branch)), "no dropout outside training");
     assert!(y2.equal(&theirs.forward(&(&x + &branch))));
-    let (dropped, _) = ours.forward_residual(&x, &branch, 0.5, true).expect("residual with dropout");
+    let (dropped, _) = ours.f_forward_residual(&x, &branch, 0.5, true).expect("residual with dropout");
     // x + 0 where dropped, x + 2 · branch where kept
     let dropped_share = f64::try_from((&dropped - &x).abs().lt(1e-7).to_kind(Kind::Float).mean(Kind::Float)).unwrap();
     assert!(dropped_share > 0.2 && dropped_share < 0.8, "dropout applied in training ({dropped_share})");
-    let rms = rms_norm(vs.root() / "rms", 16, NormConfig::default());
+    let rms = rms_norm(vs.root() / "rms", vec![16], NormConfig::default());
     assert!(rms.bs.is_none());
     let expected = &x * (x.square().mean_dim(-1, true, Kind::Float) + 1e-5).rsqrt();
-    let diff = f64::try_from((rms.forward(&x).expect("rms") - expected).abs().max()).unwrap();
+    let diff = f64::try_from((rms.f_forward(&x).expect("rms") - expected).abs().max()).unwrap();
     println!("RMSNorm against its formula: max difference {diff:e}");
     assert!(diff < 1e-6);
-    let own = layer_norm(vs.root() / "own", 16, NormConfig { kernels: Kernels::Own, ..Default::default() });
-    assert!(matches!(own.forward(&x), Err(Error::Unsupported(_))), "Own without the fused kernels is refused");
+    let own = layer_norm(vs.root() / "own", vec![16], NormConfig { kernels: Kernels::Own, ..Default::default() });
+    assert!(matches!(own.f_forward(&x), Err(Error::Unsupported(_))), "Own without the fused kernels is refused");
 }
 
 /// Without CUDA parameters weight shadows take nothing, and `shadow::linear` is `Tensor::linear`.
@@ -908,7 +908,7 @@ fn the_linear_layer_runs_aten_on_the_cpu() {
     let vs = nn::VarStore::new(Device::Cpu);
     let ours = linear(vs.root() / "fc", 8, 4, LinearConfig { weight_grad: WeightGrad::Float32, ..Default::default() });
     let x = Tensor::randn([2, 3, 8], (Kind::Float, Device::Cpu));
-    let y = ours.forward(&x).expect("forward");
+    let y = ours.f_forward(&x).expect("forward");
     assert!(!ours.ran_fused());
     let expected = x.linear(&ours.ws, ours.bs.as_ref());
     assert!(y.equal(&expected), "equal to Tensor::linear");
@@ -920,9 +920,9 @@ fn the_linear_layer_runs_aten_on_the_cpu() {
     println!("weight gradient against the input's column sums: max difference {diff:e}");
     assert!(diff < 1e-5, "the weight gradient of a sum is the input's column sums");
     let own = linear(vs.root() / "own", 8, 4, LinearConfig { kernels: Kernels::Own, ..Default::default() });
-    assert!(matches!(own.forward(&x), Err(Error::Unsupported(_))), "Own without CUDA is refused");
+    assert!(matches!(own.f_forward(&x), Err(Error::Unsupported(_))), "Own without CUDA is refused");
     let wide = Tensor::randn([2, 9], (Kind::Float, Device::Cpu));
-    assert!(matches!(ours.forward(&wide), Err(Error::Misuse(_))), "a misfit input is a misuse");
+    assert!(matches!(ours.f_forward(&wide), Err(Error::Misuse(_))), "a misfit input is a misuse");
 }
 
 /// Without CUDA the cross-entropy is ATen's: equal to tch's `cross_entropy_loss`, gradient
@@ -942,4 +942,68 @@ fn cross_entropy_runs_aten_on_the_cpu() {
     assert!(matches!(cross_entropy_ran(&logits, &targets, &own), Err(Error::Unsupported(_))));
     let wrong = Tensor::randint(9, [11], (Kind::Int64, Device::Cpu));
     assert!(matches!(cross_entropy_ran(&logits, &wrong, &own), Err(Error::Misuse(_))));
+}
+
+/// The crate's layers are tch layers: `nn::Module` (`x.apply(&layer)`, `nn::seq()`) gives what
+/// the fallible `f_forward` gives, and the crate's errors travel through `tch::TchError` and
+/// back unchanged.
+#[test]
+fn the_crates_layers_are_tch_modules() {
+    use tch::nn::Module;
+    use tch_cuda_graphs::linear::{linear, LinearConfig};
+    use tch_cuda_graphs::norm::{layer_norm, NormConfig};
+    let vs = nn::VarStore::new(Device::Cpu);
+    let fc = linear(vs.root() / "fc", 8, 16, LinearConfig::default());
+    let ln = layer_norm(vs.root() / "ln", vec![16], NormConfig::default());
+    let x = Tensor::randn([4, 8], (Kind::Float, Device::Cpu));
+    let direct = ln.f_forward(&fc.f_forward(&x).unwrap()).unwrap();
+    assert!(x.apply(&fc).apply(&ln).equal(&direct), "Module::forward is f_forward");
+    let fc2 = linear(vs.root() / "fc2", 8, 16, LinearConfig::default());
+    let net = nn::seq().add(fc2).add_fn(|t| t.relu());
+    assert_eq!(net.forward(&x).size(), [4, 16]);
+    // a wrong width: a typed error from f_forward, through TchError and back
+    let fallible =
+        || -> Result<Tensor, tch::TchError> { Ok(ln.f_forward(&Tensor::zeros([2, 3], (Kind::Float, Device::Cpu)))?) };
+    let e = fallible().expect_err("a [2, 3] input to a LayerNorm over 16");
+    println!("through TchError: {e}");
+    let back: Error = e.into();
+    println!("back: {back:?}");
+    assert!(matches!(back, Error::Torch(_) | Error::Misuse(_)), "{back:?}");
+}
+
+/// A step's closure may borrow the model, and its state (the optimizer) is handed back between
+/// runs: the same model is evaluated through a plain reference, and the optimizer read and
+/// changed, while the step lives. A closure that fails leaves both usable, and the step runs on.
+#[test]
+fn a_step_borrows_the_model_and_hands_back_its_state() {
+    use tch::nn::Module;
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = nn::linear(vs.root() / "l", 4, 1, Default::default());
+    let opt = Adam::new(&vs, AdamConfig::default().lr(1e-2)).unwrap();
+    let x = Tensor::ones([8, 4], (Kind::Float, Device::Cpu));
+    let fail = std::cell::Cell::new(false);
+    let mut step = TrainStep::with_state(opt, &[("x", &x)], StepOptions::default(), |opt, inp| {
+        opt.zero_grad()?;
+        let loss = model.forward(&inp[0]).f_square()?.f_mean(None)?;
+        loss.f_backward()?;
+        if fail.get() {
+            return Err(Error::Misuse("the user's closure failed".into()));
+        }
+        opt.step()?;
+        Ok(vec![loss.detach()])
+    })
+    .unwrap();
+    let before = model.forward(&x);
+    step.run(&[&x]).unwrap();
+    assert!(!model.forward(&x).equal(&before), "the step trained the borrowed model");
+    fail.set(true);
+    assert!(matches!(step.run(&[&x]), Err(Error::Misuse(_))), "the closure's error comes back");
+    fail.set(false);
+    step.state_mut().set_lr(1e-3).unwrap();
+    assert_eq!(step.state().lr(), 1e-3);
+    let loss = f64::try_from(&step.run(&[&x]).unwrap()[0]).unwrap();
+    println!("after a failed call the step runs on: loss {loss:.5}");
+    let opt = step.into_state();
+    assert_eq!(opt.lr(), 1e-3);
+    let _ = model.forward(&x); // the model outlives the step
 }

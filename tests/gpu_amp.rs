@@ -22,7 +22,7 @@ fn bf16_replays_equal_eager_bf16_steps() {
     let d = cuda();
     let batches = on(d, &cpu_batches(60, &[64; 100], D, O));
     let (vs_g, g, vs_e, e) = twin_mlps(d, D, 128, O);
-    let make = |vs: &nn::VarStore, model: nn::Sequential, eager: bool| -> TrainStep {
+    let make = |vs: &nn::VarStore, model: nn::Sequential, eager: bool| -> TrainStep<'static> {
         let mut opt = Adam::new(vs, AdamConfig::adamw().lr(1e-3)).unwrap();
         let x0 = Tensor::zeros([64, D], (Kind::Float, d));
         let y0 = Tensor::zeros([64, O], (Kind::Float, d));
@@ -113,28 +113,29 @@ fn fp16_scaler_run(if_node: bool) {
     }
     let (vs_g, g, vs_e, e) = twin_mlps(d, D, 128, O);
     let config = ScalerConfig { growth_interval: 5, ..ScalerConfig::default() };
-    let make = |vs: &nn::VarStore, model: nn::Sequential, eager: bool| -> (TrainStep, Tensor, Tensor, Tensor) {
-        let mut opt = Adam::new(vs, AdamConfig::adamw().lr(1e-3)).unwrap();
-        let mut scaler = GradScaler::with_config(d, config).unwrap().skip_with_if_node(if_node);
-        let (scale, found, step0) = (
-            scaler.scale_tensor().shallow_clone(),
-            scaler.found_inf().shallow_clone(),
-            opt.step_tensor(0).unwrap().shallow_clone(),
-        );
-        let x0 = Tensor::zeros([64, D], (Kind::Float, d));
-        let y0 = Tensor::zeros([64, O], (Kind::Float, d));
-        let options = StepOptions::default().autocast(Kind::Half).eager(eager).keep_graph(true);
-        let step = TrainStep::new(&[("x", &x0), ("y", &y0)], options, move |inp| {
-            opt.zero_grad()?;
-            let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
-            scaler.backward(&loss)?;
-            scaler.step(&mut opt)?;
-            scaler.update()?;
-            Ok(vec![loss.detach()])
-        })
-        .unwrap();
-        (step, scale, found, step0)
-    };
+    let make =
+        |vs: &nn::VarStore, model: nn::Sequential, eager: bool| -> (TrainStep<'static>, Tensor, Tensor, Tensor) {
+            let mut opt = Adam::new(vs, AdamConfig::adamw().lr(1e-3)).unwrap();
+            let mut scaler = GradScaler::with_config(d, config).unwrap().skip_with_if_node(if_node);
+            let (scale, found, step0) = (
+                scaler.scale_tensor().shallow_clone(),
+                scaler.found_inf().shallow_clone(),
+                opt.step_tensor(0).unwrap().shallow_clone(),
+            );
+            let x0 = Tensor::zeros([64, D], (Kind::Float, d));
+            let y0 = Tensor::zeros([64, O], (Kind::Float, d));
+            let options = StepOptions::default().autocast(Kind::Half).eager(eager).keep_graph(true);
+            let step = TrainStep::new(&[("x", &x0), ("y", &y0)], options, move |inp| {
+                opt.zero_grad()?;
+                let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
+                scaler.backward(&loss)?;
+                scaler.step(&mut opt)?;
+                scaler.update()?;
+                Ok(vec![loss.detach()])
+            })
+            .unwrap();
+            (step, scale, found, step0)
+        };
     let (mut graphed, scale, found, count) = make(&vs_g, g, false);
     let (mut eager, _, _, _) = make(&vs_e, e, true);
     let value = |t: &Tensor| f64::try_from(t).unwrap();

@@ -174,7 +174,7 @@ fn ddp_step<O: Optimizer + Send + 'static>(
     mut reduce: GradAllReduce,
     overlap: Overlap,
     device: tch::Device,
-) -> Result<TrainStep> {
+) -> Result<TrainStep<'static>> {
     let (x0, y0) = (Tensor::zeros([B, D], (Kind::Float, device)), Tensor::zeros([B, O], (Kind::Float, device)));
     Ok(TrainStep::new(&[("x", &x0), ("y", &y0)], StepOptions::default(), move |inp| {
         opt.zero_grad()?;
@@ -392,7 +392,7 @@ fn mismatched_models_are_refused_at_start_on_every_rank() {
 }
 
 /// A graphed step with overlapped buckets (AdamW), and a batch for it.
-fn overlapped_step(pg: &ProcessGroup) -> Result<(TrainStep, Tensor, Tensor)> {
+fn overlapped_step(pg: &ProcessGroup) -> Result<(TrainStep<'static>, Tensor, Tensor)> {
     let d = pg.device();
     tch::manual_seed(1);
     let vs = nn::VarStore::new(d);

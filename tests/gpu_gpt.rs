@@ -12,7 +12,6 @@ mod sample;
 #[path = "../examples/gpt/step.rs"]
 mod step;
 
-use std::sync::{Arc, Mutex};
 use tch::{nn, Device, Kind, Tensor};
 use tch_cuda_graphs::linear::WeightGrad;
 
@@ -40,7 +39,7 @@ fn train_with(
     let gpt = model::Gpt::new(&vs.root(), config);
     let hyper =
         step::Hyper { batch: 8, accum: 2, iters: iters as u64, warmup: 10, eager, shadows, ..Default::default() };
-    let mut steps = step::build(&vs, Arc::new(Mutex::new(gpt)), hyper).expect("the steps");
+    let mut steps = step::build(&vs, &gpt, hyper).expect("the steps");
     if shadows {
         assert_eq!(
             steps.shadows.as_ref().map(|s| s.len()),

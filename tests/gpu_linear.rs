@@ -37,7 +37,7 @@ fn run(l: &Linear, x0: &Tensor, dy: &Tensor) -> (Tensor, Tensor, Tensor, Tensor)
     let x = x0.detach().set_requires_grad(true);
     let y = {
         let _autocast = Autocast::new(Kind::BFloat16, false).expect("autocast");
-        l.forward(&x).expect("forward")
+        l.f_forward(&x).expect("forward")
     };
     (&y.to_kind(Kind::Float) * dy).sum(Kind::Float).backward();
     (y, x.grad(), l.ws.grad(), l.bs.as_ref().unwrap().grad())
@@ -111,7 +111,7 @@ fn the_bias_gradient_comes_out_of_the_gemm() {
         let x = x0.detach().set_requires_grad(true);
         let y = {
             let _autocast = Autocast::new(Kind::BFloat16, false).expect("autocast");
-            l.forward(&x).expect("forward")
+            l.f_forward(&x).expect("forward")
         };
         // the output gradient in bf16 already, so the backward is the layer's alone
         let dy = dy.to_kind(Kind::BFloat16);
@@ -150,12 +150,12 @@ fn the_crate_path_refuses_what_it_does_not_take_and_auto_falls_back() {
     let vs = nn::VarStore::new(dev);
     let x = Tensor::randn([8, 64], (Kind::Float, dev));
     let own = linear(vs.root() / "own", 64, 32, LinearConfig { kernels: Kernels::Own, ..Default::default() });
-    match own.forward(&x) {
+    match own.f_forward(&x) {
         Err(Error::Unsupported(why)) => println!("Kernels::Own on float32 without autocast: {why}"),
         other => panic!("expected Unsupported, got {other:?}"),
     }
     let auto = linear(vs.root() / "auto", 64, 32, LinearConfig::default());
-    let y = auto.forward(&x).expect("auto");
+    let y = auto.f_forward(&x).expect("auto");
     let expected = x.linear(&auto.ws, auto.bs.as_ref());
     println!(
         "Kernels::Auto on float32: crate's path {}, equal to Tensor::linear {}",
@@ -165,9 +165,9 @@ fn the_crate_path_refuses_what_it_does_not_take_and_auto_falls_back() {
     assert!(!auto.ran_fused() && y.equal(&expected), "Auto falls back to at::linear");
     // the same layer under autocast takes the crate's path
     let _autocast = Autocast::new(Kind::BFloat16, false).expect("autocast");
-    let yb = own.forward(&x).expect("own under autocast");
+    let yb = own.f_forward(&x).expect("own under autocast");
     assert!(own.ran_fused() && yb.kind() == Kind::BFloat16);
     // a misuse: a weight that does not fit the input
     let narrow = Tensor::randn([8, 48], (Kind::Float, dev));
-    assert!(matches!(own.forward(&narrow), Err(Error::Misuse(_))));
+    assert!(matches!(own.f_forward(&narrow), Err(Error::Misuse(_))));
 }

@@ -365,7 +365,7 @@ fn resuming_graphed_equals_training_straight_through() {
     let path = dir.join("ckpt.safetensors");
     let batches = on(d, &cpu_batches(35, &[64; 200], D, O));
     // The optimizer lives in the closure: share it so the test can save and load its state.
-    let shared = |seed: i64| -> (nn::VarStore, TrainStep, Arc<Mutex<Adam>>) {
+    let shared = |seed: i64| -> (nn::VarStore, TrainStep<'static>, Arc<Mutex<Adam>>) {
         tch::manual_seed(seed);
         let vs = nn::VarStore::new(d);
         let model = mlp(vs.root(), D, 64, O);

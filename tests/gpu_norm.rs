@@ -21,7 +21,7 @@ fn twins(device: Device, dim: i64, kind: NormKind) -> (nn::VarStore, LayerNorm, 
         let vs = nn::VarStore::new(device);
         let ln = layer_norm(
             vs.root(),
-            dim,
+            vec![dim],
             NormConfig { kind, kernels, bias: kind == NormKind::Layer, ..Default::default() },
         );
         (vs, ln)
@@ -55,7 +55,7 @@ fn fused_norms_match_aten_in_fp32() {
             let dy = Tensor::randn([rows, dim], (Kind::Float, dev));
             let run = |ln: &LayerNorm| {
                 let x = x0.detach().set_requires_grad(true);
-                let y = ln.forward(&x).expect("forward");
+                let y = ln.f_forward(&x).expect("forward");
                 (&y * &dy).sum(Kind::Float).backward();
                 (y, x.grad())
             };
@@ -92,7 +92,7 @@ fn residual_add_with_dropout_under_bf16_autocast() {
     let branch = Tensor::randn([rows, dim], (Kind::Float, dev)).to_kind(Kind::BFloat16).set_requires_grad(true);
     let (x, y) = {
         let _autocast = Autocast::new(Kind::BFloat16, false).expect("autocast");
-        a.forward_residual(&res, &branch, p, true).expect("forward")
+        a.f_forward_residual(&res, &branch, p, true).expect("forward")
     };
     assert!(a.ran_fused(), "the fused kernels ran");
     assert_eq!((x.kind(), y.kind()), (Kind::Float, Kind::BFloat16));
@@ -101,7 +101,7 @@ fn residual_add_with_dropout_under_bf16_autocast() {
     let scaled = branch.detach().to_kind(Kind::Float) * (1.0 / (1.0 - p));
     let kept_error = f64::try_from((x.detach() - &scaled * kept.to_kind(Kind::Float)).abs().max()).unwrap();
     // ATen's fp32 LayerNorm of the same sum, rounded to bf16
-    let reference = b.forward(&x.detach()).expect("ATen's norm").to_kind(Kind::BFloat16);
+    let reference = b.f_forward(&x.detach()).expect("ATen's norm").to_kind(Kind::BFloat16);
     let differ = f64::try_from(y.ne_tensor(&reference).to_kind(Kind::Float).mean(Kind::Float)).unwrap();
     // in bf16 ulps of each value, or of a thousandth of the largest where the norm cancels to
     // near zero (there an fp32 rounding of the sum moves the result by more than its own ulp)
@@ -135,17 +135,18 @@ fn own_kernels_refuse_what_they_do_not_take_and_auto_falls_back() {
     let dev = cuda();
     let vs = nn::VarStore::new(dev);
     let x = Tensor::randn([8, 30], (Kind::Float, dev));
-    let own = layer_norm(vs.root() / "own", 30, NormConfig { kernels: Kernels::Own, ..Default::default() });
-    match own.forward(&x) {
+    let own = layer_norm(vs.root() / "own", vec![30], NormConfig { kernels: Kernels::Own, ..Default::default() });
+    match own.f_forward(&x) {
         Err(Error::Unsupported(why)) => println!("Kernels::Own on width 30: {why}"),
         other => panic!("expected Unsupported, got {other:?}"),
     }
-    let auto = layer_norm(vs.root() / "auto", 30, NormConfig::default());
-    let reference = layer_norm(vs.root() / "aten", 30, NormConfig { kernels: Kernels::PyTorch, ..Default::default() });
-    let (ya, yr) = (auto.forward(&x).expect("auto"), reference.forward(&x).expect("ATen"));
+    let auto = layer_norm(vs.root() / "auto", vec![30], NormConfig::default());
+    let reference =
+        layer_norm(vs.root() / "aten", vec![30], NormConfig { kernels: Kernels::PyTorch, ..Default::default() });
+    let (ya, yr) = (auto.f_forward(&x).expect("auto"), reference.f_forward(&x).expect("ATen"));
     println!("Kernels::Auto on width 30: fused {}, equal to ATen's {}", auto.ran_fused(), ya.equal(&yr));
     assert!(!auto.ran_fused() && ya.equal(&yr), "Auto falls back to ATen's operators");
     // a bf16 residual stream is not taken either: ATen's, the same result
     let xb = x.to_kind(Kind::BFloat16);
-    assert!(matches!(own.forward(&xb), Err(Error::Unsupported(_))));
+    assert!(matches!(own.f_forward(&xb), Err(Error::Unsupported(_))));
 }

@@ -19,7 +19,7 @@ fn step_for(
     y: &Tensor,
     options: StepOptions,
     clip: Option<f64>,
-) -> tch_cuda_graphs::Result<TrainStep> {
+) -> tch_cuda_graphs::Result<TrainStep<'static>> {
     TrainStep::new(&[("x", x), ("y", y)], options, move |inp| {
         opt.zero_grad()?;
         let loss = mse(&model, &inp[0], &inp[1]);
@@ -179,7 +179,7 @@ fn train_step_on_gpu_validates_inputs_and_keeps_its_memory_alive() {
 fn train_and_eval_steps_share_one_pool() {
     let d = cuda();
     let width = 1024;
-    let build = |share: bool| -> (i64, TrainStep, TrainStep, Tensor) {
+    let build = |share: bool| -> (i64, TrainStep<'static>, TrainStep<'static>, Tensor) {
         synchronize(d).unwrap();
         empty_cache().unwrap();
         let before = memory_stats(d).unwrap().reserved;

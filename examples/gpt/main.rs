@@ -31,7 +31,6 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
@@ -157,7 +156,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
 /// Mean loss over `n` random batches of `split`, with the evaluation step, and the standard
 /// error of that mean (the evaluation's own noise).
 fn evaluate(
-    eval: &mut tch_cuda_graphs::TrainStep,
+    eval: &mut tch_cuda_graphs::TrainStep<'_>,
     split: &Tensor,
     batch: i64,
     block: i64,
@@ -213,16 +212,7 @@ fn main() -> Result<()> {
     if let Some(dir) = &args.trajectory {
         let spec = trajectory::Spec { config, hyper, steps: args.iters as usize, seed: args.seed };
         let t = trajectory::run(dir, &spec, &corpus.train, Some(&corpus.val), device)?;
-        let last = t.loss.len() - 1;
-        println!(
-            "trajectory of {} steps in {}: loss {:.6} -> {:.6}, gradient norm {:.4} -> {:.4}",
-            t.loss.len(),
-            dir.display(),
-            t.loss[0],
-            t.loss[last],
-            t.grad_norm[0],
-            t.grad_norm[last]
-        );
+        println!("trajectory in {}: {t}", dir.display());
         return Ok(());
     }
 
@@ -237,10 +227,9 @@ fn main() -> Result<()> {
     // every rank's tokens: the figures below are for the whole group
     let tokens_per_iter = (batch * block * args.accum) as f64 * world as f64;
     let flops_per_iter = config.flops_per_token(params) * tokens_per_iter;
-    let model = Arc::new(Mutex::new(gpt));
     let mut steps = match &pg {
-        Some(pg) => step::build_ddp(&vs, Arc::clone(&model), hyper, pg)?,
-        None => step::build(&vs, Arc::clone(&model), hyper)?,
+        Some(pg) => step::build_ddp(&vs, &gpt, hyper, pg)?,
+        None => step::build(&vs, &gpt, hyper)?,
     };
     let mode = match (&pg, device) {
         (Some(_), _) => format!("data-parallel over {world} GPU{}: captured steps", if world == 1 { "" } else { "s" }),
@@ -265,7 +254,7 @@ fn main() -> Result<()> {
     let ckpt = args.out.join("ckpt.safetensors");
     let mut first = 0u64;
     if args.resume {
-        let extra = checkpoint::load(&ckpt, &vs, &mut *steps.opt.lock().unwrap())
+        let extra = checkpoint::load(&ckpt, &vs, steps.train.state_mut())
             .with_context(|| format!("resuming from {}", ckpt.display()))?;
         first = extra["iter"].int64_value(&[]) as u64;
         steps.schedule_step.shallow_clone().copy_(&extra["schedule"]);
@@ -321,7 +310,7 @@ fn main() -> Result<()> {
             bar.suspend(|| println!("iter {done}: train loss {train_loss:.4}, val loss {val_loss:.4} (± {val_se:.4})"));
             let it = Tensor::from(done as i64);
             let extra = [("iter", &it), ("schedule", &steps.schedule_step)];
-            checkpoint::save(&ckpt, &vs, &*steps.opt.lock().unwrap(), &extra)?;
+            checkpoint::save(&ckpt, &vs, steps.train.state(), &extra)?;
             // What follows a checkpoint draws from (seed, iteration), so a run resumed from it
             // gets the same batches and dropout masks as the run that went on.
             clock = Instant::now();
@@ -357,7 +346,7 @@ fn main() -> Result<()> {
         );
     }
     // a captured decode step on a GPU (static shapes, a device-side position), eager on the CPU
-    let tokens = sample::sample(&model.lock().unwrap(), device, 0, args.sample as i64, device != Device::Cpu)?;
+    let tokens = sample::sample(&gpt, device, 0, args.sample as i64, device != Device::Cpu)?;
     let text: String = tokens.into_iter().map(data::decode).collect();
     std::fs::write(args.out.join("sample.txt"), &text)?;
     println!("loss curve: {}; checkpoint: {}", args.out.join("loss.csv").display(), ckpt.display());

@@ -110,12 +110,6 @@ struct Block {
     mlp_proj: Linear,
 }
 
-/// A linear layer's forward: inside a step run with weight shadows under autocast it reads the
-/// bf16 shadows of its weight and bias instead of casting them.
-fn lin(l: &Linear, x: &Tensor) -> Result<Tensor, tch::TchError> {
-    l.forward(x).map_err(|e| tch::TchError::Torch(e.to_string()))
-}
-
 /// The GPT. Its dropout is on while [`Gpt::set_train`] says so; a captured step records what
 /// the flag was at capture.
 #[derive(Debug)]
@@ -151,7 +145,7 @@ impl Gpt {
         };
         let emb = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: std }, ..Default::default() };
         let e = config.embd;
-        let ln = |p: nn::Path| layer_norm(p, e, NormConfig { kernels, ..Default::default() });
+        let ln = |p: nn::Path| layer_norm(p, vec![e], NormConfig { kernels, ..Default::default() });
         let blocks = (0..config.layers)
             .map(|l| {
                 let b = p / "h" / l;
@@ -185,13 +179,13 @@ impl Gpt {
     fn attention(&self, b: &Block, h: &Tensor, train: bool) -> Result<Tensor, tch::TchError> {
         let (n, t, e) = h.size3()?;
         let nh = self.config.heads;
-        let qkv = lin(&b.c_attn, h)?.f_split(e, 2)?;
+        let qkv = b.c_attn.f_forward(h)?.f_split(e, 2)?;
         let heads = |t_: &Tensor| t_.f_view([n, t, nh, e / nh])?.f_transpose(1, 2);
         let (q, k, v) = (heads(&qkv[0])?, heads(&qkv[1])?, heads(&qkv[2])?);
         let p = if train { self.config.dropout } else { 0.0 };
         let y = Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, p, true, None, false)?;
         let y = y.f_transpose(1, 2)?.f_contiguous()?.f_view([n, t, e])?;
-        lin(&b.attn_proj, &y)
+        Ok(b.attn_proj.f_forward(&y)?)
     }
 
     /// Logits for tokens `idx` ([batch, time], time ≤ block).
@@ -200,20 +194,19 @@ impl Gpt {
         let (t, p) = (idx.size()[1], self.config.dropout);
         let pos = Tensor::f_arange(t, (Kind::Int64, idx.device()))?;
         let mut x = self.wte.forward(idx).f_add(&self.wpe.forward(&pos))?.f_dropout(p, train)?;
-        let err = |e: tch_cuda_graphs::Error| tch::TchError::Torch(e.to_string());
         // each norm takes the residual stream and the branch before it: x += dropout(branch)
-        let mut h = self.blocks[0].ln_1.forward(&x).map_err(err)?;
+        let mut h = self.blocks[0].ln_1.f_forward(&x)?;
         for (l, b) in self.blocks.iter().enumerate() {
             let a = self.attention(b, &h, train)?;
-            (x, h) = b.ln_2.forward_residual(&x, &a, p, train).map_err(err)?;
-            let m = lin(&b.mlp_proj, &lin(&b.c_fc, &h)?.f_gelu("none")?)?;
+            (x, h) = b.ln_2.f_forward_residual(&x, &a, p, train)?;
+            let m = b.mlp_proj.f_forward(&b.c_fc.f_forward(&h)?.f_gelu("none")?)?;
             let next = self.blocks.get(l + 1).map_or(&self.ln_f, |n| &n.ln_1);
-            (x, h) = next.forward_residual(&x, &m, p, train).map_err(err)?;
+            (x, h) = next.f_forward_residual(&x, &m, p, train)?;
         }
         // the head is the token embedding, transposed (weight tying)
         let head =
             LinearConfig { weight_grad: self.config.weight_grad, kernels: self.config.kernels(), ..Default::default() };
-        Ok(linear::apply(&h, &self.wte.ws, None, &head).map_err(err)?.0)
+        Ok(linear::apply(&h, &self.wte.ws, None, &head)?.0)
     }
 
     /// Mean cross-entropy of the next-token predictions (with `fused`, on the crate's fused
@@ -221,8 +214,7 @@ impl Gpt {
     pub fn loss(&self, idx: &Tensor, targets: &Tensor) -> Result<Tensor, tch::TchError> {
         let logits = self.logits(idx)?;
         let config = CrossEntropyConfig { kernels: self.config.kernels(), ..Default::default() };
-        cross_entropy(&logits.f_view([-1, self.config.vocab])?, &targets.f_reshape([-1])?, &config)
-            .map_err(|e| tch::TchError::Torch(e.to_string()))
+        Ok(cross_entropy(&logits.f_view([-1, self.config.vocab])?, &targets.f_reshape([-1])?, &config)?)
     }
 
     /// Parameters as nanoGPT counts them (without the position embedding).

@@ -2,12 +2,12 @@
 //! capturing the whole step (K micro-batches of forward and backward under bf16 autocast,
 //! gradient clipping on the device, the warmup + cosine learning rate computed on the device,
 //! fused AdamW with weight-decay and no-decay groups on the crate's own kernels; optionally the
-//! weights' bf16 shadows), and an evaluation step sharing its pool and weights. Shared by `examples/gpt/main.rs` and
+//! weights' bf16 shadows), and an evaluation step sharing its pool and weights. Both borrow the
+//! model; the optimizer is the training step's state. Shared by `examples/gpt/main.rs` and
 //! `benches/gpt.rs`.
 #![allow(dead_code)]
 
 use crate::model::Gpt;
-use std::sync::{Arc, Mutex};
 use tch::{nn, Kind, Tensor};
 use tch_cuda_graphs::dist::{GradAllReduce, ProcessGroup, ReduceOp};
 use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig, Optimizer};
@@ -65,14 +65,15 @@ impl Default for Hyper {
     }
 }
 
-/// The steps and what the loop around them needs.
-pub struct Steps {
+/// The steps and what the loop around them needs. The steps borrow the model: it stays usable
+/// (evaluation, sampling) through plain references; the optimizer is the training step's state
+/// (`steps.train.state()` between runs, for checkpoints).
+pub struct Steps<'a> {
     /// Inputs `[accum, batch, block]` twice (tokens, targets); outputs: the mean loss and the
     /// gradients' norm before clipping (0-d each).
-    pub train: TrainStep,
+    pub train: TrainStep<'a, Adam>,
     /// Inputs `[batch, block]` twice; output: the loss, dropout off.
-    pub eval: TrainStep,
-    pub opt: Arc<Mutex<Adam>>,
+    pub eval: TrainStep<'a>,
     /// The device step counter of the learning-rate schedule (for checkpoints).
     pub schedule_step: Tensor,
     /// The weights' shadows, while the steps read them.
@@ -80,28 +81,26 @@ pub struct Steps {
 }
 
 /// Builds both steps for `model`, whose variables are in `vs`, on `vs`'s device.
-pub fn build(vs: &nn::VarStore, model: Arc<Mutex<Gpt>>, h: Hyper) -> Result<Steps> {
+pub fn build<'a>(vs: &nn::VarStore, model: &'a Gpt, h: Hyper) -> Result<Steps<'a>> {
     build_on(vs, model, h, None)
 }
 
 /// [`build`], data-parallel over `pg`: the gradients of the last micro-batch's backward are
 /// all-reduced (averaged) in buckets while backward runs (the earlier micro-batches only
 /// accumulate, as DDP's `no_sync`), inside the captured step; the loss is averaged too.
-pub fn build_ddp(vs: &nn::VarStore, model: Arc<Mutex<Gpt>>, h: Hyper, pg: &ProcessGroup) -> Result<Steps> {
+pub fn build_ddp<'a>(vs: &nn::VarStore, model: &'a Gpt, h: Hyper, pg: &ProcessGroup) -> Result<Steps<'a>> {
     build_on(vs, model, h, Some(pg))
 }
 
-fn build_on(vs: &nn::VarStore, model: Arc<Mutex<Gpt>>, h: Hyper, pg: Option<&ProcessGroup>) -> Result<Steps> {
+fn build_on<'a>(vs: &nn::VarStore, model: &'a Gpt, h: Hyper, pg: Option<&ProcessGroup>) -> Result<Steps<'a>> {
     let dev = vs.device();
-    let block = model.lock().unwrap().config.block;
-    // nanoGPT's groups: weight decay on every tensor of rank ≥ 2 (matrices, embeddings)
+    let block = model.config.block;
     let cfg = AdamConfig::adamw().lr(h.lr).betas(BETA1, BETA2).eps(EPS).weight_decay(h.weight_decay);
-    let opt = Arc::new(Mutex::new(Adam::with_groups(decay_groups(vs, cfg, cfg.weight_decay(0.0)))?));
-    let handles = opt.lock().unwrap().lr_handles();
+    let opt = Adam::with_groups(decay_groups(vs, cfg, cfg.weight_decay(0.0)))?;
     let schedule = WarmupCosine { warmup: h.warmup, total: h.iters, min_factor: h.min_lr / h.lr };
-    let mut sched = DeviceLrScheduler::new(schedule, handles)?;
+    let mut sched = DeviceLrScheduler::new(schedule, opt.lr_handles())?;
     let schedule_step = sched.step_tensor().shallow_clone();
-    let params: Vec<Tensor> = opt.lock().unwrap().params().iter().map(Tensor::shallow_clone).collect();
+    let params: Vec<Tensor> = opt.params().iter().map(Tensor::shallow_clone).collect();
     let mut reduce = match pg {
         Some(pg) => Some((GradAllReduce::new(pg, &params, 25 << 20)?, pg.clone())),
         None => None,
@@ -116,10 +115,8 @@ fn build_on(vs: &nn::VarStore, model: Arc<Mutex<Gpt>>, h: Hyper, pg: Option<&Pro
         }
     }
     let tokens = Tensor::zeros([h.accum, h.batch, block], (Kind::Int64, dev));
-    let (m, o) = (Arc::clone(&model), Arc::clone(&opt));
     let inv_accum = Tensor::from(1.0 / h.accum as f32);
-    let train = TrainStep::new(&[("x", &tokens), ("y", &tokens)], options, move |inp| {
-        let (model, mut opt) = (m.lock().unwrap(), o.lock().unwrap());
+    let train = TrainStep::with_state(opt, &[("x", &tokens), ("y", &tokens)], options, move |opt, inp| {
         model.set_train(true);
         opt.zero_grad()?;
         let mut total: Option<Tensor> = None;
@@ -149,15 +146,13 @@ fn build_on(vs: &nn::VarStore, model: Arc<Mutex<Gpt>>, h: Hyper, pg: Option<&Pro
         Some(pool) => options.pool(pool).warmup(1),
         None => options,
     };
-    let m = Arc::clone(&model);
     let x = Tensor::zeros([h.batch, block], (Kind::Int64, dev));
     let eval = TrainStep::new(&[("x", &x), ("y", &x)], eval_options, move |inp| {
         let _no_grad = tch::no_grad_guard();
-        let model = m.lock().unwrap();
         model.set_train(false); // captured without dropout
         let loss = model.loss(&inp[0], &inp[1]);
         model.set_train(true);
         Ok(vec![loss?])
     })?;
-    Ok(Steps { train, eval, opt, schedule_step, shadows })
+    Ok(Steps { train, eval, schedule_step, shadows })
 }

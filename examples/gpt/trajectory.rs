@@ -23,7 +23,6 @@ use crate::model::{Config, Gpt};
 use crate::step::{self, Hyper};
 use anyhow::{ensure, Context, Result};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use tch::{nn, Device, Kind, Tensor};
 
 /// The steps after which every variable is recorded (and the last).
@@ -46,6 +45,18 @@ pub struct Spec {
 pub struct Trajectory {
     pub loss: Vec<f64>,
     pub grad_norm: Vec<f64>,
+}
+
+impl std::fmt::Display for Trajectory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (l, g) = (&self.loss, &self.grad_norm);
+        match (l.first(), l.last(), g.first(), g.last()) {
+            (Some(l0), Some(l1), Some(g0), Some(g1)) => {
+                write!(f, "{} steps, loss {l0:.6} -> {l1:.6}, gradient norm {g0:.4} -> {g1:.4}", l.len())
+            }
+            _ => write!(f, "no steps"),
+        }
+    }
 }
 
 /// Copies of the variables of `vs` (or of their gradients) on the CPU, sorted by name, under
@@ -113,7 +124,7 @@ pub fn run(dir: &Path, spec: &Spec, tokens: &Tensor, val: Option<&Tensor>, devic
         write_batches(&dir.join("val.safetensors"), &vx, &vy)?;
     }
 
-    let mut steps = step::build(&vs, Arc::new(Mutex::new(gpt)), spec.hyper)?;
+    let mut steps = step::build(&vs, &gpt, spec.hyper)?;
     // both sides draw their dropout masks from the same seed, in the same order of operations
     tch::manual_seed(spec.seed);
     let mut out = Trajectory { loss: Vec::new(), grad_norm: Vec::new() };

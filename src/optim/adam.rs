@@ -37,6 +37,31 @@ impl Default for AdamConfig {
     }
 }
 
+/// tch's `nn::AdamW` settings (betas, weight decay, epsilon, AMSGrad) as AdamW; tch gives the
+/// learning rate to `build`, so set it with [`AdamConfig::lr`].
+///
+/// ```
+/// use tch::nn;
+/// use tch_cuda_graphs::optim::AdamConfig;
+/// // was: nn::AdamW { wd: 0.1, ..Default::default() }.build(&vs, 3e-4)
+/// let cfg = AdamConfig::from(nn::AdamW { wd: 0.1, ..Default::default() }).lr(3e-4);
+/// assert_eq!(cfg, AdamConfig::adamw().weight_decay(0.1).lr(3e-4));
+/// ```
+impl From<tch::nn::AdamW> for AdamConfig {
+    fn from(c: tch::nn::AdamW) -> Self {
+        let base = AdamConfig::adamw().betas(c.beta1, c.beta2).eps(c.eps);
+        base.weight_decay(c.wd).amsgrad(c.amsgrad)
+    }
+}
+
+/// tch's `nn::Adam` settings as Adam (L2 weight decay, as tch's); the learning rate as above.
+impl From<tch::nn::Adam> for AdamConfig {
+    fn from(c: tch::nn::Adam) -> Self {
+        let base = AdamConfig::default().betas(c.beta1, c.beta2).eps(c.eps);
+        base.weight_decay(c.wd).amsgrad(c.amsgrad)
+    }
+}
+
 impl AdamConfig {
     /// AdamW: decoupled weight decay, default weight decay 1e-2 (PyTorch's `AdamW`).
     pub fn adamw() -> Self {

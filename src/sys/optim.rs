@@ -149,6 +149,13 @@ pub(crate) fn grads_reset(params: &[Tensor], how: GradReset) -> Result<()> {
     })
 }
 
+/// Value clipping of `grads` in place, on their device.
+pub(crate) fn clip_value(grads: &[Tensor], clip: f64) -> Result<()> {
+    let g = tensor_ptrs(grads);
+    // SAFETY: the list points into `g`, live tensor handles for the call.
+    check(unsafe { ffi::tcg_grads_clip_value(ffi::tcg_tensors::of(&g), clip) })
+}
+
 /// Global-norm clipping of `grads` on the device; the norm before clipping.
 pub(crate) fn clip_norm(grads: &[Tensor], max_norm: f64, norm_type: f64) -> Result<Tensor> {
     let g = tensor_ptrs(grads);

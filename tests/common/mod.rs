@@ -126,10 +126,10 @@ pub fn free_port() -> u16 {
 /// once with it computed on the device inside the step (`step_d`). Steps take batches of `n`.
 pub struct ScheduleTwins {
     pub host: tch_cuda_graphs::schedule::LrScheduler<tch_cuda_graphs::schedule::WarmupCosine>,
-    pub step_h: tch_cuda_graphs::TrainStep,
+    pub step_h: tch_cuda_graphs::TrainStep<'static>,
     pub vs_h: nn::VarStore,
     pub lr_h: tch_cuda_graphs::optim::LrHandle,
-    pub step_d: tch_cuda_graphs::TrainStep,
+    pub step_d: tch_cuda_graphs::TrainStep<'static>,
     pub vs_d: nn::VarStore,
     pub lr_d: tch_cuda_graphs::optim::LrHandle,
 }

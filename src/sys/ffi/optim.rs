@@ -82,4 +82,5 @@ extern "C" {
         norm_type: c_double,
         total_out: *mut tcg_tensor,
     ) -> tcg_status;
+    pub fn tcg_grads_clip_value(grads: tcg_tensors, clip: c_double) -> tcg_status;
 }
