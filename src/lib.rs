@@ -29,6 +29,9 @@
 //! - [`linear`]: [`linear::Linear`], whose backward computes the bias gradient inside the
 //!   weight-gradient GEMM (cuBLASLt's epilogue) and can write float32 weight gradients directly;
 //!   [`loss`]: the cross-entropy of a language model's head in one pass over the logits each way.
+//! - [`transformer`]: [`transformer::TransformerLayer`], a pre-norm transformer layer on those
+//!   layers, and the [`transformer::ResidualStream`] that carries each residual add into the next
+//!   norm, so a model stacked from layers gets every fusion without restructuring.
 //! - [`dist`]: NCCL process groups over libtorch's c10d, from torchrun's environment.
 //! - [`train_step`]: [`TrainStep`], a training step captured per batch shape into one pool, fed
 //!   from the GPU or the CPU, with an eager fallback on machines without a GPU; [`bucket`]:
@@ -75,6 +78,7 @@ pub mod stream;
 mod sys;
 pub mod testing;
 pub mod train_step;
+pub mod transformer;
 pub mod watch;
 
 pub use bucket::{Buckets, Padded};

@@ -1007,3 +1007,35 @@ fn a_step_borrows_the_model_and_hands_back_its_state() {
     assert_eq!(opt.lr(), 1e-3);
     let _ = model.forward(&x); // the model outlives the step
 }
+
+/// A transformer layer as a tch `ModuleT`, and as a stack threading one residual stream: the
+/// stream's result equals the layers applied one by one (each add then done by ATen), and a
+/// wrong width is a typed error that names the dimension.
+#[test]
+fn transformer_layers_thread_one_residual_stream() {
+    use tch::nn::ModuleT;
+    use tch_cuda_graphs::transformer::{ResidualStream, TransformerConfig, TransformerLayer};
+    tch::manual_seed(4);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let cfg = TransformerConfig { heads: 2, ..Default::default() };
+    let layers: Vec<TransformerLayer> = (0..2).map(|l| TransformerLayer::new(vs.root() / "h" / l, 16, cfg)).collect();
+    let x = Tensor::randn([2, 5, 16], (Kind::Float, Device::Cpu));
+    let mut stream = ResidualStream::new(x.shallow_clone());
+    for l in &layers {
+        l.f_forward_t(&mut stream, false).unwrap();
+    }
+    let threaded = stream.f_into_tensor().unwrap();
+    let one_by_one = layers.iter().fold(x.shallow_clone(), |h, l| l.forward_t(&h, false));
+    let diff = f64::try_from((&threaded - &one_by_one).abs().max()).unwrap();
+    println!("threaded stream against layer by layer: max |difference| = {diff:e}");
+    assert!(diff < 1e-5, "the same function");
+    let names: Vec<String> = vs.variables().into_keys().filter(|n| n.starts_with("h.0.")).collect();
+    assert!(
+        names.iter().any(|n| n == "h.0.attn.c_attn.weight") && names.iter().any(|n| n == "h.0.mlp.c_proj.bias"),
+        "{names:?}"
+    );
+    let mut wrong = ResidualStream::new(Tensor::zeros([2, 5, 12], (Kind::Float, Device::Cpu)));
+    let e = layers[0].f_forward_t(&mut wrong, false).expect_err("a width of 12 into a layer of 16");
+    println!("{e}");
+    assert!(matches!(e, Error::Misuse(_)));
+}

@@ -1,10 +1,10 @@
-//! nanoGPT's model in tch (karpathy/nanoGPT `model.py`): token and position embeddings,
-//! pre-LayerNorm blocks with causal `scaled_dot_product_attention` (cuDNN's / the flash kernel on
-//! a GPU) and a GELU MLP, dropout, a final LayerNorm and a head tied to the token embedding.
-//! Its norms are the crate's [`LayerNorm`]s, each also taking the residual add and the dropout of
-//! the branch before it: ATen's operators by default (the same operations as nanoGPT's), the
-//! crate's fused kernels with `fused` ([`Config::fused`]). Its matmuls are the crate's
-//! [`Linear`]s (and [`linear::apply`] for the tied head), which read the weights' bf16 shadows in a
+//! nanoGPT's model in tch (karpathy/nanoGPT `model.py`): token and position embeddings, the
+//! crate's pre-norm [`TransformerLayer`]s (causal `scaled_dot_product_attention`, cuDNN's / the
+//! flash kernel on a GPU, and a GELU MLP), dropout, a final LayerNorm and a head tied to the token
+//! embedding. One [`ResidualStream`] runs through the layers, so each norm also takes the residual
+//! add and the dropout of the branch before it: ATen's operators by default (the same operations
+//! as nanoGPT's), the crate's fused kernels with `fused` ([`Config::fused`]). Its matmuls are the
+//! crate's `Linear`s (and [`linear::apply`] for the tied head), which read the weights' bf16 shadows in a
 //! step run with them: `at::linear` by default, and with `fused` a backward that computes each
 //! bias gradient inside the weight-gradient GEMM ([`Config::weight_grad`]). Its loss is the
 //! crate's cross-entropy: ATen's by default, the fused kernels with `fused`.
@@ -14,10 +14,11 @@
 
 use std::cell::Cell;
 use tch::{nn, nn::Module, Kind, Tensor};
-use tch_cuda_graphs::linear::{self, Linear, LinearConfig, WeightGrad};
+use tch_cuda_graphs::linear::{self, LinearConfig, WeightGrad};
 use tch_cuda_graphs::loss::{cross_entropy, CrossEntropyConfig};
 use tch_cuda_graphs::norm::{layer_norm, LayerNorm, NormConfig};
 use tch_cuda_graphs::optim::Kernels;
+use tch_cuda_graphs::transformer::{ResidualStream, TransformerConfig, TransformerLayer};
 
 /// The model's shape.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -100,16 +101,6 @@ impl Config {
     }
 }
 
-#[derive(Debug)]
-struct Block {
-    ln_1: LayerNorm,
-    c_attn: Linear,
-    attn_proj: Linear,
-    ln_2: LayerNorm,
-    c_fc: Linear,
-    mlp_proj: Linear,
-}
-
 /// The GPT. Its dropout is on while [`Gpt::set_train`] says so; a captured step records what
 /// the flag was at capture.
 #[derive(Debug)]
@@ -117,7 +108,7 @@ pub struct Gpt {
     pub config: Config,
     wte: nn::Embedding,
     wpe: nn::Embedding,
-    blocks: Vec<Block>,
+    blocks: Vec<TransformerLayer>,
     ln_f: LayerNorm,
     train: Cell<bool>,
 }
@@ -126,45 +117,24 @@ impl Gpt {
     /// Builds the model under `p`, initialised as nanoGPT does (normal 0.02, residual
     /// projections 0.02 / sqrt(2 · layers), zero biases).
     pub fn new(p: &nn::Path, config: Config) -> Gpt {
-        let std = 0.02;
-        let proj_std = 0.02 / (2.0 * config.layers as f64).sqrt();
-        let kernels = config.kernels();
-        let lin = |p: nn::Path, i: i64, o: i64, s: f64| {
-            linear::linear(
-                p,
-                i,
-                o,
-                LinearConfig {
-                    ws_init: nn::Init::Randn { mean: 0.0, stdev: s },
-                    bs_init: Some(nn::Init::Const(0.0)),
-                    bias: true,
-                    weight_grad: config.weight_grad,
-                    kernels,
-                },
-            )
+        let normal = |stdev| nn::Init::Randn { mean: 0.0, stdev };
+        let (e, kernels) = (config.embd, config.kernels());
+        let layer = TransformerConfig {
+            heads: config.heads,
+            dropout: config.dropout,
+            output_init: normal(0.02 / (2.0 * config.layers as f64).sqrt()),
+            weight_grad: config.weight_grad,
+            kernels,
+            ..Default::default()
         };
-        let emb = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: std }, ..Default::default() };
-        let e = config.embd;
-        let ln = |p: nn::Path| layer_norm(p, vec![e], NormConfig { kernels, ..Default::default() });
-        let blocks = (0..config.layers)
-            .map(|l| {
-                let b = p / "h" / l;
-                Block {
-                    ln_1: ln(&b / "ln_1"),
-                    c_attn: lin(&b / "attn" / "c_attn", e, 3 * e, std),
-                    attn_proj: lin(&b / "attn" / "c_proj", e, e, proj_std),
-                    ln_2: ln(&b / "ln_2"),
-                    c_fc: lin(&b / "mlp" / "c_fc", e, 4 * e, std),
-                    mlp_proj: lin(&b / "mlp" / "c_proj", 4 * e, e, proj_std),
-                }
-            })
-            .collect();
+        let blocks = (0..config.layers).map(|l| TransformerLayer::new(p / "h" / l, e, layer)).collect();
+        let emb = nn::EmbeddingConfig { ws_init: normal(0.02), ..Default::default() };
         Gpt {
             config,
             wte: nn::embedding(p / "wte", config.vocab, e, emb),
             wpe: nn::embedding(p / "wpe", config.block, e, emb),
             blocks,
-            ln_f: ln(p / "ln_f"),
+            ln_f: layer_norm(p / "ln_f", vec![e], NormConfig { kernels, ..Default::default() }),
             train: Cell::new(true),
         }
     }
@@ -174,35 +144,18 @@ impl Gpt {
         self.train.set(on);
     }
 
-    /// The attention branch of block `b` on its normalized input `h` (its dropout comes with the
-    /// residual add, in the next norm).
-    fn attention(&self, b: &Block, h: &Tensor, train: bool) -> Result<Tensor, tch::TchError> {
-        let (n, t, e) = h.size3()?;
-        let nh = self.config.heads;
-        let qkv = b.c_attn.f_forward(h)?.f_split(e, 2)?;
-        let heads = |t_: &Tensor| t_.f_view([n, t, nh, e / nh])?.f_transpose(1, 2);
-        let (q, k, v) = (heads(&qkv[0])?, heads(&qkv[1])?, heads(&qkv[2])?);
-        let p = if train { self.config.dropout } else { 0.0 };
-        let y = Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, p, true, None, false)?;
-        let y = y.f_transpose(1, 2)?.f_contiguous()?.f_view([n, t, e])?;
-        Ok(b.attn_proj.f_forward(&y)?)
-    }
-
     /// Logits for tokens `idx` ([batch, time], time ≤ block).
     pub fn logits(&self, idx: &Tensor) -> Result<Tensor, tch::TchError> {
         let train = self.train.get();
         let (t, p) = (idx.size()[1], self.config.dropout);
         let pos = Tensor::f_arange(t, (Kind::Int64, idx.device()))?;
-        let mut x = self.wte.forward(idx).f_add(&self.wpe.forward(&pos))?.f_dropout(p, train)?;
+        let x = self.wte.forward(idx).f_add(&self.wpe.forward(&pos))?.f_dropout(p, train)?;
         // each norm takes the residual stream and the branch before it: x += dropout(branch)
-        let mut h = self.blocks[0].ln_1.f_forward(&x)?;
-        for (l, b) in self.blocks.iter().enumerate() {
-            let a = self.attention(b, &h, train)?;
-            (x, h) = b.ln_2.f_forward_residual(&x, &a, p, train)?;
-            let m = b.mlp_proj.f_forward(&b.c_fc.f_forward(&h)?.f_gelu("none")?)?;
-            let next = self.blocks.get(l + 1).map_or(&self.ln_f, |n| &n.ln_1);
-            (x, h) = next.f_forward_residual(&x, &m, p, train)?;
+        let mut stream = ResidualStream::new(x);
+        for b in &self.blocks {
+            b.f_forward_t(&mut stream, train)?;
         }
+        let h = stream.f_norm(&self.ln_f)?;
         // the head is the token embedding, transposed (weight tying)
         let head =
             LinearConfig { weight_grad: self.config.weight_grad, kernels: self.config.kernels(), ..Default::default() };

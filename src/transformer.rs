@@ -1,0 +1,262 @@
+//! A pre-norm transformer layer ([`TransformerLayer`], after Transformer Engine's
+//! `TransformerLayer`) and the residual stream it carries between layers ([`ResidualStream`]),
+//! so that every fusion of the crate applies without restructuring a model: each norm takes the
+//! residual add and the dropout of the branch before it ([`crate::norm`]), each linear layer its
+//! bias gradient from the weight-gradient GEMM ([`crate::linear`]).
+//!
+//! A GPT is N constructor calls; its forward threads one stream through the layers:
+//!
+//! ```no_run
+//! # fn main() -> tch_cuda_graphs::Result<()> {
+//! use tch::{nn, Device, Kind, Tensor};
+//! use tch_cuda_graphs::norm::{layer_norm, NormConfig};
+//! use tch_cuda_graphs::transformer::{ResidualStream, TransformerConfig, TransformerLayer};
+//! let vs = nn::VarStore::new(Device::Cuda(0));
+//! let cfg = TransformerConfig { heads: 6, dropout: 0.2, ..Default::default() };
+//! let layers: Vec<TransformerLayer> = (0..6).map(|l| TransformerLayer::new(vs.root() / "h" / l, 384, cfg)).collect();
+//! let ln_f = layer_norm(vs.root() / "ln_f", vec![384], NormConfig::default());
+//! let x = Tensor::randn([8, 256, 384], (Kind::Float, Device::Cuda(0)));
+//! let mut stream = ResidualStream::new(x);
+//! for layer in &layers {
+//!     layer.f_forward_t(&mut stream, true)?;
+//! }
+//! let h = stream.f_norm(&ln_f)?; // the last branch's add and dropout, in the final norm
+//! # let _ = h; Ok(()) }
+//! ```
+
+use crate::error::{Error, Result};
+use crate::linear::{linear, Linear, LinearConfig, WeightGrad};
+use crate::norm::{layer_norm, LayerNorm, NormConfig, NormKind};
+use crate::optim::Kernels;
+use std::borrow::Borrow;
+use tch::{nn, Tensor};
+
+/// The residual stream between pre-norm layers: the running sum `x`, and the branch that is
+/// still to be added to it (with its dropout). The next norm adds it in the same kernel
+/// ([`LayerNorm::f_forward_residual`]); [`f_into_tensor`](Self::f_into_tensor) adds it with
+/// ATen's operators when no norm follows.
+#[derive(Debug)]
+pub struct ResidualStream {
+    x: Tensor,
+    pending: Option<Pending>,
+}
+
+#[derive(Debug)]
+struct Pending {
+    branch: Tensor,
+    p: f64,
+    train: bool,
+}
+
+impl ResidualStream {
+    /// A stream holding `x` (the embeddings, say), nothing pending.
+    pub fn new(x: Tensor) -> Self {
+        ResidualStream { x, pending: None }
+    }
+
+    /// `norm(x + dropout(branch))` for the pending branch (or `norm(x)`), the sum becoming the
+    /// stream's `x`: one fused kernel where the norm's kernels apply.
+    pub fn f_norm(&mut self, norm: &LayerNorm) -> Result<Tensor> {
+        match self.pending.take() {
+            Some(Pending { branch, p, train }) => {
+                let (x, h) = norm.f_forward_residual(&self.x, &branch, p, train)?;
+                self.x = x;
+                Ok(h)
+            }
+            None => norm.f_forward(&self.x),
+        }
+    }
+
+    /// Records `branch` to be added, through dropout `p` when `train`, by the next norm. A branch
+    /// still pending is added first.
+    pub fn f_push(&mut self, branch: Tensor, p: f64, train: bool) -> Result<()> {
+        self.settle()?;
+        self.pending = Some(Pending { branch, p, train });
+        Ok(())
+    }
+
+    /// The stream's value, any pending branch added (ATen's `dropout` and `add`).
+    pub fn f_into_tensor(mut self) -> Result<Tensor> {
+        self.settle()?;
+        Ok(self.x)
+    }
+
+    fn settle(&mut self) -> Result<()> {
+        if let Some(Pending { branch, p, train }) = self.pending.take() {
+            let b = if train && p > 0.0 { branch.f_dropout(p, true)? } else { branch };
+            self.x = self.x.f_add(&b)?;
+        }
+        Ok(())
+    }
+}
+
+/// The MLP's activation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activation {
+    /// `nn::GELU`: the exact erf form (GPT-2's and nanoGPT's model).
+    #[default]
+    Gelu,
+    /// GELU's tanh approximation.
+    GeluTanh,
+    /// ReLU.
+    Relu,
+}
+
+/// How a [`TransformerLayer`] is made and run. Plain fields with [`Default`].
+#[derive(Clone, Copy, Debug)]
+pub struct TransformerConfig {
+    /// Attention heads; the width must be a multiple (default 1).
+    pub heads: i64,
+    /// The MLP's hidden width as a multiple of the layer's width (default 4).
+    pub mlp_ratio: i64,
+    /// The MLP's activation (default exact GELU).
+    pub activation: Activation,
+    /// Biases on the linear layers and norms (default true).
+    pub bias: bool,
+    /// Dropout on the attention weights and on both residual branches (default 0).
+    pub dropout: f64,
+    /// Causal attention (default true).
+    pub causal: bool,
+    /// LayerNorm or RMSNorm (default LayerNorm), its epsilon (default 1e-5).
+    pub norm: NormKind,
+    /// The norms' epsilon.
+    pub eps: f64,
+    /// The initialisation of the QKV and first MLP weights (default normal, std 0.02).
+    pub init: nn::Init,
+    /// The initialisation of the two output projections (default normal, std 0.02; GPT-2
+    /// scales it by 1/sqrt(2 · layers)).
+    pub output_init: nn::Init,
+    /// How the linear layers' weight gradients reach float32 parameters (see [`WeightGrad`]).
+    pub weight_grad: WeightGrad,
+    /// The crate's fused kernels where they apply, or ATen's ([`Kernels`]).
+    pub kernels: Kernels,
+}
+
+impl Default for TransformerConfig {
+    fn default() -> Self {
+        let normal = nn::Init::Randn { mean: 0.0, stdev: 0.02 };
+        TransformerConfig {
+            heads: 1,
+            mlp_ratio: 4,
+            activation: Activation::Gelu,
+            bias: true,
+            dropout: 0.0,
+            causal: true,
+            norm: NormKind::Layer,
+            eps: 1e-5,
+            init: normal,
+            output_init: normal,
+            weight_grad: WeightGrad::Rounded,
+            kernels: Kernels::Auto,
+        }
+    }
+}
+
+/// A pre-norm transformer layer: `x += dropout(proj(attention(norm_1(x))))`, then
+/// `x += dropout(mlp(norm_2(x)))`, each add folded into the norm after it through the
+/// [`ResidualStream`]. Variables (nanoGPT's names): `ln_1`, `attn.c_attn` (the fused QKV
+/// projection), `attn.c_proj`, `ln_2`, `mlp.c_fc`, `mlp.c_proj`. Attention is
+/// `scaled_dot_product_attention` (cuDNN's or the flash kernel on a GPU).
+#[derive(Debug)]
+pub struct TransformerLayer {
+    ln_1: LayerNorm,
+    c_attn: Linear,
+    attn_proj: Linear,
+    ln_2: LayerNorm,
+    c_fc: Linear,
+    mlp_proj: Linear,
+    width: i64,
+    config: TransformerConfig,
+}
+
+impl TransformerLayer {
+    /// A layer of `width` under `path`.
+    ///
+    /// # Panics
+    /// If `width` is not a positive multiple of `config.heads` (a model's shape is fixed when it
+    /// is written), or the VarStore cannot make the variables (as tch's constructors panic).
+    pub fn new<'a>(path: impl Borrow<nn::Path<'a>>, width: i64, config: TransformerConfig) -> Self {
+        assert!(
+            width > 0 && config.heads > 0 && width % config.heads == 0,
+            "TransformerLayer: width {width} is not a positive multiple of {} heads",
+            config.heads
+        );
+        let p = path.borrow();
+        let c = &config;
+        let lin = |p: nn::Path, i: i64, o: i64, init: nn::Init| {
+            let bs_init = Some(nn::Init::Const(0.0));
+            let cfg =
+                LinearConfig { ws_init: init, bs_init, bias: c.bias, weight_grad: c.weight_grad, kernels: c.kernels };
+            linear(p, i, o, cfg)
+        };
+        let norm_cfg = NormConfig { eps: c.eps, bias: c.bias, kind: c.norm, kernels: c.kernels, ..Default::default() };
+        let ln = |p: nn::Path| layer_norm(p, vec![width], norm_cfg);
+        let hidden = c.mlp_ratio * width;
+        TransformerLayer {
+            ln_1: ln(p / "ln_1"),
+            c_attn: lin(p / "attn" / "c_attn", width, 3 * width, c.init),
+            attn_proj: lin(p / "attn" / "c_proj", width, width, c.output_init),
+            ln_2: ln(p / "ln_2"),
+            c_fc: lin(p / "mlp" / "c_fc", width, hidden, c.init),
+            mlp_proj: lin(p / "mlp" / "c_proj", hidden, width, c.output_init),
+            width,
+            config,
+        }
+    }
+
+    /// The configuration it was made with.
+    pub fn config(&self) -> TransformerConfig {
+        self.config
+    }
+
+    /// Runs the layer on `stream` (`[batch, time, width]`): dropout only when `train`. The MLP
+    /// branch is left pending in the stream, for the next layer's (or the final) norm.
+    pub fn f_forward_t(&self, stream: &mut ResidualStream, train: bool) -> Result<()> {
+        let p = if train { self.config.dropout } else { 0.0 };
+        let h = stream.f_norm(&self.ln_1)?;
+        let a = self.attention(&h, p)?;
+        stream.f_push(a, p, train)?;
+        let h = stream.f_norm(&self.ln_2)?;
+        let m = self.mlp_proj.f_forward(&self.activation(&self.c_fc.f_forward(&h)?)?)?;
+        stream.f_push(m, p, train)
+    }
+
+    fn attention(&self, h: &Tensor, p: f64) -> Result<Tensor> {
+        let size = h.size();
+        let [n, t, e] = size[..] else {
+            return Err(Error::Misuse(format!("TransformerLayer: input of shape {size:?}, not [batch, time, width]")));
+        };
+        if e != self.width {
+            return Err(Error::Misuse(format!(
+                "TransformerLayer: the input's last dimension (dimension 2, size {e}) differs from the layer's width ({})",
+                self.width
+            )));
+        }
+        let nh = self.config.heads;
+        let qkv = self.c_attn.f_forward(h)?.f_split(e, 2)?;
+        let heads = |x: &Tensor| x.f_view([n, t, nh, e / nh])?.f_transpose(1, 2);
+        let (q, k, v) = (heads(&qkv[0])?, heads(&qkv[1])?, heads(&qkv[2])?);
+        let y = Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, p, self.config.causal, None, false)?;
+        self.attn_proj.f_forward(&y.f_transpose(1, 2)?.f_contiguous()?.f_view([n, t, e])?)
+    }
+
+    fn activation(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(match self.config.activation {
+            Activation::Gelu => x.f_gelu("none")?,
+            Activation::GeluTanh => x.f_gelu("tanh")?,
+            Activation::Relu => x.f_relu()?,
+        })
+    }
+}
+
+/// One layer on its own, as tch's `ModuleT`: the input is the residual stream's value, the output
+/// too (the MLP branch added). Panics on an error, as tch's layers do; a model that stacks layers
+/// threads one [`ResidualStream`] through [`TransformerLayer::f_forward_t`] instead, so that each
+/// add is fused into the next norm.
+impl nn::ModuleT for TransformerLayer {
+    fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
+        let mut stream = ResidualStream::new(xs.shallow_clone());
+        let out = self.f_forward_t(&mut stream, train).and_then(|()| stream.f_into_tensor());
+        out.unwrap_or_else(|e| panic!("{e}"))
+    }
+}
