@@ -173,120 +173,178 @@ fn evaluate(
     Ok((mean, se))
 }
 
+/// What a run is: its process group (with `--ddp`), device, corpus on it, model and step settings.
+struct Run {
+    args: Args,
+    pg: Option<ProcessGroup>,
+    rank: usize,
+    world: usize,
+    /// This rank's seed (its batches and dropout masks).
+    seed: i64,
+    device: Device,
+    corpus: data::Corpus,
+    config: model::Config,
+    hyper: step::Hyper,
+}
+
+impl Run {
+    /// The group torchrun describes (`--ddp`), the device, the corpus on it, the model's shape.
+    fn new(args: Args) -> Result<Run> {
+        // --ddp: this process's GPU; a seed of its own per rank, the weights rank 0's (broadcast)
+        let pg = match args.ddp {
+            true => {
+                Some(ProcessGroup::from_env(Duration::from_secs(600)).context("--ddp needs torchrun's environment")?)
+            }
+            false => None,
+        };
+        let (rank, world) = pg.as_ref().map_or((0, 1), |pg| (pg.rank(), pg.world_size()));
+        let device = match &pg {
+            Some(pg) => pg.device(),
+            None if cuda_is_available() => Device::Cuda(0),
+            None => Device::Cpu,
+        };
+        let tiny = args.tiny || device == Device::Cpu;
+        std::fs::create_dir_all(&args.out)?;
+        let corpus = data::Corpus::prepare(&args.data_dir, &data::cache_dir(&args.data_dir))
+            .with_context(|| format!("preparing the corpus from {}", args.data_dir.display()))?;
+        let corpus = data::to_device(&corpus, device)?;
+        let config = if tiny { model::Config::tiny(data::VOCAB) } else { model::Config::shakespeare_char(data::VOCAB) };
+        let dropout = args.dropout.unwrap_or(if args.trajectory.is_some() { 0.0 } else { config.dropout });
+        let config = model::Config { fused: args.fused, dropout, ..config };
+        let hyper = step::Hyper {
+            batch: if tiny { args.batch.min(8) } else { args.batch },
+            accum: args.accum,
+            iters: args.iters,
+            warmup: 100.min(args.iters / 10),
+            autocast: (!args.fp32 && device != Device::Cpu).then_some(Kind::BFloat16),
+            shadows: args.fused,
+            eager: device == Device::Cpu,
+            ..Default::default()
+        };
+        let seed = args.seed.wrapping_add(1_000_003 * rank as i64);
+        Ok(Run { args, pg, rank, world, seed, device, corpus, config, hyper })
+    }
+
+    fn lead(&self) -> bool {
+        self.rank == 0
+    }
+
+    /// Tokens of one iteration over every rank: the figures printed are for the whole group.
+    fn tokens_per_iter(&self) -> f64 {
+        (self.hyper.batch * self.config.block * self.hyper.accum) as f64 * self.world as f64
+    }
+
+    /// The line that says what runs.
+    fn describe(&self, params: i64) -> String {
+        let (c, h, world) = (&self.config, &self.hyper, self.world);
+        let mode = match (&self.pg, self.device) {
+            (Some(_), _) => {
+                format!("data-parallel over {world} GPU{}: captured steps", if world == 1 { "" } else { "s" })
+            }
+            (None, Device::Cpu) => "No CUDA device: eager, tiny model".to_string(),
+            (None, _) => "CUDA device: captured steps".to_string(),
+        };
+        format!(
+            "{}{mode}: GPT {} layers × {} wide, {} heads, block {}, {:.2} M parameters; {} train / {} validation tokens; \
+             batch {} × {} micro-batches, {}{}",
+            if self.pg.is_some() { format!("rank {}: ", self.rank) } else { String::new() },
+            c.layers,
+            c.embd,
+            c.heads,
+            c.block,
+            params as f64 / 1e6,
+            self.corpus.train.size()[0],
+            self.corpus.val.size()[0],
+            h.batch,
+            h.accum,
+            if h.autocast.is_some() { "bf16 autocast" } else { "fp32" },
+            if c.fused { ", fused norms and linear layers, weight shadows" } else { "" },
+        )
+    }
+
+    /// The loss curve: rank 0 writes `OUT/loss.csv` (appending when resuming), the others a sink.
+    fn csv(&self) -> Result<Box<dyn Write>> {
+        if !self.lead() {
+            return Ok(Box::new(std::io::sink()));
+        }
+        let resume = self.args.resume;
+        let path = self.args.out.join("loss.csv");
+        let mut f = std::fs::OpenOptions::new().create(true).append(resume).write(true).truncate(!resume).open(path)?;
+        if !resume {
+            writeln!(f, "iter,train_loss,val_loss,val_se")?;
+        }
+        Ok(Box::new(f))
+    }
+}
+
+/// Time of the timed iterations (after the first 10 of a run, which hold the warmup and capture).
+#[derive(Default)]
+struct Timing {
+    iters: u64,
+    secs: f64,
+}
+
 fn main() -> Result<()> {
-    let args = cli::args_or_exit("gpt", USAGE, parse_args());
-    // --ddp: the group torchrun describes, this process's GPU; a seed of its own per rank (its
-    // batches and dropout masks), the weights rank 0's (broadcast below)
-    let pg = if args.ddp {
-        Some(ProcessGroup::from_env(Duration::from_secs(600)).context("--ddp needs torchrun's environment")?)
-    } else {
-        None
-    };
-    let (rank, world) = pg.as_ref().map_or((0, 1), |pg| (pg.rank(), pg.world_size()));
-    let lead = rank == 0;
-    let seed = args.seed.wrapping_add(1_000_003 * rank as i64);
-    let device = match &pg {
-        Some(pg) => pg.device(),
-        None if cuda_is_available() => Device::Cuda(0),
-        None => Device::Cpu,
-    };
-    let tiny = args.tiny || device == Device::Cpu;
-    std::fs::create_dir_all(&args.out)?;
-    let corpus = data::Corpus::prepare(&args.data_dir, &data::cache_dir(&args.data_dir))
-        .with_context(|| format!("preparing the corpus from {}", args.data_dir.display()))?;
-    let corpus = data::to_device(&corpus, device)?;
-    let config = if tiny { model::Config::tiny(data::VOCAB) } else { model::Config::shakespeare_char(data::VOCAB) };
-    let dropout = args.dropout.unwrap_or(if args.trajectory.is_some() { 0.0 } else { config.dropout });
-    let config = model::Config { fused: args.fused, dropout, ..config };
-    let (batch, block) = (if tiny { args.batch.min(8) } else { args.batch }, config.block);
-    let hyper = step::Hyper {
-        batch,
-        accum: args.accum,
-        iters: args.iters,
-        warmup: 100.min(args.iters / 10),
-        autocast: (!args.fp32 && device != Device::Cpu).then_some(Kind::BFloat16),
-        shadows: args.fused,
-        eager: device == Device::Cpu,
-        ..Default::default()
-    };
+    let run = Run::new(cli::args_or_exit("gpt", USAGE, parse_args()))?;
+    let (args, device) = (&run.args, run.device);
     if let Some(dir) = &args.trajectory {
-        let spec = trajectory::Spec { config, hyper, steps: args.iters as usize, seed: args.seed };
-        let t = trajectory::run(dir, &spec, &corpus.train, Some(&corpus.val), device)?;
+        let spec =
+            trajectory::Spec { config: run.config, hyper: run.hyper, steps: args.iters as usize, seed: args.seed };
+        let t = trajectory::run(dir, &spec, &run.corpus.train, Some(&run.corpus.val), device)?;
         println!("trajectory in {}: {t}", dir.display());
         return Ok(());
     }
-
     tch::manual_seed(args.seed);
     let vs = nn::VarStore::new(device);
-    let gpt = model::Gpt::new(&vs.root(), config);
-    if let Some(pg) = &pg {
+    let gpt = model::Gpt::new(&vs.root(), run.config);
+    if let Some(pg) = &run.pg {
         broadcast_parameters(pg, &vs)?;
-        tch::manual_seed(seed); // each rank its own batches and dropout masks
+        tch::manual_seed(run.seed); // each rank its own batches and dropout masks
     }
     let params = model::Gpt::param_count(&vs);
-    // every rank's tokens: the figures below are for the whole group
-    let tokens_per_iter = (batch * block * args.accum) as f64 * world as f64;
-    let flops_per_iter = config.flops_per_token(params) * tokens_per_iter;
-    let mut steps = match &pg {
-        Some(pg) => step::build_ddp(&vs, &gpt, hyper, pg)?,
-        None => step::build(&vs, &gpt, hyper)?,
+    let mut steps = match &run.pg {
+        Some(pg) => step::build_ddp(&vs, &gpt, run.hyper, pg)?,
+        None => step::build(&vs, &gpt, run.hyper)?,
     };
-    let mode = match (&pg, device) {
-        (Some(_), _) => format!("data-parallel over {world} GPU{}: captured steps", if world == 1 { "" } else { "s" }),
-        (None, Device::Cpu) => "No CUDA device: eager, tiny model".to_string(),
-        (None, _) => "CUDA device: captured steps".to_string(),
-    };
-    println!(
-        "{}{mode}: GPT {} layers × {} wide, {} heads, block {block}, {:.2} M parameters; {} train / {} validation tokens; \
-         batch {batch} × {} micro-batches, {}{}",
-        if pg.is_some() { format!("rank {rank}: ") } else { String::new() },
-        config.layers,
-        config.embd,
-        config.heads,
-        params as f64 / 1e6,
-        corpus.train.size()[0],
-        corpus.val.size()[0],
-        args.accum,
-        if hyper.autocast.is_some() { "bf16 autocast" } else { "fp32" },
-        if config.fused { ", fused norms and linear layers, weight shadows" } else { "" },
-    );
+    println!("{}", run.describe(params));
+    let timing = train(&run, &vs, &mut steps, params)?;
+    if device != Device::Cpu {
+        synchronize(device)?;
+    }
+    if let Some(pg) = &run.pg {
+        pg.barrier()?; // no rank leaves while another still reduces with it
+        synchronize(device)?;
+    }
+    if run.lead() {
+        report(&run, &gpt, &timing, params)?;
+    }
+    Ok(())
+}
 
+/// The training loop from the start or the checkpoint (`--resume`): a progress bar with loss,
+/// tokens/s and MFU, and every `--eval-every` iterations an evaluation, a row of the curve and a
+/// checkpoint (rank 0), then a reseed from (seed, iteration) on every rank.
+fn train(run: &Run, vs: &nn::VarStore, steps: &mut step::Steps<'_>, params: i64) -> Result<Timing> {
+    let (args, (batch, block)) = (&run.args, (run.hyper.batch, run.config.block));
     let ckpt = args.out.join("ckpt.safetensors");
     let mut first = 0u64;
     if args.resume {
-        let extra = checkpoint::load(&ckpt, &vs, steps.train.state_mut())
+        let extra = checkpoint::load(&ckpt, vs, steps.train.state_mut())
             .with_context(|| format!("resuming from {}", ckpt.display()))?;
         first = extra["iter"].int64_value(&[]) as u64;
         steps.schedule_step.shallow_clone().copy_(&extra["schedule"]);
         // the random stream of every checkpointed iteration starts from (seed, iteration)
-        tch::manual_seed(seed.wrapping_add(first as i64));
+        tch::manual_seed(run.seed.wrapping_add(first as i64));
         println!("resumed from {} at iteration {first}", ckpt.display());
     }
-    // rank 0 writes the curve (the others write to a sink)
-    let mut csv: Box<dyn Write> = if lead {
-        Box::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(args.resume)
-                .write(true)
-                .truncate(!args.resume)
-                .open(args.out.join("loss.csv"))?,
-        )
-    } else {
-        Box::new(std::io::sink())
-    };
-    if !args.resume {
-        writeln!(csv, "iter,train_loss,val_loss,val_se")?;
-    }
-
-    let bar = if lead { ProgressBar::new(args.iters) } else { ProgressBar::hidden() };
+    let mut csv = run.csv()?;
+    let bar = if run.lead() { ProgressBar::new(args.iters) } else { ProgressBar::hidden() };
     bar.set_style(ProgressStyle::with_template("[{bar:30}] {pos}/{len} {msg}")?.progress_chars("#>."));
     bar.set_position(first);
-    let mut meter = DeviceMeter::new();
-    let mut timed = (0u64, 0f64);
-    let mut clock = Instant::now();
+    let flops_per_iter = run.config.flops_per_token(params) * run.tokens_per_iter();
+    let (mut meter, mut timing, mut clock) = (DeviceMeter::new(), Timing::default(), Instant::now());
     for iter in first..args.iters {
-        let (x, y) = data::batch(&corpus.train, batch * args.accum, block)?;
+        let (x, y) = data::batch(&run.corpus.train, batch * args.accum, block)?;
         let shape = [args.accum, batch, block];
         meter.add(&steps.train.run(&[&x.view(shape), &y.view(shape)])?[0])?;
         bar.inc(1);
@@ -295,60 +353,61 @@ fn main() -> Result<()> {
             let loss = meter.take()?.unwrap_or(f64::NAN); // one sync per 10 iterations
             let secs = clock.elapsed().as_secs_f64();
             if iter >= first + 10 {
-                timed = (timed.0 + 10, timed.1 + secs); // the first 10 hold the warmup and capture
+                (timing.iters, timing.secs) = (timing.iters + 10, timing.secs + secs);
             }
             clock = Instant::now();
             let per_iter = secs / 10.0;
-            let tokens = tokens_per_iter / per_iter;
+            let tokens = run.tokens_per_iter() / per_iter;
             let mfu = flops_per_iter / per_iter / (args.peak_tflops * 1e12) * 100.0;
             bar.set_message(format!("loss {loss:.4}, {:.2} ms/iter, {tokens:.0} tok/s, MFU {mfu:.1}%", per_iter * 1e3));
         }
-        if (done % args.eval_every == 0 || done == args.iters) && lead {
-            let (train_loss, _) = evaluate(&mut steps.eval, &corpus.train, batch, block, args.eval_iters)?;
-            let (val_loss, val_se) = evaluate(&mut steps.eval, &corpus.val, batch, block, args.eval_iters)?;
-            writeln!(csv, "{done},{train_loss:.5},{val_loss:.5},{val_se:.5}")?;
-            bar.suspend(|| println!("iter {done}: train loss {train_loss:.4}, val loss {val_loss:.4} (± {val_se:.4})"));
-            let it = Tensor::from(done as i64);
-            let extra = [("iter", &it), ("schedule", &steps.schedule_step)];
-            checkpoint::save(&ckpt, &vs, steps.train.state(), &extra)?;
-            // What follows a checkpoint draws from (seed, iteration), so a run resumed from it
-            // gets the same batches and dropout masks as the run that went on.
-            clock = Instant::now();
-        }
         if done % args.eval_every == 0 || done == args.iters {
-            tch::manual_seed(seed.wrapping_add(done as i64)); // on every rank
+            if run.lead() {
+                let (train_loss, _) = evaluate(&mut steps.eval, &run.corpus.train, batch, block, args.eval_iters)?;
+                let (val_loss, val_se) = evaluate(&mut steps.eval, &run.corpus.val, batch, block, args.eval_iters)?;
+                writeln!(csv, "{done},{train_loss:.5},{val_loss:.5},{val_se:.5}")?;
+                bar.suspend(|| {
+                    println!("iter {done}: train loss {train_loss:.4}, val loss {val_loss:.4} (± {val_se:.4})")
+                });
+                let it = Tensor::from(done as i64);
+                let extra = [("iter", &it), ("schedule", &steps.schedule_step)];
+                checkpoint::save(&ckpt, vs, steps.train.state(), &extra)?;
+                clock = Instant::now();
+            }
+            // What follows a checkpoint draws from (seed, iteration), on every rank, so a run
+            // resumed from it gets the same batches and dropout masks as the run that went on.
+            tch::manual_seed(run.seed.wrapping_add(done as i64));
         }
         if args.stop_at == Some(done) {
             bar.suspend(|| println!("stopped after iteration {done} (--stop-at)"));
             break;
         }
     }
-    if device != Device::Cpu {
-        synchronize(device)?;
-    }
     bar.finish_and_clear();
-    if let Some(pg) = &pg {
-        pg.barrier()?; // no rank leaves while another still reduces with it
-        synchronize(device)?;
-    }
-    if !lead {
-        return Ok(());
-    }
-    if timed.0 > 0 {
-        let per_iter = timed.1 / timed.0 as f64;
+    Ok(timing)
+}
+
+/// Rank 0's last words: the speed, and text sampled by a captured decode step on a GPU (static
+/// shapes, a device-side position), eagerly on the CPU.
+fn report(run: &Run, gpt: &model::Gpt, timing: &Timing, params: i64) -> Result<()> {
+    let args = &run.args;
+    if timing.iters > 0 {
+        let per_iter = timing.secs / timing.iters as f64;
+        let flops = run.config.flops_per_token(params) * run.tokens_per_iter();
         println!(
             "{:.2} ms/iter, {:.0} tokens/s, MFU {:.1}% (of {} TFLOP/s), over {} iterations after the first 10",
             per_iter * 1e3,
-            tokens_per_iter / per_iter,
-            flops_per_iter / per_iter / (args.peak_tflops * 1e12) * 100.0,
+            run.tokens_per_iter() / per_iter,
+            flops / per_iter / (args.peak_tflops * 1e12) * 100.0,
             args.peak_tflops,
-            timed.0
+            timing.iters
         );
     }
-    // a captured decode step on a GPU (static shapes, a device-side position), eager on the CPU
-    let tokens = sample::sample(&gpt, device, 0, args.sample as i64, device != Device::Cpu)?;
+    let device = run.device;
+    let tokens = sample::sample(gpt, device, 0, args.sample as i64, device != Device::Cpu)?;
     let text: String = tokens.into_iter().map(data::decode).collect();
     std::fs::write(args.out.join("sample.txt"), &text)?;
+    let ckpt = args.out.join("ckpt.safetensors");
     println!("loss curve: {}; checkpoint: {}", args.out.join("loss.csv").display(), ckpt.display());
     println!("--- sampled ---\n{text}\n---");
     Ok(())
