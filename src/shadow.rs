@@ -27,7 +27,7 @@
 //! # let _ = step.run(&[&x])?; Ok(()) }
 //! ```
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sys::linear::{self as raw_linear, RawWeightGrad};
 use crate::sys::optim::RawKernels;
 use crate::sys::shadow as raw;
@@ -80,8 +80,16 @@ pub(crate) struct ActiveShadows {
 
 impl ActiveShadows {
     /// Refreshes every shadow (one multi-tensor copy per device and dtype) and turns reading on.
-    pub(crate) fn begin() -> Result<Self> {
-        raw::refresh()?;
+    /// A step on a CUDA device that finds no shadow to refresh is refused: its shadows were
+    /// dropped (`let _ = WeightShadows::new(..)`) or never made, and it would run without them.
+    pub(crate) fn begin(cuda: bool) -> Result<Self> {
+        if raw::refresh()? == 0 && cuda {
+            return Err(Error::Misuse(
+                "weight_shadows(true), but no parameter has a shadow: call TrainStep::shadow_parameters, or keep \
+                 the WeightShadows alive while the step runs"
+                    .into(),
+            ));
+        }
         Ok(ActiveShadows { was: raw::set_active(true)? })
     }
 }

@@ -9,8 +9,9 @@ use crate::error::{Error, Result};
 use crate::feed::{copy_non_blocking, is_pinned, Stager};
 use crate::graph::{CaptureMode, CudaGraph};
 use crate::memory::OomWatch;
+use crate::optim::Optimizer;
 use crate::pool::{MemPool, PoolId};
-use crate::shadow::ActiveShadows;
+use crate::shadow::{ActiveShadows, WeightShadows};
 use crate::watch::{storage_nbytes, TensorWatch};
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
@@ -112,13 +113,19 @@ impl StepOptions {
     }
     /// Refreshes every [`crate::shadow::WeightShadows`] at the start of each step (one
     /// multi-tensor copy, captured with the step) and lets [`crate::shadow::linear`] and
-    /// [`crate::linear::Linear`] read them
-    /// under autocast instead of casting each weight at each use (default off).
+    /// [`crate::linear::Linear`] read them under autocast instead of casting each weight at each
+    /// use (default off). [`TrainStep::shadow_parameters`] makes the shadows of the step's
+    /// optimizer; a step on a CUDA device that finds no shadow at all is refused with
+    /// [`Error::Misuse`] rather than run without them.
     pub fn weight_shadows(mut self, yes: bool) -> Self {
         self.shadows = yes;
         self
     }
 
+    /// Whether the step reads weight shadows.
+    pub fn get_weight_shadows(&self) -> bool {
+        self.shadows
+    }
     /// The autocast dtype, if any.
     pub fn get_autocast(&self) -> Option<Kind> {
         self.autocast
@@ -263,6 +270,8 @@ pub struct TrainStep<'a, S = ()> {
     step_fn: StepFn<'a, S>,
     /// What the step lends its closure on every call (and its caller between runs).
     state: S,
+    /// The shadows the step made of its optimizer's parameters ([`TrainStep::shadow_parameters`]).
+    shadows: Option<WeightShadows>,
     watch: TensorWatch,
     runs: u64,
     captures: u64,
@@ -301,7 +310,8 @@ fn call_step<S>(
     options: &StepOptions,
     inputs: &[Tensor],
 ) -> Result<Vec<Tensor>> {
-    let _shadows = options.shadows.then(ActiveShadows::begin).transpose()?;
+    let cuda = inputs.first().is_some_and(|t| t.device().is_cuda());
+    let _shadows = options.shadows.then(|| ActiveShadows::begin(cuda)).transpose()?;
     let _autocast = options.autocast.map(|dtype| Autocast::new(dtype, false)).transpose()?;
     step_fn(state, inputs)
 }
@@ -364,6 +374,34 @@ impl<'a> TrainStep<'a> {
         F: FnMut(&[Tensor]) -> Result<Vec<Tensor>> + 'a,
     {
         TrainStep::with_state((), inputs, options, move |_, inputs| step(inputs))
+    }
+}
+
+impl<'a, O: Optimizer + 'a> TrainStep<'a, O> {
+    /// Gives every float32 CUDA parameter of the step's optimizer (its state) a shadow in the
+    /// autocast dtype, held by the step and refreshed at the start of each run: the one call that
+    /// [`StepOptions::weight_shadows`] needs. Returns how many parameters got one. Call it before
+    /// the first run (a graph captured without the refresh would not read them).
+    ///
+    /// # Errors
+    /// [`Error::Misuse`] without `weight_shadows(true)` and an autocast dtype, after the first
+    /// run, or when called twice.
+    pub fn shadow_parameters(&mut self) -> Result<usize> {
+        let dtype = match (self.options.shadows, self.options.autocast) {
+            (true, Some(dtype)) => dtype,
+            _ => {
+                return Err(Error::Misuse(
+                    "shadow_parameters needs StepOptions::weight_shadows(true) and autocast".into(),
+                ))
+            }
+        };
+        if self.runs > 0 || self.shadows.is_some() {
+            return Err(Error::Misuse("shadow_parameters: call it once, before the first run".into()));
+        }
+        let shadows = WeightShadows::new(self.state.params(), dtype)?;
+        let made = shadows.len();
+        self.shadows = Some(shadows);
+        Ok(made)
     }
 }
 
@@ -433,6 +471,7 @@ impl<'a, S: 'a> TrainStep<'a, S> {
             current: 0,
             step_fn: Box::new(step),
             state,
+            shadows: None,
             watch: TensorWatch::new()?,
             runs: 0,
             captures: 0,

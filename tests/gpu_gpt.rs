@@ -41,11 +41,7 @@ fn train_with(
         step::Hyper { batch: 8, accum: 2, iters: iters as u64, warmup: 10, eager, shadows, ..Default::default() };
     let mut steps = step::build(&vs, &gpt, hyper).expect("the steps");
     if shadows {
-        assert_eq!(
-            steps.shadows.as_ref().map(|s| s.len()),
-            Some(vs.trainable_variables().len()),
-            "every parameter shadowed"
-        );
+        assert_eq!(steps.shadowed, vs.trainable_variables().len(), "every parameter shadowed");
     }
     let data = Tensor::randint(96, [iters as i64, 2, 8, 65], (Kind::Int64, Device::Cpu)).to_device(dev);
     let mut losses = Vec::new();
@@ -197,4 +193,44 @@ fn captured_sampling_draws_the_eager_tokens() {
     assert_eq!(replayed.len(), 300);
     assert_eq!(same, 300, "captured and eager sampling differ from token {same}");
     assert!(eager.iter().any(|&t| t != eager[0]), "the draws are not all one token");
+}
+
+/// Weight shadows cannot be lost silently: a step with `weight_shadows(true)` whose shadows were
+/// never made (or dropped at once) is refused at its first run, and runs once the step shadows
+/// its optimizer's parameters itself (`shadow_parameters`, which a second call refuses).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_step_without_its_shadows_is_refused_and_shadows_its_optimizer() {
+    use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
+    use tch_cuda_graphs::{shadow, Error, StepOptions, TrainStep};
+    let dev = Device::Cuda(0);
+    assert!(tch_cuda_graphs::cuda_is_available(), "this test needs a CUDA device");
+    let vs = nn::VarStore::new(dev);
+    let lin = nn::linear(vs.root() / "fc", 64, 64, Default::default());
+    let x = Tensor::randn([16, 64], (Kind::Float, dev));
+    let options = StepOptions::default().autocast(Kind::BFloat16).weight_shadows(true);
+    let make = || {
+        let opt = Adam::new(&vs, AdamConfig::adamw()).expect("adam");
+        TrainStep::with_state(opt, &[("x", &x)], options, |opt, inp| {
+            opt.zero_grad()?;
+            let loss = shadow::linear(&inp[0], &lin.ws, lin.bs.as_ref())?.f_square()?.f_mean(None)?;
+            tch_cuda_graphs::amp::backward(&loss)?;
+            opt.step()?;
+            Ok(vec![loss.detach()])
+        })
+        .expect("the step")
+    };
+    let mut bare = make();
+    let e = bare.run(&[&x]).expect_err("no shadows");
+    println!("without shadows: {e}");
+    assert!(matches!(e, Error::Misuse(_)));
+    drop(bare);
+    let mut step = make();
+    let made = step.shadow_parameters().expect("shadows of the optimizer's parameters");
+    assert_eq!(made, 2, "the weight and the bias");
+    assert!(matches!(step.shadow_parameters(), Err(Error::Misuse(_))), "once");
+    for _ in 0..6 {
+        step.run(&[&x]).expect("a step with its shadows"); // warmup, capture, replays
+    }
+    assert!(step.is_graphed() && step.graph_count() == 1, "captured");
 }

@@ -12,7 +12,6 @@ use tch::{nn, Kind, Tensor};
 use tch_cuda_graphs::dist::{GradAllReduce, ProcessGroup, ReduceOp};
 use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig, Optimizer};
 use tch_cuda_graphs::schedule::{DeviceLrScheduler, WarmupCosine};
-use tch_cuda_graphs::shadow::WeightShadows;
 use tch_cuda_graphs::{amp, clip_grad_norm, Result, StepOptions, TrainStep};
 
 /// AdamW's betas and epsilon (nanoGPT's `shakespeare_char`; epsilon PyTorch's default).
@@ -76,8 +75,8 @@ pub struct Steps<'a> {
     pub eval: TrainStep<'a>,
     /// The device step counter of the learning-rate schedule (for checkpoints).
     pub schedule_step: Tensor,
-    /// The weights' shadows, while the steps read them.
-    pub shadows: Option<WeightShadows>,
+    /// How many parameters the training step shadows (0 without shadows).
+    pub shadowed: usize,
 }
 
 /// Builds both steps for `model`, whose variables are in `vs`, on `vs`'s device.
@@ -106,17 +105,12 @@ fn build_on<'a>(vs: &nn::VarStore, model: &'a Gpt, h: Hyper, pg: Option<&Process
         None => None,
     };
     let mut options = StepOptions::default().eager(h.eager);
-    let mut shadows = None;
     if let Some(dtype) = h.autocast {
-        options = options.autocast(dtype);
-        if h.shadows {
-            shadows = Some(WeightShadows::new(&params, dtype)?);
-            options = options.weight_shadows(true);
-        }
+        options = options.autocast(dtype).weight_shadows(h.shadows);
     }
     let tokens = Tensor::zeros([h.accum, h.batch, block], (Kind::Int64, dev));
     let inv_accum = Tensor::from(1.0 / h.accum as f32);
-    let train = TrainStep::with_state(opt, &[("x", &tokens), ("y", &tokens)], options, move |opt, inp| {
+    let mut train = TrainStep::with_state(opt, &[("x", &tokens), ("y", &tokens)], options, move |opt, inp| {
         model.set_train(true);
         opt.zero_grad()?;
         let mut total: Option<Tensor> = None;
@@ -142,6 +136,8 @@ fn build_on<'a>(vs: &nn::VarStore, model: &'a Gpt, h: Hyper, pg: Option<&Process
         opt.step()?;
         Ok(vec![total, norm])
     })?;
+    // the step shadows its optimizer's parameters (under autocast, with `shadows`)
+    let shadowed = if options.get_weight_shadows() { train.shadow_parameters()? } else { 0 };
     let eval_options = match train.pool() {
         Some(pool) => options.pool(pool).warmup(1),
         None => options,
@@ -154,5 +150,5 @@ fn build_on<'a>(vs: &nn::VarStore, model: &'a Gpt, h: Hyper, pg: Option<&Process
         model.set_train(true);
         Ok(vec![loss?])
     })?;
-    Ok(Steps { train, eval, schedule_step, shadows })
+    Ok(Steps { train, eval, schedule_step, shadowed })
 }
