@@ -316,8 +316,7 @@ def run_trajectory(d, dev):
     rec["loss"] = torch.tensor(losses, dtype=torch.float64)
     rec["grad_norm"] = torch.tensor(norms, dtype=torch.float64)
     write_safetensors(f"{d}/torch.safetensors", rec)
-    rec["model"] = model
-    return rec
+    return rec, model
 
 
 def paired_validation(d, crate, model):
@@ -349,7 +348,7 @@ def paired_validation(d, crate, model):
           f"({diff.mean().item() / theirs.mean().item() * 100:+.3f}%), standard error of the paired difference {se:.5f}")
 
 
-def compare_trajectories(d, ours):
+def compare_trajectories(d, ours, model):
     """Prints the two runs side by side: every step's loss and gradient norm, then each recorded
     set of tensors (the largest difference relative to the tensor's largest value, and where),
     then, when validation batches were written, both runs' validation loss on them."""
@@ -367,7 +366,7 @@ def compare_trajectories(d, ours):
             worst = max(worst, (rel, k.split("/", 1)[1]))
         print(f"{s}: max |crate - torch| / max |torch| = {worst[0]:.3e} (in {worst[1]})")
     if os.path.exists(f"{d}/val.safetensors"):
-        paired_validation(d, crate, ours["model"])
+        paired_validation(d, crate, model)
 
 
 def main():
@@ -386,7 +385,7 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         dev = torch.device(a.device if torch.cuda.is_available() else "cpu")
-        compare_trajectories(a.trajectory, run_trajectory(a.trajectory, dev))
+        compare_trajectories(a.trajectory, *run_trajectory(a.trajectory, dev))
         return
     if not torch.cuda.is_available():
         raise SystemExit("torch_gpt.py: no CUDA device")

@@ -327,16 +327,7 @@ fn main() -> Result<()> {
 fn train(run: &Run, vs: &nn::VarStore, steps: &mut step::Steps<'_>, params: i64) -> Result<Timing> {
     let (args, (batch, block)) = (&run.args, (run.hyper.batch, run.config.block));
     let ckpt = args.out.join("ckpt.safetensors");
-    let mut first = 0u64;
-    if args.resume {
-        let extra = checkpoint::load(&ckpt, vs, steps.train.state_mut())
-            .with_context(|| format!("resuming from {}", ckpt.display()))?;
-        first = extra["iter"].int64_value(&[]) as u64;
-        steps.schedule_step.shallow_clone().copy_(&extra["schedule"]);
-        // the random stream of every checkpointed iteration starts from (seed, iteration)
-        tch::manual_seed(run.seed.wrapping_add(first as i64));
-        println!("resumed from {} at iteration {first}", ckpt.display());
-    }
+    let first = if args.resume { resume(run, vs, steps, &ckpt)? } else { 0 };
     let mut csv = run.csv()?;
     let bar = if run.lead() { ProgressBar::new(args.iters) } else { ProgressBar::hidden() };
     bar.set_style(ProgressStyle::with_template("[{bar:30}] {pos}/{len} {msg}")?.progress_chars("#>."));
@@ -385,6 +376,18 @@ fn train(run: &Run, vs: &nn::VarStore, steps: &mut step::Steps<'_>, params: i64)
     }
     bar.finish_and_clear();
     Ok(timing)
+}
+
+/// Loads the checkpoint into the model, the optimizer and the schedule; the iteration it holds.
+fn resume(run: &Run, vs: &nn::VarStore, steps: &mut step::Steps<'_>, ckpt: &std::path::Path) -> Result<u64> {
+    let extra = checkpoint::load(ckpt, vs, steps.train.state_mut())
+        .with_context(|| format!("resuming from {}", ckpt.display()))?;
+    let first = extra["iter"].int64_value(&[]) as u64;
+    steps.schedule_step.shallow_clone().copy_(&extra["schedule"]);
+    // the random stream of every checkpointed iteration starts from (seed, iteration)
+    tch::manual_seed(run.seed.wrapping_add(first as i64));
+    println!("resumed from {} at iteration {first}", ckpt.display());
+    Ok(first)
 }
 
 /// Rank 0's last words: the speed, and text sampled by a captured decode step on a GPU (static
