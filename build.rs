@@ -199,6 +199,7 @@ fn main() {
             "csrc/autograd.cpp",
             "csrc/error.cpp",
             "csrc/feed.cpp",
+            "csrc/kernels.cpp",
             "csrc/optim.cpp",
             "csrc/norm.cpp",
             "csrc/shadow.cpp",

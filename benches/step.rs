@@ -32,7 +32,8 @@ use models::{batch, Model, ModelKind};
 use std::fmt::Write as _;
 use std::time::Instant;
 use tch::{nn, nn::OptimizerConfig, Device, Tensor};
-use tch_cuda_graphs::optim::{Adam, AdamConfig, Kernels, Optimizer, Sgd, SgdConfig};
+use tch_cuda_graphs::kernels::Kernels;
+use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use tch_cuda_graphs::{capture_with_warmup, feed, pool_memory, synchronize, CaptureOptions, StepOptions, TrainStep};
 use timing::{median, time_steps, WARMUP};
 

@@ -1,6 +1,7 @@
 // The linear layer (CPU and CUDA builds): the C API over the crate's path (cuda/linear_own.cpp:
 // bias gradients in the weight-gradient GEMM, float32 weight gradients) and ATen's at::linear for
 // every input that path does not take. Both read weight shadows where a step made them.
+#include "kernels.h"
 #include "linear_own.h"
 #include "shadow.h"
 #include "shim.h"
@@ -32,12 +33,7 @@ tcg_status tcg_linear_forward(const tcg_linear_inputs* in, tcg_weight_grad wgrad
       misuse("linear: the bias must be a vector of the weight's out (" + std::to_string(weight.size(0)) + ")");
     }
     tcg::linear::Operands ops{x, weight, bias, tcg::shadow::lookup(weight), tcg::shadow::lookup(bias)};
-    std::string why;
-    if (kernels != TCG_KERNELS_PYTORCH) why = tcg::linear::unsupported(ops);
-    if (kernels == TCG_KERNELS_OWN && !why.empty()) {
-      throw tcg::exception(TCG_UNSUPPORTED, "linear: the crate's path does not apply: " + why);
-    }
-    const bool own = kernels != TCG_KERNELS_PYTORCH && why.empty();
+    const bool own = tcg::kernels::own(kernels, "linear", [&] { return tcg::linear::unsupported(ops); });
     at::Tensor y;
     if (own) {
       y = tcg::linear::fused(ops, wgrad == TCG_WEIGHT_GRAD_FP32);

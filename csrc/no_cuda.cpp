@@ -2,6 +2,7 @@
 // TCH_CUDA_GRAPHS_NO_CUDA=1 at build time): every entry point reports TCG_NO_CUDA, except the
 // queries that have an honest answer (no device). error.cpp, optim.cpp and watch.cpp are
 // built as usual, so the optimizers and the eager fallback keep working.
+#include "kernels.h"
 #include "linear_own.h"
 #include "loss_own.h"
 #include "norm_own.h"
@@ -79,12 +80,16 @@ tcg_status tcg_memory_host_empty_cache(void) { return no_cuda(); }
 
 }  // extern "C"
 
-// The own optimizer kernels need CUDA: optim.cpp runs ATen's fused kernels.
-namespace tcg::optim {
+// The own kernels need CUDA.
+namespace tcg::kernels {
 bool built() { return false; }
 std::string unavailable(int) {
   throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no own kernels");
 }
+}  // namespace tcg::kernels
+
+// optim.cpp runs ATen's fused kernels.
+namespace tcg::optim {
 bool adam(bool, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
           const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
           const std::vector<at::Tensor>&, const std::vector<at::Tensor>&, const at::Tensor&,

@@ -1,6 +1,7 @@
 // Normalization layers with the residual add and dropout folded in (CPU and CUDA builds): the
 // C API over the crate's fused kernels (cuda/norm_own.cpp) and the same computation in ATen's
 // operators, for every input those kernels do not take.
+#include "kernels.h"
 #include "norm_own.h"
 #include "shim.h"
 
@@ -66,12 +67,7 @@ tcg_status tcg_norm_forward(const tcg_norm_inputs* in, const tcg_norm_options* o
     }
     tcg::norm::Options o{opts->kind == TCG_NORM_RMS, opts->eps, opts->dropout, opts->train,
                          out_dtype(res, opts->out)};
-    std::string why;
-    if (kernels != TCG_KERNELS_PYTORCH) why = tcg::norm::unsupported(res, branch, weight, bias, o);
-    if (kernels == TCG_KERNELS_OWN && !why.empty()) {
-      throw tcg::exception(TCG_UNSUPPORTED, "norm: the crate's fused kernels do not apply: " + why);
-    }
-    const bool own = kernels != TCG_KERNELS_PYTORCH && why.empty();
+    const bool own = tcg::kernels::own(kernels, "norm", [&] { return tcg::norm::unsupported(res, branch, weight, bias, o); });
     auto [x, y] = own ? tcg::norm::fused(res, branch, weight, bias, o) : composite(res, branch, weight, bias, o);
     auto y_out = std::make_unique<at::Tensor>(std::move(y));
     std::unique_ptr<at::Tensor> x_out;

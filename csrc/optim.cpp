@@ -1,4 +1,5 @@
 // Fused optimizer kernels and gradient helpers (ATen has CPU and CUDA kernels for all of them).
+#include "kernels.h"
 #include "optim_own.h"
 #include "shim.h"
 
@@ -46,26 +47,9 @@ std::optional<at::Tensor> optional_tensor(tcg_tensor t) {
   return tensor_ref(t);
 }
 
-// Whether the own kernels ran (`tried` returned true); if they could not where only they were
-// asked for, TCG_UNSUPPORTED with the reason.
-bool own_ran(tcg_kernels kernels, bool ran, const std::string& why) {
-  if (!ran && kernels == TCG_KERNELS_OWN) {
-    throw tcg::exception(TCG_UNSUPPORTED, "the crate's own optimizer kernels cannot run this step: " + why);
-  }
-  return ran;
-}
 }  // namespace
 
 extern "C" {
-
-bool tcg_optim_own_kernels_built(void) { return tcg::optim::built(); }
-
-tcg_status tcg_optim_own_kernels_check(int device) {
-  return guard([&] {
-    auto why = tcg::optim::unavailable(device);
-    if (!why.empty()) throw tcg::exception(TCG_UNSUPPORTED, why);
-  });
-}
 
 tcg_status tcg_optim_sgd(const tcg_sgd_tensors* t, tcg_tensor lr, const tcg_sgd_hyper* h,
                          bool is_first_step, tcg_amp_scaling amp, tcg_kernels kernels, bool* ran_own) {
@@ -81,14 +65,15 @@ tcg_status tcg_optim_sgd(const tcg_sgd_tensors* t, tcg_tensor lr, const tcg_sgd_
     auto b = tensor_list(t->momentum_buffers);
     auto scale = optional_tensor(amp.grad_scale);
     auto found = optional_tensor(amp.found_inf);
-    if (kernels != TCG_KERNELS_PYTORCH) {
-      std::string why;
-      bool ran = tcg::optim::sgd(p, g, b, h->weight_decay, h->momentum, tensor_ref(lr), h->dampening,
-                                 h->nesterov, h->maximize, is_first_step, scale, found, &why);
-      if (own_ran(kernels, ran, why)) {
-        *ran_own = true;
-        return;
-      }
+    // the attempt runs the own kernels where they apply, else says why not
+    if (tcg::kernels::own(kernels, "sgd", [&] {
+          std::string why;
+          const bool ran = tcg::optim::sgd(p, g, b, h->weight_decay, h->momentum, tensor_ref(lr), h->dampening,
+                                           h->nesterov, h->maximize, is_first_step, scale, found, &why);
+          return ran ? std::string() : why.empty() ? std::string("they did not run") : why;
+        })) {
+      *ran_own = true;
+      return;
     }
     at::_fused_sgd_(p, g, b, h->weight_decay, h->momentum, tensor_ref(lr), h->dampening, h->nesterov,
                     h->maximize, is_first_step, scale, found);
@@ -115,16 +100,16 @@ tcg_status tcg_optim_adam(const tcg_adam_tensors* t, tcg_tensor lr, const tcg_ad
     auto s = tensor_list(t->steps);
     auto scale = optional_tensor(amp.grad_scale);
     auto found = optional_tensor(amp.found_inf);
-    if (kernels != TCG_KERNELS_PYTORCH) {
-      std::string why = "no arrival counters given";
-      bool ran = arrivals != nullptr && slots != nullptr &&
-                 tcg::optim::adam(h->adamw, p, g, m, v, vmax, s, tensor_ref(lr), h->beta1, h->beta2,
-                                  h->weight_decay, h->eps, h->amsgrad, h->maximize, scale, found,
-                                  tensor_ref(arrivals), slots, &why);
-      if (own_ran(kernels, ran, why)) {
-        *ran_own = true;
-        return;
-      }
+    if (tcg::kernels::own(kernels, "adam", [&] {
+          if (arrivals == nullptr || slots == nullptr) return std::string("no arrival counters given");
+          std::string why;
+          const bool ran = tcg::optim::adam(h->adamw, p, g, m, v, vmax, s, tensor_ref(lr), h->beta1, h->beta2,
+                                            h->weight_decay, h->eps, h->amsgrad, h->maximize, scale, found,
+                                            tensor_ref(arrivals), slots, &why);
+          return ran ? std::string() : why.empty() ? std::string("they did not run") : why;
+        })) {
+      *ran_own = true;
+      return;
     }
     // PyTorch's _fused_adam: the per-parameter step counts go up first, in one kernel.
     at::_foreach_add_(s, 1);

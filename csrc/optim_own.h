@@ -9,13 +9,6 @@
 
 namespace tcg::optim {
 
-// Why the own kernels cannot run on CUDA device `device` (not built, or the fat binary has no
-// code this device and driver can load); empty when they can. Loads them on first use.
-std::string unavailable(int device);
-
-// Whether the own kernels were built into this binary.
-bool built();
-
 // The own kernels' Adam / AdamW over these lists, on the current stream: returns false, having
 // done nothing, with the reason in *why, where they do not apply (CPU tensors, a dtype other
 // than float32/64/16/bfloat16, non-contiguous tensors, grads unlike their params, ...).

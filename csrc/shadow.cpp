@@ -1,6 +1,7 @@
-// Weight shadows (CPU and CUDA builds): a low-precision copy of each registered float32 CUDA
-// parameter, refreshed by one multi-tensor copy (`_foreach_copy_`) at the start of each step that
-// asks for them, and read by the linear layer (linear.cpp) instead of autocast's per-use cast. libtorch's own
+// Weight shadows (CPU and CUDA builds): sets of low-precision copies of float32 CUDA parameters,
+// each set owned by its handle (no registry), refreshed by one multi-tensor copy
+// (`_foreach_copy_`) at the start of each step that holds one, and read by the linear layer
+// (linear.cpp) instead of autocast's per-use cast while the set is active on the thread. libtorch's own
 // autocast cache cannot be filled from outside (its map is private), and it must be off inside a
 // captured graph; a shadow is a cast cache that lives across replays. The shadow of a parameter
 // is attached to autograd by ShadowFunction, whose backward is the cast's (the gradient cast back
@@ -12,9 +13,9 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <algorithm>
 #include <map>
-#include <mutex>
+#include <memory>
+#include <unordered_map>
 #include <vector>
 
 using tcg::guard;
@@ -25,27 +26,36 @@ using torch::autograd::variable_list;
 
 namespace {
 
-struct Entry {
-  at::Tensor param;
-  at::Tensor shadow;
-  uint64_t order;  // registration order: refreshes walk the entries in it
+// A set of shadows: each float32 CUDA parameter given, its copy in one dtype. Owned by its
+// tcg_shadows handles and by the thread that reads it while active, so freeing a handle never
+// leaves a reader with a dangling set.
+struct Set {
+  at::ScalarType dtype;
+  std::vector<at::Tensor> params, shadows;                // in the order given
+  std::unordered_map<const c10::TensorImpl*, size_t> index;  // parameter -> its place
 };
 
-std::mutex mu;
-std::map<const c10::TensorImpl*, Entry>& entries() {
-  static auto* m = new std::map<const c10::TensorImpl*, Entry>();  // never destroyed
-  return *m;
-}
-uint64_t next_order = 0;
-thread_local bool active = false;
+}  // namespace
 
-// The shadow of `param` in `dtype`, if it has one.
+struct tcg_shadows {
+  std::shared_ptr<const Set> set;
+};
+
+namespace {
+
+// The set tcg_linear_forward reads on this thread (none: null).
+thread_local std::shared_ptr<const Set> active;
+
+// The shadow of `param` in the active set, if it has one; a set of another dtype than autocast's
+// is refused rather than passed over.
 at::Tensor shadow_of(const at::Tensor& param, at::ScalarType dtype) {
-  if (!param.defined()) return at::Tensor();
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = entries().find(param.unsafeGetTensorImpl());
-  if (it == entries().end() || it->second.shadow.scalar_type() != dtype) return at::Tensor();
-  return it->second.shadow;
+  if (!active) return at::Tensor();
+  if (active->dtype != dtype) {
+    misuse(std::string("weight shadows are ") + c10::toString(active->dtype) + " but CUDA autocast runs " +
+           c10::toString(dtype) + ": make them in the autocast dtype");
+  }
+  auto it = active->index.find(param.unsafeGetTensorImpl());
+  return it == active->index.end() ? at::Tensor() : active->shadows[it->second];
 }
 
 // The shadow, passed to ShadowFunction as a plain value: not an autograd input.
@@ -87,63 +97,50 @@ at::Tensor read(const at::Tensor& param) {
 
 extern "C" {
 
-tcg_status tcg_shadow_register(tcg_tensors params, tcg_dtype dtype, size_t* made) {
+tcg_status tcg_shadows_new(tcg_tensors params, tcg_dtype dtype, tcg_shadows** out, size_t* count) {
   return guard([&] {
-    *made = 0;
+    *out = nullptr;
+    *count = 0;
     if (dtype != TCG_DTYPE_HALF && dtype != TCG_DTYPE_BFLOAT16) misuse("weight shadows: dtype must be Half or BFloat16");
-    const auto st = static_cast<at::ScalarType>(dtype);
+    auto set = std::make_shared<Set>();
+    set->dtype = static_cast<at::ScalarType>(dtype);
     auto ps = tcg::tensor_list(params);
     for (const auto& p : ps) {
       if (tcg::capturing_on(p)) misuse("weight shadows: make them outside a capture");
     }
     at::NoGradGuard no_grad;
-    std::lock_guard<std::mutex> lock(mu);
     for (const auto& p : ps) {
       if (!p.defined() || !p.is_cuda() || p.scalar_type() != at::kFloat) continue;
-      auto& e = entries()[p.unsafeGetTensorImpl()];
-      if (e.shadow.defined() && e.shadow.scalar_type() == st) continue;
-      e = Entry{p, p.detach().to(st).contiguous().view(p.sizes()), next_order++};
-      ++*made;
+      if (!set->index.emplace(p.unsafeGetTensorImpl(), set->params.size()).second) continue;  // given twice
+      set->params.push_back(p);  // the parameter itself: a later set_data is followed
+      set->shadows.push_back(p.detach().to(set->dtype).contiguous().view(p.sizes()));
     }
+    *count = set->params.size();
+    *out = new tcg_shadows{std::move(set)};
   });
 }
 
-tcg_status tcg_shadow_unregister(tcg_tensors params) {
-  return guard([&] {
-    auto ps = tcg::tensor_list(params);
-    std::lock_guard<std::mutex> lock(mu);
-    for (const auto& p : ps) {
-      if (p.defined()) entries().erase(p.unsafeGetTensorImpl());
-    }
-  });
-}
+void tcg_shadows_free(tcg_shadows* s) { delete s; }
 
-tcg_status tcg_shadow_refresh(size_t* refreshed) {
+tcg_status tcg_shadows_refresh(tcg_shadows* s) {
   return guard([&] {
-    *refreshed = 0;
-    std::map<std::pair<int, int>, std::vector<std::pair<uint64_t, Entry>>> by;  // (device, dtype)
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      for (const auto& [impl, e] : entries()) by[{e.param.get_device(), static_cast<int>(e.shadow.scalar_type())}].push_back({e.order, e});
+    if (s == nullptr) misuse("weight shadows: null handle");
+    const Set& set = *s->set;
+    std::map<int, std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>>> by_device;
+    for (size_t k = 0; k < set.params.size(); ++k) {
+      auto& [dst, src] = by_device[set.params[k].get_device()];
+      dst.push_back(set.shadows[k]);
+      src.push_back(set.params[k].detach());
     }
     at::NoGradGuard no_grad;
-    for (auto& [key, list] : by) {
-      std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-      std::vector<at::Tensor> dst, src;
-      for (const auto& [order, e] : list) {
-        dst.push_back(e.shadow);
-        src.push_back(e.param.detach());
-      }
-      at::_foreach_copy_(dst, src);
-      *refreshed += dst.size();
-    }
+    for (auto& [device, lists] : by_device) at::_foreach_copy_(lists.first, lists.second);
   });
 }
 
-tcg_status tcg_shadow_set_active(bool on, bool* was) {
+tcg_status tcg_shadows_activate(tcg_shadows* s, tcg_shadows** previous) {
   return guard([&] {
-    *was = active;
-    active = on;
+    *previous = active ? new tcg_shadows{active} : nullptr;
+    active = s == nullptr ? nullptr : s->set;
   });
 }
 

@@ -6,35 +6,37 @@
 // - Four kinds of function return something else and cannot fail: the *_free functions (void;
 //   each takes a handle the caller owns and frees it exactly once), tcg_error_take_last /
 //   tcg_string_free (the message and its release), the build queries that answer a bool
-//   (tcg_device_built_with_cuda, tcg_optim_own_kernels_built, tcg_pg_available), and tcg_layout.
+//   (tcg_device_built_with_cuda, tcg_kernels_built, tcg_pg_available), and tcg_layout.
 // - A handle returned through an out pointer on TCG_OK is owned by the caller until its *_free.
 // - Types: enumerations are typed enums (passed as an int), flags are `bool`, hyper-parameters
 //   and tensor lists are structs; src/sys/layout.rs checks every struct against tcg_layout.
-// Naming: one prefix per family: tcg_error_*, tcg_device_*, tcg_stream_*, tcg_event_*,
-// tcg_graph_*, tcg_cond_*, tcg_graphed_*, tcg_pool_* (ids, holds, a pool's memory),
-// tcg_memory_* (the allocator's figures and caches), tcg_autocast_*, tcg_scaler_*, tcg_optim_*,
-// tcg_grads_*, tcg_autograd_*, tcg_watch_*, tcg_feed_*, tcg_profile_*, tcg_pg_*, tcg_buckets_*;
-// each owning family has a matching *_free.
-//
-// Where each family lives:
-//   csrc/error.cpp        errors, statuses, fault injection for tests
-//   csrc/optim.cpp        fused optimizers, gradient helpers (CPU and CUDA)
-//   csrc/watch.cpp        tensor watches (storage identity checks; CPU and CUDA)
-//   csrc/feed.cpp         copies for feeding batches (CPU and CUDA)
-//   csrc/amp.cpp          autocast guard, GradScaler ops (CPU and CUDA)
-//   csrc/cuda/device.cpp  devices and streams              (CUDA builds)
-//   csrc/autograd.cpp     autograd::grad (CPU and CUDA)
-//   csrc/cuda/graph.cpp   CUDA graphs                      (CUDA builds)
-//   csrc/cuda/graphed.cpp graphed callables: the autograd function over two graphs (CUDA builds)
-//   csrc/cuda/conditional.cpp  conditional IF / WHILE nodes inside a capture (CUDA builds)
-//   csrc/cuda/memory.cpp  pools and allocator figures      (CUDA builds)
-//   csrc/cuda/cudart.cpp  CUDA runtime forwarding          (CUDA builds)
-//   csrc/cuda/dist.cpp    process groups over c10d/NCCL  (CUDA builds with NCCL headers)
-//   csrc/cuda/grad_buckets.cpp  gradient buckets fed by autograd hooks (same builds)
-//   csrc/no_cuda.cpp      the CUDA families as NO_CUDA stubs (builds without CUDA)
-//   csrc/no_dist.cpp      the process-group family as NO_CUDA stubs (no c10d/NCCL)
-//   csrc/layout.cpp       the layout of the shared structs (all builds)
-//   csrc/bucket_plan.cpp  the gradient buckets' layout, no GPU needed (all builds)
+// Naming: each function is tcg_<family>_<what>; each owning family has a matching *_free. One
+// section below per file that defines functions (`// ---- FILE`), in the families this table
+// gives it (tests/docs.rs checks the two agree):
+//   file                   families                   built
+//   error.cpp              error, string, testing     always
+//   kernels.cpp            kernels                    always
+//   optim.cpp              optim, grads               always
+//   norm.cpp               norm                       always
+//   shadow.cpp             shadows                    always
+//   linear.cpp             linear                     always
+//   loss.cpp               loss                       always
+//   autograd.cpp           autograd                   always
+//   amp.cpp                autocast, scaler           always
+//   watch.cpp              watch                      always
+//   feed.cpp               feed                       always
+//   cuda/device.cpp        device, stream, event      with CUDA
+//   cuda/graph.cpp         graph                      with CUDA
+//   cuda/graphed.cpp       graphed                    with CUDA
+//   profiler.cpp           profile                    always
+//   cuda/conditional.cpp   cond                       with CUDA
+//   cuda/memory.cpp        memory, pool               with CUDA
+//   cuda/dist.cpp          pg                         with CUDA and NCCL headers
+//   cuda/grad_buckets.cpp  buckets                    with CUDA and NCCL headers
+//   bucket_plan.cpp        buckets                    always
+//   layout.cpp             layout                     always
+// The CUDA families as TCG_NO_CUDA stubs: no_cuda.cpp (builds without CUDA), no_dist.cpp (no
+// c10d/NCCL).
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -130,12 +132,21 @@ void tcg_string_free(char* s);
 // the shim fails there as if libtorch had thrown. NULL clears it.
 tcg_status tcg_testing_fail_next(const char* point);
 
-// ---------------------------------------------------------------- optim.cpp (CPU and CUDA)
-// Which kernels a fused optimizer call runs: ATen's (PyTorch's `_fused_*_`), the crate's own
-// where they apply (CUDA tensors of float32/64/16/bfloat16, contiguous, grads like their
-// params, own kernels loadable on the device; ATen's otherwise), or the crate's own only
-// (TCG_UNSUPPORTED, nothing done, where they do not apply).
+// ---------------------------------------------------------------- kernels.cpp (CPU and CUDA)
+// Which kernels a call of the optimizer, norm, linear or loss families runs: ATen's, the crate's
+// own where they apply (each family states where; ATen's otherwise), or the crate's own only
+// (TCG_UNSUPPORTED, with the reason and nothing done, where they do not apply). The decision is
+// tcg::kernels::own (kernels.h); each call says through *ran_own which ran.
 typedef enum { TCG_KERNELS_PYTORCH = 0, TCG_KERNELS_AUTO = 1, TCG_KERNELS_OWN = 2 } tcg_kernels;
+// Whether the own kernels were built into this binary.
+bool tcg_kernels_built(void);
+// TCG_OK if the own kernels can run on CUDA device `device` (loading them there on first
+// call); TCG_UNSUPPORTED with the reason as message if not; TCG_NO_CUDA without CUDA.
+tcg_status tcg_kernels_check(int device);
+
+// ---------------------------------------------------------------- optim.cpp (CPU and CUDA)
+// The own kernels apply to CUDA tensors of float32/64/16/bfloat16, contiguous, grads like their
+// params, the kernels loadable on the device.
 // AMP inputs of an optimizer step: NULL, or 0-d tensors the kernel divides the grads by
 // (grad_scale) and skips the step on (found_inf, non-zero: inf/NaN seen).
 typedef struct {
@@ -161,11 +172,6 @@ typedef struct {
 typedef struct {
   tcg_tensors params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
 } tcg_adam_tensors;
-// Whether the own kernels were built into this binary.
-bool tcg_optim_own_kernels_built(void);
-// TCG_OK if the own kernels can run on CUDA device `device` (loading them there on first
-// call); TCG_UNSUPPORTED with the reason as message if not; TCG_NO_CUDA without CUDA.
-tcg_status tcg_optim_own_kernels_check(int device);
 // One fused SGD step (torch.optim.SGD(fused=True)). `lr`: a tensor (device or CPU).
 // is_first_step: the momentum buffers were just made (the kernel initialises them).
 // *ran_own: whether the own kernels ran (else ATen's did).
@@ -223,19 +229,23 @@ tcg_status tcg_norm_forward(const tcg_norm_inputs* in, const tcg_norm_options* o
 // ---------------------------------------------------------------- shadow.cpp (CPU and CUDA)
 // Weight shadows: a low-precision copy of float32 CUDA parameters, refreshed once per step and
 // read instead of autocast's cast at each use (autocast's own cache must be off in a graph).
-// Registers `params` (only float32 CUDA tensors are taken; the others are skipped) with a shadow
-// of `dtype` (TCG_DTYPE_HALF or TCG_DTYPE_BFLOAT16), made now (refused inside a capture); *made:
-// how many were new. The registry holds the parameters until unregistered.
-tcg_status tcg_shadow_register(tcg_tensors params, tcg_dtype dtype, size_t* made);
-tcg_status tcg_shadow_unregister(tcg_tensors params);
-// Copies every registered parameter into its shadow: one multi-tensor copy per device and
-// dtype, on the current stream (capturable). *refreshed: how many.
-tcg_status tcg_shadow_refresh(size_t* refreshed);
-// Whether tcg_linear_forward reads shadows on this thread; *was: the previous value. It reads the
-// shadows of weight and bias instead of casting them when shadows are active on this thread, CUDA
-// autocast is on, and they have a shadow of the autocast dtype; on ATen's path the gradient
-// reaches the float32 parameter as through the cast.
-tcg_status tcg_shadow_set_active(bool on, bool* was);
+// A set of shadows is owned by its handle (there is no registry): tcg_linear_forward reads the
+// set active on its thread.
+typedef struct tcg_shadows tcg_shadows;
+// A set of shadows of `dtype` (TCG_DTYPE_HALF or TCG_DTYPE_BFLOAT16) for the float32 CUDA tensors
+// among `params` (the others are skipped), made now (refused inside a capture); the set holds
+// the parameters. *count: how many got one.
+tcg_status tcg_shadows_new(tcg_tensors params, tcg_dtype dtype, tcg_shadows** out, size_t* count);
+void tcg_shadows_free(tcg_shadows* s);
+// Copies each parameter of `s` into its shadow: one multi-tensor copy per device, on the current
+// stream (capturable).
+tcg_status tcg_shadows_refresh(tcg_shadows* s);
+// Makes `s` (NULL: none) the set tcg_linear_forward reads on this thread; *previous: the set it
+// replaces, as a new handle the caller owns (NULL: none). While a set is active and CUDA autocast
+// is on, tcg_linear_forward reads the shadows of weight and bias instead of casting them (on
+// ATen's path the gradient reaches the float32 parameter as through the cast), and fails with
+// TCG_MISUSE when the set's dtype is not autocast's. A freed handle's set lives on while active.
+tcg_status tcg_shadows_activate(tcg_shadows* s, tcg_shadows** previous);
 
 // ---------------------------------------------------------------- linear.cpp (CPU and CUDA)
 // A linear layer, y = x · weightᵀ + bias (bias NULL: none), reading weight shadows (above), whose backward (on the crate's path) computes the bias gradient in the
@@ -265,7 +275,7 @@ tcg_status tcg_linear_forward(const tcg_linear_inputs* in, tcg_weight_grad wgrad
 // loss rather than a device assert), ATen's operators otherwise; TCG_KERNELS_PYTORCH always
 // ATen's; TCG_KERNELS_OWN: TCG_UNSUPPORTED, with the reason, where the fused kernels do not
 // apply. *ran_own: whether they ran.
-tcg_status tcg_cross_entropy(tcg_tensor logits, tcg_tensor targets, int64_t ignore_index, tcg_kernels kernels,
+tcg_status tcg_loss_cross_entropy(tcg_tensor logits, tcg_tensor targets, int64_t ignore_index, tcg_kernels kernels,
                              tcg_tensor* out, bool* ran_own);
 
 // ---------------------------------------------------------------- autograd.cpp (CPU and CUDA)

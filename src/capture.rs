@@ -391,7 +391,7 @@ fn record<T>(
     // The crate's own kernels (optimizers, conditional nodes) load outside the capture, where a
     // load is allowed; without them (not built, no code for this GPU) the capture goes on and
     // what needs them says so (a refusal's message is read and dropped here).
-    let _ = crate::sys::optim::own_kernels_check(i32::try_from(index).unwrap_or(i32::MAX));
+    let _ = crate::sys::kernels::check_device(i32::try_from(index).unwrap_or(i32::MAX));
     graph.capture_begin(options.pool, options.mode)?;
     let mut guard = AbortOnDrop { graph, armed: true };
     match catch_unwind(AssertUnwindSafe(f)) {

@@ -1,7 +1,6 @@
 //! Gradient clipping by global norm that stays on the device (usable inside a captured step).
 
 use crate::error::{Error, Result};
-use crate::optim::with_grads;
 use crate::sys::optim as sys;
 use tch::Tensor;
 
@@ -44,4 +43,18 @@ pub fn clip_grad_value(params: &[Tensor], clip_value: f64) -> Result<()> {
     }
     let (_, grads) = with_grads(params)?;
     sys::clip_value(&grads, clip_value)
+}
+
+/// Indices and gradients of the parameters of `params` that have a gradient.
+fn with_grads(params: &[Tensor]) -> Result<(Vec<usize>, Vec<Tensor>)> {
+    let mut idx = Vec::with_capacity(params.len());
+    let mut grads = Vec::with_capacity(params.len());
+    for (i, p) in params.iter().enumerate() {
+        let g = p.f_grad()?;
+        if g.defined() {
+            idx.push(i);
+            grads.push(g);
+        }
+    }
+    Ok((idx, grads))
 }

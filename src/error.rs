@@ -86,7 +86,7 @@ pub enum Error {
     #[error("distributed timeout: {0}")]
     DistributedTimeout(String),
     /// What was asked for is not available in this build or on this device: the crate's own
-    /// optimizer kernels forced ([`crate::optim::Kernels::Own`]) where they were not built,
+    /// kernels forced ([`crate::kernels::Kernels::Own`]) where they were not built,
     /// have no code for the GPU, or do not take the tensors (the message says which).
     #[error("unsupported: {0}")]
     Unsupported(String),

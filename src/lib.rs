@@ -20,8 +20,10 @@
 //! - [`amp`]: mixed precision: the [`amp::Autocast`] guard and [`amp::GradScaler`] on the device.
 //! - [`optim`]: capturable fused [`optim::Sgd`] and [`optim::Adam`] (Adam/AdamW) on the crate's
 //!   own kernels (every SM busy whatever the parameter count; PyTorch's fused kernels as the
-//!   fallback, [`optim::Kernels`]) with parameter groups and learning-rate handles; [`schedule`]: schedules applied from the host or computed
+//!   fallback) with parameter groups and learning-rate handles; [`schedule`]: schedules applied from the host or computed
 //!   on the device; [`clip`]: on-device gradient clipping; [`checkpoint`]: save and resume.
+//! - [`kernels`]: which kernels run, the crate's own or ATen's: one choice ([`kernels::Kernels`])
+//!   in every config, one answer ([`kernels::KernelPath`]) from every `last_path()`.
 //! - [`norm`]: [`norm::LayerNorm`] (and RMSNorm) with the residual add and dropout folded in, on
 //!   the crate's own fused kernels (ATen's operators where they do not apply).
 //! - [`shadow`]: weight shadows, the low-precision copies of the weights a captured autocast
@@ -64,6 +66,7 @@ pub mod error;
 pub mod feed;
 pub mod graph;
 pub mod graphed;
+pub mod kernels;
 pub mod linear;
 pub mod loss;
 pub mod memory;
@@ -126,6 +129,8 @@ mod doc_pages {
     struct Gpt;
     #[doc = include_str!("../docs/norm.md")]
     struct Norm;
+    #[doc = include_str!("../docs/kernels.md")]
+    struct Kernels;
     #[doc = include_str!("../docs/linear-loss.md")]
     struct LinearLoss;
     #[doc = include_str!("../docs/benchmarks.md")]

@@ -31,21 +31,26 @@
 //! ```
 
 use crate::error::Result;
-use crate::optim::Kernels;
+use crate::kernels::{KernelPath, Kernels};
 use crate::sys::linear::{self as raw, RawWeightGrad};
 use std::borrow::Borrow;
 use std::cell::Cell;
 use tch::{nn, Tensor};
 
 /// How the weight gradient of a 16-bit step reaches a float32 parameter.
+///
+/// The default is [`WeightGrad::Float32`] (Megatron-LM's choice for its `main_grad`): faster (no
+/// cast kernel per parameter) and more precise than the rounded gradient autocast's
+/// `nn::Linear` gives; [`WeightGrad::Rounded`] gives that one's values (up to summation order).
+/// A float32 step, or one on ATen's path, is the same either way.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WeightGrad {
     /// Computed in the compute dtype (bf16 or f16), then cast to float32: the values autocast's
     /// `nn::Linear` gives (up to summation order).
-    #[default]
     Rounded,
     /// The GEMM writes float32 from its float32 accumulators (Megatron's `main_grad`): no cast
     /// kernel, and more precise, so no longer equal to the rounded gradient.
+    #[default]
     Float32,
 }
 
@@ -67,7 +72,7 @@ pub struct LinearConfig {
     pub bs_init: Option<nn::Init>,
     /// A learnable bias (default true).
     pub bias: bool,
-    /// How the weight (and bias) gradient reaches the parameters (default [`WeightGrad::Rounded`]).
+    /// How the weight (and bias) gradient reaches the parameters (default [`WeightGrad::Float32`]).
     pub weight_grad: WeightGrad,
     /// The crate's path where it applies ([`Kernels::Auto`], the default), `at::linear` always
     /// ([`Kernels::PyTorch`]; `weight_grad` is then not honoured: ATen rounds), or the crate's
@@ -83,7 +88,7 @@ impl Default for LinearConfig {
             ws_init: tch_default.ws_init,
             bs_init: tch_default.bs_init,
             bias: true,
-            weight_grad: WeightGrad::Rounded,
+            weight_grad: WeightGrad::Float32,
             kernels: Kernels::Auto,
         }
     }
@@ -112,7 +117,7 @@ pub struct Linear {
     /// The bias, [out] (`None` without one).
     pub bs: Option<Tensor>,
     config: LinearConfig,
-    own: Cell<bool>,
+    last: Cell<Option<KernelPath>>,
 }
 
 /// A linear layer from `in_dim` to `out_dim` features under `path`.
@@ -133,7 +138,7 @@ pub fn linear<'a>(path: impl Borrow<nn::Path<'a>>, in_dim: i64, out_dim: i64, co
         });
         p.var("bias", &[out_dim], init)
     });
-    Linear { ws, bs, config, own: Cell::new(false) }
+    Linear { ws, bs, config, last: Cell::new(None) }
 }
 
 impl nn::Module for Linear {
@@ -146,14 +151,16 @@ impl nn::Module for Linear {
 impl Linear {
     /// `x · weightᵀ + bias` over the last dimension of `x`.
     pub fn f_forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (y, own) = apply(x, &self.ws, self.bs.as_ref(), &self.config)?;
-        self.own.set(own);
+        let (y, own) =
+            raw::forward(x, &self.ws, self.bs.as_ref(), self.config.weight_grad.raw(), self.config.kernels.raw())?;
+        self.last.set(Some(KernelPath::of_one(own)));
         Ok(y)
     }
 
-    /// Whether the last forward took the crate's path (else `at::linear`).
-    pub fn ran_fused(&self) -> bool {
-        self.own.get()
+    /// Which kernels the last forward ran: [`KernelPath::Own`] for the crate's path,
+    /// [`KernelPath::PyTorch`] for `at::linear` (None before the first).
+    pub fn last_path(&self) -> Option<KernelPath> {
+        self.last.get()
     }
 
     /// The configuration it was made with.
@@ -162,20 +169,26 @@ impl Linear {
     }
 }
 
-/// `x · weightᵀ + bias` as [`Linear::forward`] runs it, for weights a [`Linear`] does not own (a
-/// language-model head tied to the token embedding); the second value says whether the crate's
-/// path ran. Only `config.weight_grad` and `config.kernels` are read.
+/// `x · weightᵀ + bias` as [`Linear::f_forward`] runs it, for weights a [`Linear`] does not own (a
+/// language-model head tied to the token embedding). Only `config.weight_grad` and
+/// `config.kernels` are read. [`apply`] is the same, panicking on an error as tch's
+/// `Tensor::linear` does.
 ///
 /// ```no_run
 /// # fn main() -> tch_cuda_graphs::Result<()> {
 /// use tch::{nn, Device, Kind, Tensor};
-/// use tch_cuda_graphs::linear::{apply, LinearConfig};
+/// use tch_cuda_graphs::linear::{f_apply, LinearConfig};
 /// let vs = nn::VarStore::new(Device::Cuda(0));
 /// let wte = nn::embedding(vs.root() / "wte", 65, 384, Default::default());
 /// let h = Tensor::randn([8, 256, 384], (Kind::BFloat16, Device::Cuda(0)));
-/// let (logits, _) = apply(&h, &wte.ws, None, &LinearConfig::default())?;
+/// let logits = f_apply(&h, &wte.ws, None, &LinearConfig::default())?;
 /// # let _ = logits; Ok(()) }
 /// ```
-pub fn apply(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, config: &LinearConfig) -> Result<(Tensor, bool)> {
-    raw::forward(x, weight, bias, config.weight_grad.raw(), config.kernels.raw())
+pub fn f_apply(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, config: &LinearConfig) -> Result<Tensor> {
+    Ok(raw::forward(x, weight, bias, config.weight_grad.raw(), config.kernels.raw())?.0)
+}
+
+/// [`f_apply`], panicking on an error.
+pub fn apply(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, config: &LinearConfig) -> Tensor {
+    f_apply(x, weight, bias, config).unwrap_or_else(|e| panic!("{e}"))
 }

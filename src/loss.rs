@@ -1,5 +1,5 @@
 //! The cross-entropy loss of a language model's head on the crate's fused kernels:
-//! [`cross_entropy`].
+//! [`cross_entropy`] (and [`f_cross_entropy`], [`CrossEntropyLoss`]).
 //!
 //! Under bf16 autocast ATen's `cross_entropy` casts the logits to fp32, runs `log_softmax` and
 //! `nll_loss`, and its backward writes the fp32 gradient, the `log_softmax` gradient and the
@@ -19,17 +19,18 @@
 //! ```no_run
 //! # fn main() -> tch_cuda_graphs::Result<()> {
 //! use tch::{Device, Kind, Tensor};
-//! use tch_cuda_graphs::loss::{cross_entropy, CrossEntropyConfig};
+//! use tch_cuda_graphs::loss::{f_cross_entropy, CrossEntropyConfig};
 //! let logits = Tensor::randn([12288, 50304], (Kind::BFloat16, Device::Cuda(0))).set_requires_grad(true);
 //! let targets = Tensor::randint(50304, [12288], (Kind::Int64, Device::Cuda(0)));
-//! let loss = cross_entropy(&logits, &targets, &CrossEntropyConfig::default())?; // 0-d float32
+//! let loss = f_cross_entropy(&logits, &targets, &CrossEntropyConfig::default())?; // 0-d float32
 //! loss.backward(); // logits.grad(): bf16
 //! # Ok(()) }
 //! ```
 
 use crate::error::Result;
-use crate::optim::Kernels;
+use crate::kernels::{KernelPath, Kernels};
 use crate::sys::loss as raw;
+use std::cell::Cell;
 use tch::Tensor;
 
 /// How [`cross_entropy`] runs.
@@ -52,11 +53,56 @@ impl Default for CrossEntropyConfig {
 /// The mean cross-entropy (a 0-d float32 tensor) of `logits` [rows, classes] against the int64
 /// class indices `targets` [rows], as `torch.nn.functional.cross_entropy` with mean reduction;
 /// differentiable in `logits`.
-pub fn cross_entropy(logits: &Tensor, targets: &Tensor, config: &CrossEntropyConfig) -> Result<Tensor> {
-    Ok(cross_entropy_ran(logits, targets, config)?.0)
+pub fn f_cross_entropy(logits: &Tensor, targets: &Tensor, config: &CrossEntropyConfig) -> Result<Tensor> {
+    Ok(raw::cross_entropy(logits, targets, config.ignore_index, config.kernels.raw())?.0)
 }
 
-/// [`cross_entropy`], and whether the crate's fused kernels ran (else ATen's operators).
-pub fn cross_entropy_ran(logits: &Tensor, targets: &Tensor, config: &CrossEntropyConfig) -> Result<(Tensor, bool)> {
-    raw::cross_entropy(logits, targets, config.ignore_index, config.kernels.raw())
+/// [`f_cross_entropy`], panicking on an error as tch's `Tensor::cross_entropy_for_logits` does.
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor, config: &CrossEntropyConfig) -> Tensor {
+    f_cross_entropy(logits, targets, config).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The loss as a value that remembers which kernels it last ran (PyTorch's
+/// `nn.CrossEntropyLoss`): [`cross_entropy`] with a [`last_path`](Self::last_path).
+///
+/// ```
+/// use tch::{Device, Kind, Tensor};
+/// use tch_cuda_graphs::kernels::KernelPath;
+/// use tch_cuda_graphs::loss::CrossEntropyLoss;
+/// let loss_fn = CrossEntropyLoss::default();
+/// let logits = Tensor::randn([4, 10], (Kind::Float, Device::Cpu));
+/// let loss = loss_fn.forward(&logits, &Tensor::from_slice(&[1i64, 2, 3, 4]));
+/// assert_eq!(loss_fn.last_path(), Some(KernelPath::PyTorch)); // the fused kernels are CUDA's
+/// ```
+#[derive(Debug, Default)]
+pub struct CrossEntropyLoss {
+    /// How it runs.
+    pub config: CrossEntropyConfig,
+    last: Cell<Option<KernelPath>>,
+}
+
+impl CrossEntropyLoss {
+    /// The loss with `config`.
+    pub fn new(config: CrossEntropyConfig) -> Self {
+        CrossEntropyLoss { config, last: Cell::new(None) }
+    }
+
+    /// [`f_cross_entropy`] with this loss's config.
+    pub fn f_forward(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let c = &self.config;
+        let (loss, own) = raw::cross_entropy(logits, targets, c.ignore_index, c.kernels.raw())?;
+        self.last.set(Some(KernelPath::of_one(own)));
+        Ok(loss)
+    }
+
+    /// [`f_forward`](Self::f_forward), panicking on an error.
+    pub fn forward(&self, logits: &Tensor, targets: &Tensor) -> Tensor {
+        self.f_forward(logits, targets).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Which kernels the last forward ran: [`KernelPath::Own`] for the fused kernels,
+    /// [`KernelPath::PyTorch`] for ATen's operators (None before the first).
+    pub fn last_path(&self) -> Option<KernelPath> {
+        self.last.get()
+    }
 }

@@ -34,7 +34,7 @@
 //! ```
 
 use crate::error::Result;
-use crate::optim::Kernels;
+use crate::kernels::{KernelPath, Kernels};
 use crate::sys::norm::{self as raw, NormInputs, NormOptions, RawNormKind, RawNormOut};
 use std::borrow::Borrow;
 use std::cell::Cell;
@@ -125,7 +125,7 @@ pub struct LayerNorm {
     /// The bias (`None` without one, and for RMSNorm).
     pub bs: Option<Tensor>,
     config: NormConfig,
-    fused: Cell<bool>,
+    last: Cell<Option<KernelPath>>,
 }
 
 /// A LayerNorm over the last dimension under `path`, shaped as tch's `nn::layer_norm`:
@@ -152,7 +152,7 @@ pub fn layer_norm<'a>(path: impl Borrow<nn::Path<'a>>, normalized_shape: Vec<i64
     let p = path.borrow();
     let ws = config.elementwise_affine.then(|| p.var("weight", &[dim], config.ws_init));
     let bs = (config.bias && config.kind == NormKind::Layer).then(|| p.var("bias", &[dim], config.bs_init));
-    LayerNorm { ws, bs, config, fused: Cell::new(false) }
+    LayerNorm { ws, bs, config, last: Cell::new(None) }
 }
 
 /// An RMSNorm over the last dimension under `path`: [`layer_norm`] with [`NormKind::Rms`] and no
@@ -187,9 +187,10 @@ impl LayerNorm {
         self.f_forward_residual(res, branch, p, train).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Whether the last forward ran the crate's fused kernels (else ATen's operators).
-    pub fn ran_fused(&self) -> bool {
-        self.fused.get()
+    /// Which kernels the last forward ran: [`KernelPath::Own`] for the crate's fused kernels,
+    /// [`KernelPath::PyTorch`] for ATen's operators (None before the first).
+    pub fn last_path(&self) -> Option<KernelPath> {
+        self.last.get()
     }
 
     /// The configuration it was made with.
@@ -214,7 +215,7 @@ impl LayerNorm {
         };
         let inputs = NormInputs { res, branch, weight: self.ws.as_ref(), bias: self.bs.as_ref() };
         let out = raw::forward(&inputs, &options, c.kernels.raw())?;
-        self.fused.set(out.ran_own);
+        self.last.set(Some(KernelPath::of_one(out.ran_own)));
         Ok((out.res, out.y))
     }
 }

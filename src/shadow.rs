@@ -4,98 +4,108 @@
 //! Inside a captured step autocast's weight-cast cache must be off (PyTorch refuses it on, and so
 //! does this crate), so every forward casts every fp32 weight and bias to bf16 again: one small
 //! kernel per use, mostly launch latency inside the graph. [`WeightShadows`] keeps a bf16 copy of
-//! the parameters it is given; a step run with [`crate::StepOptions::weight_shadows`] refreshes
-//! them all with one multi-tensor copy before its body, and [`linear`] reads them while autocast
-//! is on. The shadow is the same rounding the cast makes, and its gradient reaches the fp32
+//! the parameters it is given; a step run with [`crate::StepOptions::weight_shadows`] holds one
+//! ([`crate::TrainStep::shadow_parameters`]: its optimizer's parameters), refreshes it with one
+//! multi-tensor copy before its body, and the crate's linear layers ([`crate::linear`],
+//! [`linear`]) read it while autocast is on. A set is read only while its owner says so (the
+//! step, or [`WeightShadows::f_read`]): there is no process-wide registry, and two models'
+//! steps each refresh their own. The shadow is the same rounding the cast makes, and its gradient reaches the fp32
 //! parameter through the same cast back, so the step equals the casting step bit for bit
 //! (`tests/gpu_gpt.rs`). Outside such a step, or without a shadow, [`linear`] is `Tensor::linear`.
 //!
 //! ```no_run
 //! # fn main() -> tch_cuda_graphs::Result<()> {
 //! use tch::{nn, Device, Kind, Tensor};
-//! use tch_cuda_graphs::shadow::{self, WeightShadows};
-//! use tch_cuda_graphs::{StepOptions, TrainStep};
+//! use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
+//! use tch_cuda_graphs::{amp, shadow, StepOptions, TrainStep};
 //! let vs = nn::VarStore::new(Device::Cuda(0));
 //! let lin = nn::linear(vs.root() / "fc", 384, 384, Default::default());
-//! let _shadows = WeightShadows::new(&vs.trainable_variables(), Kind::BFloat16)?;
 //! let x = Tensor::zeros([64, 384], (Kind::Float, Device::Cuda(0)));
+//! let opt = Adam::new(&vs, AdamConfig::adamw())?;
 //! let options = StepOptions::default().autocast(Kind::BFloat16).weight_shadows(true);
-//! let mut step = TrainStep::new(&[("x", &x)], options, move |inp| {
+//! let mut step = TrainStep::with_state(opt, &[("x", &x)], options, |opt, inp| {
+//!     opt.zero_grad()?;
 //!     let y = shadow::linear(&inp[0], &lin.ws, lin.bs.as_ref())?; // reads the bf16 shadows
-//!     Ok(vec![y.sum(Kind::Float)])
+//!     let loss = y.f_square()?.f_mean(None)?;
+//!     amp::backward(&loss)?;
+//!     opt.step()?;
+//!     Ok(vec![loss.detach()])
 //! })?;
+//! step.shadow_parameters()?; // the optimizer's parameters, held and refreshed by the step
 //! # let _ = step.run(&[&x])?; Ok(()) }
 //! ```
 
-use crate::error::{Error, Result};
-use crate::sys::linear::{self as raw_linear, RawWeightGrad};
-use crate::sys::optim::RawKernels;
-use crate::sys::shadow as raw;
+use crate::error::Result;
+use crate::kernels::Kernels;
+use crate::linear::{f_apply, LinearConfig};
+use crate::sys::shadow::{self as raw, ShadowsHandle};
 use tch::{Kind, Tensor};
 
-/// The shadows of a set of parameters, registered while this value lives (their copies are
-/// refreshed by every step run with [`crate::StepOptions::weight_shadows`]).
+/// A set of shadows: a copy in one 16-bit dtype of each float32 CUDA parameter it was given.
+/// Read while a step that holds it runs ([`crate::TrainStep::shadow_parameters`],
+/// [`crate::TrainStep::set_weight_shadows`]) or while [`f_read`](Self::f_read)'s guard lives.
 #[derive(Debug)]
 pub struct WeightShadows {
-    params: Vec<Tensor>,
-    made: usize,
+    handle: ShadowsHandle,
+    dtype: Kind,
+    len: usize,
 }
 
 impl WeightShadows {
-    /// Shadows of `dtype` (`Kind::BFloat16` or `Kind::Half`, the autocast dtype) for the float32
-    /// CUDA tensors among `params` (others are left out). Made outside a capture.
+    /// Shadows of `dtype` (`Kind::BFloat16` or `Kind::Half`: the autocast dtype they will be
+    /// read under) for the float32 CUDA tensors among `params` (others are left out: see
+    /// [`len`](Self::len)). Made outside a capture.
+    ///
+    /// # Errors
+    /// [`crate::Error::Misuse`] for another dtype, or inside a capture.
     pub fn new(params: &[Tensor], dtype: Kind) -> Result<Self> {
-        let made = raw::register(params, dtype)?;
-        Ok(WeightShadows { params: params.iter().map(Tensor::shallow_clone).collect(), made })
+        let (handle, len) = ShadowsHandle::new(params, dtype)?;
+        Ok(WeightShadows { handle, dtype, len })
     }
 
-    /// How many parameters got a shadow.
+    /// How many parameters have a shadow.
     pub fn len(&self) -> usize {
-        self.made
+        self.len
     }
 
-    /// Whether none did (CPU parameters, or not float32).
+    /// Whether none does (CPU parameters, or not float32).
     pub fn is_empty(&self) -> bool {
-        self.made == 0
+        self.len == 0
+    }
+
+    /// The shadows' dtype.
+    pub fn dtype(&self) -> Kind {
+        self.dtype
+    }
+
+    /// Refreshes the shadows from the parameters (one multi-tensor copy per device, on the
+    /// current stream: capturable) and has this thread's linear layers read them while the guard
+    /// lives, for code that runs outside a [`crate::TrainStep`]. Under CUDA autocast of another
+    /// dtype than the shadows', a linear layer fails with [`crate::Error::Misuse`].
+    pub fn f_read(&self) -> Result<ReadShadows<'_>> {
+        self.handle.refresh()?;
+        let previous = self.handle.activate()?;
+        Ok(ReadShadows { previous, _set: self })
     }
 }
 
-impl Drop for WeightShadows {
+/// While it lives, this thread's linear layers read a [`WeightShadows`] ([`WeightShadows::f_read`]);
+/// on drop, the set read before it (if any) is read again.
+#[must_use = "the shadows are read only while the guard lives"]
+#[derive(Debug)]
+pub struct ReadShadows<'a> {
+    previous: Option<ShadowsHandle>,
+    _set: &'a WeightShadows,
+}
+
+impl Drop for ReadShadows<'_> {
     fn drop(&mut self) {
-        let _ = raw::unregister(&self.params);
+        let _ = raw::activate(self.previous.as_ref());
     }
 }
 
-/// `x · weightᵀ + bias` (as `Tensor::linear`), reading the shadows of `weight` and `bias` inside
-/// a step run with weight shadows under autocast: [`crate::linear::apply`] on ATen's path.
+/// `x · weightᵀ + bias` (as `Tensor::linear`), reading the shadows of `weight` and `bias` where
+/// a set is read: [`crate::linear::f_apply`] on ATen's kernels.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    let rounded = RawWeightGrad::TCG_WEIGHT_GRAD_ROUNDED;
-    Ok(raw_linear::forward(x, weight, bias, rounded, RawKernels::TCG_KERNELS_PYTORCH)?.0)
-}
-
-/// While it lives, this thread reads shadows, refreshed when it was made.
-pub(crate) struct ActiveShadows {
-    was: bool,
-}
-
-impl ActiveShadows {
-    /// Refreshes every shadow (one multi-tensor copy per device and dtype) and turns reading on.
-    /// A step on a CUDA device that finds no shadow to refresh is refused: its shadows were
-    /// dropped (`let _ = WeightShadows::new(..)`) or never made, and it would run without them.
-    pub(crate) fn begin(cuda: bool) -> Result<Self> {
-        if raw::refresh()? == 0 && cuda {
-            return Err(Error::Misuse(
-                "weight_shadows(true), but no parameter has a shadow: call TrainStep::shadow_parameters, or keep \
-                 the WeightShadows alive while the step runs"
-                    .into(),
-            ));
-        }
-        Ok(ActiveShadows { was: raw::set_active(true)? })
-    }
-}
-
-impl Drop for ActiveShadows {
-    fn drop(&mut self) {
-        let _ = raw::set_active(self.was);
-    }
+    f_apply(x, weight, bias, &LinearConfig { kernels: Kernels::PyTorch, ..Default::default() })
 }

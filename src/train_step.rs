@@ -11,7 +11,7 @@ use crate::graph::{CaptureMode, CudaGraph};
 use crate::memory::OomWatch;
 use crate::optim::Optimizer;
 use crate::pool::{MemPool, PoolId};
-use crate::shadow::{ActiveShadows, WeightShadows};
+use crate::shadow::WeightShadows;
 use crate::watch::{storage_nbytes, TensorWatch};
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
@@ -111,12 +111,13 @@ impl StepOptions {
         self.autocast = Some(dtype);
         self
     }
-    /// Refreshes every [`crate::shadow::WeightShadows`] at the start of each step (one
-    /// multi-tensor copy, captured with the step) and lets [`crate::shadow::linear`] and
+    /// Has the step refresh its [`crate::shadow::WeightShadows`] at the start of each run (one
+    /// multi-tensor copy, captured with the step) and let [`crate::shadow::linear`] and
     /// [`crate::linear::Linear`] read them under autocast instead of casting each weight at each
     /// use (default off). [`TrainStep::shadow_parameters`] makes the shadows of the step's
-    /// optimizer; a step on a CUDA device that finds no shadow at all is refused with
-    /// [`Error::Misuse`] rather than run without them.
+    /// optimizer, [`TrainStep::set_weight_shadows`] hands it others. A step on a CUDA device
+    /// that holds none is refused with [`Error::Misuse`] rather than run without them; on the
+    /// CPU, where autocast does not run, there is nothing to read and the option does nothing.
     pub fn weight_shadows(mut self, yes: bool) -> Self {
         self.shadows = yes;
         self
@@ -270,7 +271,7 @@ pub struct TrainStep<'a, S = ()> {
     step_fn: StepFn<'a, S>,
     /// What the step lends its closure on every call (and its caller between runs).
     state: S,
-    /// The shadows the step made of its optimizer's parameters ([`TrainStep::shadow_parameters`]).
+    /// The shadows the step refreshes and reads ([`TrainStep::shadow_parameters`]).
     shadows: Option<WeightShadows>,
     watch: TensorWatch,
     runs: u64,
@@ -308,10 +309,21 @@ fn call_step<S>(
     step_fn: &mut StepFn<'_, S>,
     state: &mut S,
     options: &StepOptions,
+    shadows: Option<&WeightShadows>,
     inputs: &[Tensor],
 ) -> Result<Vec<Tensor>> {
     let cuda = inputs.first().is_some_and(|t| t.device().is_cuda());
-    let _shadows = options.shadows.then(|| ActiveShadows::begin(cuda)).transpose()?;
+    let _shadows = match (options.shadows, shadows) {
+        (true, Some(set)) => Some(set.f_read()?),
+        (true, None) if cuda => {
+            return Err(Error::Misuse(
+                "weight_shadows(true), but the step holds no shadows: call TrainStep::shadow_parameters (or \
+                 set_weight_shadows) before the first run"
+                    .into(),
+            ))
+        }
+        _ => None,
+    };
     let _autocast = options.autocast.map(|dtype| Autocast::new(dtype, false)).transpose()?;
     step_fn(state, inputs)
 }
@@ -378,6 +390,39 @@ impl<'a> TrainStep<'a> {
 }
 
 impl<'a, O: Optimizer + 'a> TrainStep<'a, O> {
+    /// [`with_state`](TrainStep::with_state) with an optimizer as the state: the closure gets
+    /// it on every call, the caller between runs; and with [`StepOptions::weight_shadows`]
+    /// under autocast, the step shadows the optimizer's parameters itself
+    /// ([`shadow_parameters`](Self::shadow_parameters)), so that option is the one switch.
+    ///
+    /// ```
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// use tch::{nn, Device, Kind, Tensor};
+    /// use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
+    /// use tch_cuda_graphs::{StepOptions, TrainStep};
+    /// let vs = nn::VarStore::new(Device::Cpu);
+    /// let fc = nn::linear(vs.root() / "fc", 4, 1, Default::default());
+    /// let (x, y) = (Tensor::randn([8, 4], (Kind::Float, Device::Cpu)), Tensor::randn([8, 1], (Kind::Float, Device::Cpu)));
+    /// let opt = Adam::new(&vs, AdamConfig::from(nn::AdamW::default()).lr(1e-3))?;
+    /// let mut step = TrainStep::with_optimizer(opt, &[("x", &x), ("y", &y)], StepOptions::default(), |opt, inp| {
+    ///     let loss = inp[0].apply(&fc).mse_loss(&inp[1], tch::Reduction::Mean);
+    ///     opt.backward_step(&loss)?; // tch's backward_step, capturable
+    ///     Ok(vec![loss.detach()])
+    /// })?;
+    /// let loss = &step.run(&[&x, &y])?[0];
+    /// # let _ = loss; Ok(()) }
+    /// ```
+    pub fn with_optimizer<F>(optimizer: O, inputs: &[(&str, &Tensor)], options: StepOptions, step: F) -> Result<Self>
+    where
+        F: FnMut(&mut O, &[Tensor]) -> Result<Vec<Tensor>> + 'a,
+    {
+        let mut this = TrainStep::with_state(optimizer, inputs, options, step)?;
+        if options.shadows {
+            this.shadow_parameters()?;
+        }
+        Ok(this)
+    }
+
     /// Gives every float32 CUDA parameter of the step's optimizer (its state) a shadow in the
     /// autocast dtype, held by the step and refreshed at the start of each run: the one call that
     /// [`StepOptions::weight_shadows`] needs. Returns how many parameters got one. Call it before
@@ -387,21 +432,9 @@ impl<'a, O: Optimizer + 'a> TrainStep<'a, O> {
     /// [`Error::Misuse`] without `weight_shadows(true)` and an autocast dtype, after the first
     /// run, or when called twice.
     pub fn shadow_parameters(&mut self) -> Result<usize> {
-        let dtype = match (self.options.shadows, self.options.autocast) {
-            (true, Some(dtype)) => dtype,
-            _ => {
-                return Err(Error::Misuse(
-                    "shadow_parameters needs StepOptions::weight_shadows(true) and autocast".into(),
-                ))
-            }
-        };
-        if self.runs > 0 || self.shadows.is_some() {
-            return Err(Error::Misuse("shadow_parameters: call it once, before the first run".into()));
-        }
+        let dtype = self.shadow_dtype()?;
         let shadows = WeightShadows::new(self.state.params(), dtype)?;
-        let made = shadows.len();
-        self.shadows = Some(shadows);
-        Ok(made)
+        self.set_weight_shadows(shadows)
     }
 }
 
@@ -487,6 +520,44 @@ impl<'a, S: 'a> TrainStep<'a, S> {
     /// The state lent to the closure ([`with_state`](Self::with_state)).
     pub fn state(&self) -> &S {
         &self.state
+    }
+
+    /// Gives the step a set of weight shadows to refresh at the start of each run and read
+    /// ([`StepOptions::weight_shadows`]); how many parameters it shadows. The step owns it from
+    /// now on. [`shadow_parameters`](TrainStep::shadow_parameters) makes the set of a step's
+    /// optimizer; this takes any set (a step with no optimizer in its state, or a subset).
+    ///
+    /// # Errors
+    /// [`Error::Misuse`] without `weight_shadows(true)` and an autocast dtype, for a set of
+    /// another dtype than autocast's, after the first run (a graph captured without the refresh
+    /// would not read them), or when the step holds a set already.
+    pub fn set_weight_shadows(&mut self, shadows: WeightShadows) -> Result<usize> {
+        let dtype = self.shadow_dtype()?;
+        if shadows.dtype() != dtype {
+            return Err(Error::Misuse(format!(
+                "weight shadows of {:?} for a step under {dtype:?} autocast: make them in the autocast dtype",
+                shadows.dtype()
+            )));
+        }
+        if self.runs > 0 || self.shadows.is_some() {
+            return Err(Error::Misuse("weight shadows: give a step its set once, before the first run".into()));
+        }
+        let made = shadows.len();
+        self.shadows = Some(shadows);
+        Ok(made)
+    }
+
+    /// The weight shadows the step holds, if any.
+    pub fn weight_shadows(&self) -> Option<&WeightShadows> {
+        self.shadows.as_ref()
+    }
+
+    /// The autocast dtype, which shadows must have; an error without shadows asked for.
+    fn shadow_dtype(&self) -> Result<Kind> {
+        match (self.options.shadows, self.options.autocast) {
+            (true, Some(dtype)) => Ok(dtype),
+            _ => Err(Error::Misuse("weight shadows need StepOptions::weight_shadows(true) and autocast".into())),
+        }
     }
 
     /// The state, mutably (between runs).
@@ -655,13 +726,15 @@ impl<'a, S: 'a> TrainStep<'a, S> {
         if !self.graphed {
             let oom = OomWatch::start(self.device)?;
             let entry = &mut self.shapes[i];
-            entry.outputs = call_step(&mut self.step_fn, &mut self.state, &self.options, &entry.inputs)
-                .map_err(|e| oom.classify(e))?;
+            entry.outputs =
+                call_step(&mut self.step_fn, &mut self.state, &self.options, self.shadows.as_ref(), &entry.inputs)
+                    .map_err(|e| oom.classify(e))?;
         } else if entry.graph.is_none() && !warm {
-            let TrainStep { shapes, step_fn, state, device, options, .. } = self;
+            let TrainStep { shapes, step_fn, state, device, options, shadows, .. } = self;
             let entry = &mut shapes[i];
             let inputs = &entry.inputs;
-            entry.outputs = run_on_capture_stream(*device, || call_step(step_fn, state, options, inputs))?;
+            let shadows = shadows.as_ref();
+            entry.outputs = run_on_capture_stream(*device, || call_step(step_fn, state, options, shadows, inputs))?;
             entry.warmed += 1;
         } else {
             if entry.graph.is_none() {
@@ -731,9 +804,10 @@ impl<'a, S: 'a> TrainStep<'a, S> {
             None => self.options.capture,
         };
         let capture = if keep { capture.keep_graph(true) } else { capture };
-        let TrainStep { shapes, step_fn, state, options, captures, .. } = self;
-        let inputs = &shapes[j].inputs;
-        let recorded = capture_with_warmup(0, capture, || compact(call_step(step_fn, state, options, inputs)?))?;
+        let TrainStep { shapes, step_fn, state, options, shadows, captures, .. } = self;
+        let (inputs, shadows) = (&shapes[j].inputs, shadows.as_ref());
+        let recorded =
+            capture_with_warmup(0, capture, || compact(call_step(step_fn, state, options, shadows, inputs)?))?;
         *captures += 1;
         Ok(recorded)
     }

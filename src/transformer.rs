@@ -25,9 +25,9 @@
 //! ```
 
 use crate::error::{Error, Result};
+use crate::kernels::Kernels;
 use crate::linear::{linear, Linear, LinearConfig, WeightGrad};
 use crate::norm::{layer_norm, LayerNorm, NormConfig, NormKind};
-use crate::optim::Kernels;
 use std::borrow::Borrow;
 use tch::{nn, Tensor};
 
@@ -75,10 +75,54 @@ impl ResidualStream {
         Ok(())
     }
 
+    /// A pre-norm residual sublayer, `x += dropout(f(norm(x)), p)`: `f` gets the normalized
+    /// stream (the pending branch added in the norm's kernel), and its output is left pending
+    /// for the next norm. Dropout only when `train`.
+    ///
+    /// ```
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// use tch::{nn, nn::Module, Device, Kind, Tensor};
+    /// use tch_cuda_graphs::norm::{layer_norm, NormConfig};
+    /// use tch_cuda_graphs::transformer::ResidualStream;
+    /// let vs = nn::VarStore::new(Device::Cpu);
+    /// let (ln, fc) = (layer_norm(vs.root() / "ln", vec![8], NormConfig::default()), nn::linear(vs.root() / "fc", 8, 8, Default::default()));
+    /// let mut x = ResidualStream::new(Tensor::randn([2, 8], (Kind::Float, Device::Cpu)));
+    /// x.f_residual(&ln, 0.1, true, |h| Ok(h.apply(&fc)))?; // was: x = &x + x.apply(&ln).apply(&fc).dropout(0.1, true)
+    /// let y = x.f_into_tensor()?;
+    /// # let _ = y; Ok(()) }
+    /// ```
+    pub fn f_residual(
+        &mut self,
+        norm: &LayerNorm,
+        p: f64,
+        train: bool,
+        f: impl FnOnce(&Tensor) -> Result<Tensor>,
+    ) -> Result<()> {
+        let h = self.f_norm(norm)?;
+        let branch = f(&h)?;
+        self.f_push(branch, p, train)
+    }
+
+    /// [`f_residual`](Self::f_residual) for a branch written with tch's panicking operators,
+    /// panicking on an error as they do.
+    pub fn residual(&mut self, norm: &LayerNorm, p: f64, train: bool, f: impl FnOnce(&Tensor) -> Tensor) {
+        self.f_residual(norm, p, train, |h| Ok(f(h))).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`f_norm`](Self::f_norm), panicking on an error.
+    pub fn norm(&mut self, norm: &LayerNorm) -> Tensor {
+        self.f_norm(norm).unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// The stream's value, any pending branch added (ATen's `dropout` and `add`).
     pub fn f_into_tensor(mut self) -> Result<Tensor> {
         self.settle()?;
         Ok(self.x)
+    }
+
+    /// [`f_into_tensor`](Self::f_into_tensor), panicking on an error.
+    pub fn into_tensor(self) -> Tensor {
+        self.f_into_tensor().unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn settle(&mut self) -> Result<()> {
@@ -146,7 +190,7 @@ impl Default for TransformerConfig {
             eps: 1e-5,
             init: normal,
             output_init: normal,
-            weight_grad: WeightGrad::Rounded,
+            weight_grad: WeightGrad::Float32,
             kernels: Kernels::Auto,
         }
     }
@@ -213,12 +257,9 @@ impl TransformerLayer {
     /// branch is left pending in the stream, for the next layer's (or the final) norm.
     pub fn f_forward_t(&self, stream: &mut ResidualStream, train: bool) -> Result<()> {
         let p = if train { self.config.dropout } else { 0.0 };
-        let h = stream.f_norm(&self.ln_1)?;
-        let a = self.attention(&h, p)?;
-        stream.f_push(a, p, train)?;
-        let h = stream.f_norm(&self.ln_2)?;
-        let m = self.mlp_proj.f_forward(&self.activation(&self.c_fc.f_forward(&h)?)?)?;
-        stream.f_push(m, p, train)
+        stream.f_residual(&self.ln_1, p, train, |h| self.attention(h, p))?;
+        stream
+            .f_residual(&self.ln_2, p, train, |h| self.mlp_proj.f_forward(&self.activation(&self.c_fc.f_forward(h)?)?))
     }
 
     fn attention(&self, h: &Tensor, p: f64) -> Result<Tensor> {

@@ -8,9 +8,8 @@ mod common;
 use common::{batch, max_param_rel_diff, mse, twin_mlps};
 use std::error::Error as _;
 use tch::{nn, nn::OptimizerConfig, Device, Kind, Tensor};
-use tch_cuda_graphs::optim::{
-    own_kernels_available, own_kernels_built, Adam, AdamConfig, KernelPath, Kernels, Optimizer, Sgd, SgdConfig,
-};
+use tch_cuda_graphs::kernels::{own_kernels_available, own_kernels_built, KernelPath, Kernels};
+use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use tch_cuda_graphs::{
     built_with_cuda, capture_with_warmup, clip_grad_norm, cuda_is_available, empty_cache, graph_pool_handle,
     memory_stats, pool_memory, reset_peak_stats, synchronize, CaptureLock, CaptureMode, CaptureOptions, CudaGraph,
@@ -693,10 +692,10 @@ fn own_optimizer_kernels_are_built_with_cuda_and_refused_on_the_cpu() {
     println!("Kernels::Own on the CPU: {err}");
     assert!(matches!(err, Error::Unsupported(_)), "{err:?}");
     assert_eq!(opt.kernels(), Kernels::Auto, "a refused choice changes nothing");
-    assert_eq!(opt.last_step_kernels(), None);
+    assert_eq!(opt.last_path(), None);
     (&p * 2.0).sum(Kind::Float).backward();
     opt.step().unwrap();
-    assert_eq!(opt.last_step_kernels(), Some(KernelPath::PyTorch));
+    assert_eq!(opt.last_path(), Some(KernelPath::PyTorch));
     opt.set_kernels(Kernels::PyTorch).unwrap();
     assert_eq!(opt.kernels(), Kernels::PyTorch);
     assert!(matches!(own_kernels_available(Device::Cpu), Err(Error::Unsupported(_))));
@@ -857,14 +856,14 @@ fn the_profiler_records_cpu_ops_and_writes_a_chrome_trace() {
 fn norm_layers_run_aten_without_the_fused_kernels() {
     use tch::nn::Module;
     use tch_cuda_graphs::norm::{layer_norm, rms_norm, NormConfig};
-    use tch_cuda_graphs::optim::Kernels;
+
     tch::manual_seed(3);
     let vs = nn::VarStore::new(Device::Cpu);
     let ours = layer_norm(vs.root() / "ours", vec![16], NormConfig::default());
     let theirs = nn::layer_norm(vs.root() / "theirs", vec![16], Default::default());
     let x = Tensor::randn([4, 5, 16], (Kind::Float, Device::Cpu));
     let y = ours.f_forward(&x).expect("forward");
-    assert!(!ours.ran_fused());
+    assert_eq!(ours.last_path(), Some(KernelPath::PyTorch));
     assert!(y.equal(&theirs.forward(&x)), "a LayerNorm equals nn::layer_norm");
     let branch = Tensor::randn([4, 5, 16], (Kind::Float, Device::Cpu));
     let (sum, y2) = ours.f_forward_residual(&x, &branch, 0.3, false).expect("residual");
@@ -903,13 +902,13 @@ fn weight_shadows_take_no_cpu_parameter() {
 #[test]
 fn the_linear_layer_runs_aten_on_the_cpu() {
     use tch_cuda_graphs::linear::{linear, LinearConfig, WeightGrad};
-    use tch_cuda_graphs::optim::Kernels;
+
     tch::manual_seed(5);
     let vs = nn::VarStore::new(Device::Cpu);
     let ours = linear(vs.root() / "fc", 8, 4, LinearConfig { weight_grad: WeightGrad::Float32, ..Default::default() });
     let x = Tensor::randn([2, 3, 8], (Kind::Float, Device::Cpu));
     let y = ours.f_forward(&x).expect("forward");
-    assert!(!ours.ran_fused());
+    assert_eq!(ours.last_path(), Some(KernelPath::PyTorch));
     let expected = x.linear(&ours.ws, ours.bs.as_ref());
     assert!(y.equal(&expected), "equal to Tensor::linear");
     y.sum(Kind::Float).backward();
@@ -929,8 +928,12 @@ fn the_linear_layer_runs_aten_on_the_cpu() {
 /// included; `Kernels::Own` is refused; mismatched targets are a misuse.
 #[test]
 fn cross_entropy_runs_aten_on_the_cpu() {
-    use tch_cuda_graphs::loss::{cross_entropy_ran, CrossEntropyConfig};
-    use tch_cuda_graphs::optim::Kernels;
+    use tch_cuda_graphs::loss::{CrossEntropyConfig, CrossEntropyLoss};
+    let cross_entropy_ran = |logits: &Tensor, targets: &Tensor, config: &CrossEntropyConfig| {
+        let loss_fn = CrossEntropyLoss::new(*config);
+        loss_fn.f_forward(logits, targets).map(|loss| (loss, loss_fn.last_path() == Some(KernelPath::Own)))
+    };
+
     tch::manual_seed(6);
     let logits = Tensor::randn([12, 9], (Kind::Float, Device::Cpu)).set_requires_grad(true);
     let targets = Tensor::randint(9, [12], (Kind::Int64, Device::Cpu));
@@ -1038,4 +1041,29 @@ fn transformer_layers_thread_one_residual_stream() {
     let e = layers[0].f_forward_t(&mut wrong, false).expect_err("a width of 12 into a layer of 16");
     println!("{e}");
     assert!(matches!(e, Error::Misuse(_)));
+}
+
+/// A step is given weight shadows once, in the autocast dtype, before its first run, and only
+/// when it asks for them (`weight_shadows(true)` under autocast): each other case is a misuse.
+#[test]
+fn a_step_takes_weight_shadows_only_as_asked() {
+    use tch_cuda_graphs::shadow::WeightShadows;
+    use tch_cuda_graphs::{StepOptions, TrainStep};
+    let vs = nn::VarStore::new(Device::Cpu);
+    let lin = nn::linear(vs.root() / "fc", 8, 4, Default::default());
+    let x = Tensor::randn([3, 8], (Kind::Float, Device::Cpu));
+    let body = |inp: &[Tensor]| Ok(vec![inp[0].apply(&lin).sum(Kind::Float)]);
+    let set = |k| WeightShadows::new(&vs.trainable_variables(), k).expect("shadows");
+    let mut plain = TrainStep::new(&[("x", &x)], StepOptions::default(), body).expect("step");
+    assert!(matches!(plain.set_weight_shadows(set(Kind::BFloat16)), Err(Error::Misuse(_))), "not asked for");
+    let asked = StepOptions::default().autocast(Kind::BFloat16).weight_shadows(true);
+    let mut step = TrainStep::new(&[("x", &x)], asked, body).expect("step");
+    assert!(matches!(step.set_weight_shadows(set(Kind::Half)), Err(Error::Misuse(_))), "another dtype");
+    assert_eq!(step.set_weight_shadows(set(Kind::BFloat16)).expect("the autocast dtype"), 0, "no CUDA parameter");
+    assert!(matches!(step.set_weight_shadows(set(Kind::BFloat16)), Err(Error::Misuse(_))), "once");
+    assert!(step.weight_shadows().is_some());
+    step.run(&[&x]).expect("on the CPU the shadows have nothing to do");
+    let mut late = TrainStep::new(&[("x", &x)], asked, body).expect("step");
+    late.run(&[&x]).expect("a CPU step without shadows runs: autocast does not touch it");
+    assert!(matches!(late.set_weight_shadows(set(Kind::BFloat16)), Err(Error::Misuse(_))), "after the first run");
 }

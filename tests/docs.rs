@@ -199,3 +199,137 @@ fn every_guide_page_is_compiled_as_doc_tests() {
         assert!(lib.contains(&include), "src/lib.rs compiles the Rust blocks of {} ({include})", page.display());
     }
 }
+
+/// The lines of an example of `examples/from_tch/`, its module docs left out.
+fn code_lines(name: &str) -> Vec<String> {
+    let text = fs::read_to_string(format!("examples/from_tch/{name}.rs")).expect("an example of examples/from_tch");
+    text.lines().filter(|l| !l.starts_with("//!")).map(str::to_owned).collect()
+}
+
+/// The lines removed from `a` and added in `b` (a longest-common-subsequence diff), each sorted.
+fn line_diff(a: &[String], b: &[String]) -> (Vec<String>, Vec<String>) {
+    let (n, m) = (a.len(), b.len());
+    let mut lcs = vec![vec![0usize; m + 1]; n + 1];
+    for i in (0..n).rev() {
+        for j in (0..m).rev() {
+            lcs[i][j] = if a[i] == b[j] { lcs[i + 1][j + 1] + 1 } else { lcs[i + 1][j].max(lcs[i][j + 1]) };
+        }
+    }
+    let (mut i, mut j, mut removed, mut added) = (0, 0, Vec::new(), Vec::new());
+    while i < n || j < m {
+        if i < n && j < m && a[i] == b[j] {
+            (i, j) = (i + 1, j + 1);
+        } else if j < m && (i == n || lcs[i][j + 1] >= lcs[i + 1][j]) {
+            added.push(b[j].clone());
+            j += 1;
+        } else {
+            removed.push(a[i].clone());
+            i += 1;
+        }
+    }
+    removed.sort();
+    added.sort();
+    (removed, added)
+}
+
+/// The `-` and `+` lines of the ```diff block of docs/adopting.md that follows `marker`, each
+/// sorted.
+fn guide_diff(marker: &str) -> (Vec<String>, Vec<String>) {
+    let page = fs::read_to_string("docs/adopting.md").expect("docs/adopting.md");
+    let at = page.find(marker).unwrap_or_else(|| panic!("docs/adopting.md has no {marker:?}"));
+    let block = page[at..].split("```diff\n").nth(1).and_then(|b| b.split("\n```").next()).expect("a diff block");
+    let (mut removed, mut added) = (Vec::new(), Vec::new());
+    for line in block.lines() {
+        if let Some(l) = line.strip_prefix('-') {
+            removed.push(l.to_owned());
+        } else if let Some(l) = line.strip_prefix('+') {
+            added.push(l.to_owned());
+        }
+    }
+    removed.sort();
+    added.sort();
+    (removed, added)
+}
+
+/// A plain tch GPT takes the crate's captured step by a diff of at most 15 lines (removed and
+/// added together), and the crate's fused layers by at most 25 more; the guide shows exactly
+/// those diffs.
+#[test]
+fn a_plain_tch_gpt_adopts_the_crate_in_small_diffs() {
+    let (plain, captured, fused) = (code_lines("plain"), code_lines("captured"), code_lines("fused"));
+    for (what, a, b, most, marker) in [
+        ("capture the step", &plain, &captured, 15, "<!-- diff: plain -> captured -->"),
+        ("swap in the fused layers", &captured, &fused, 25, "<!-- diff: captured -> fused -->"),
+    ] {
+        let (removed, added) = line_diff(a, b);
+        println!("{what}: -{} +{} lines ({} in all)", removed.len(), added.len(), removed.len() + added.len());
+        assert!(removed.len() + added.len() <= most, "{what}: more than {most} lines changed");
+        assert_eq!(guide_diff(marker), (removed, added), "docs/adopting.md shows the diff to {what}");
+    }
+}
+
+/// csrc/tcg.h's table of files and families against its sections: every section's file is in
+/// the table and exists, every function a section declares is of a family the table gives that
+/// file, and every file of the table has its section.
+#[test]
+fn the_shim_header_names_each_file_and_family() {
+    let header = fs::read_to_string("csrc/tcg.h").expect("csrc/tcg.h");
+    let table_start = header.find("//   file ").expect("the header's table of files");
+    let mut table: Vec<(String, Vec<String>)> = Vec::new();
+    for line in header[table_start..].lines().skip(1) {
+        let Some(row) = line.strip_prefix("//   ") else { break };
+        let mut cols = row.split("  ").map(str::trim).filter(|c| !c.is_empty());
+        let file = cols.next().expect("a file").to_owned();
+        let families = cols.next().expect("its families").split(", ").map(str::to_owned).collect();
+        table.push((file, families));
+    }
+    assert!(table.len() >= 15, "the table has its rows: {table:?}");
+    let mut seen = BTreeSet::new();
+    for section in header.split("\n// ----------").skip(1) {
+        let file = section.trim_start_matches('-').split_whitespace().next().expect("a section's file").to_owned();
+        let families = &table
+            .iter()
+            .find(|(f, _)| *f == file)
+            .unwrap_or_else(|| panic!("section {file} is not in the header's table"))
+            .1;
+        assert!(Path::new("csrc").join(&file).exists(), "csrc/{file} exists");
+        let mut rest = section;
+        while let Some(at) = rest.find("tcg_") {
+            let name: String = rest[at..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            rest = &rest[at + name.len()..];
+            if !rest.trim_start().starts_with('(') || name.starts_with("tcg_status") {
+                continue; // a type or a mention, not a declaration
+            }
+            assert!(
+                families.iter().any(|f| name == format!("tcg_{f}") || name.starts_with(&format!("tcg_{f}_"))),
+                "{name} (in section {file}) is of none of its families {families:?}"
+            );
+        }
+        seen.insert(file);
+    }
+    for (file, _) in &table {
+        assert!(seen.contains(file), "the table names {file}, which has no section");
+    }
+}
+
+/// `src/sys/mod.rs`'s table of the safe layer's files: one row per file of `src/sys/`, each
+/// naming shim files that exist.
+#[test]
+fn the_safe_layers_table_names_each_file() {
+    let text = fs::read_to_string("src/sys/mod.rs").expect("src/sys/mod.rs");
+    let rows: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("//! | `")).collect();
+    let mut files: Vec<String> = fs::read_dir("src/sys")
+        .expect("src/sys")
+        .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
+        .filter(|f| f.ends_with(".rs") && f != "mod.rs")
+        .collect();
+    files.sort();
+    for f in &files {
+        let row =
+            rows.iter().find(|r| r.starts_with(&format!("{f}`"))).unwrap_or_else(|| panic!("no row for src/sys/{f}"));
+        for shim in row.split('`').skip(2).step_by(2).filter(|p| p.starts_with("csrc/")) {
+            assert!(Path::new(shim).exists(), "src/sys/mod.rs names {shim}, which does not exist");
+        }
+    }
+    assert_eq!(rows.len(), files.len(), "one row per file: {files:?}");
+}

@@ -196,8 +196,10 @@ fn captured_sampling_draws_the_eager_tokens() {
 }
 
 /// Weight shadows cannot be lost silently: a step with `weight_shadows(true)` whose shadows were
-/// never made (or dropped at once) is refused at its first run, and runs once the step shadows
-/// its optimizer's parameters itself (`shadow_parameters`, which a second call refuses).
+/// never made is refused at its first run, and runs once the step shadows its optimizer's
+/// parameters itself (`shadow_parameters`, which a second call refuses). A second step does not
+/// find the first one's shadows (there is no registry), and a set of another dtype than
+/// autocast's is refused by a step and by a linear layer reading it.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn a_step_without_its_shadows_is_refused_and_shadows_its_optimizer() {
@@ -233,4 +235,22 @@ fn a_step_without_its_shadows_is_refused_and_shadows_its_optimizer() {
         step.run(&[&x]).expect("a step with its shadows"); // warmup, capture, replays
     }
     assert!(step.is_graphed() && step.graph_count() == 1, "captured");
+
+    // no process-wide registry: another step does not find the first one's shadows
+    let mut other = make();
+    let e = other.run(&[&x]).expect_err("the first step's shadows are not the second's");
+    println!("a second step beside a shadowed one: {e}");
+    assert!(matches!(e, Error::Misuse(_)));
+    // a set of another dtype than autocast's is refused, by the step and by a linear layer
+    let half = shadow::WeightShadows::new(&vs.trainable_variables(), Kind::Half).expect("f16 shadows");
+    assert!(matches!(other.set_weight_shadows(half), Err(Error::Misuse(_))), "a step refuses another dtype");
+    let bf16 = shadow::WeightShadows::new(&vs.trainable_variables(), Kind::BFloat16).expect("bf16 shadows");
+    let read = bf16.f_read().expect("read them");
+    let _f16 = tch_cuda_graphs::amp::Autocast::new(Kind::Half, false).expect("f16 autocast");
+    match shadow::linear(&x, &lin.ws, lin.bs.as_ref()) {
+        Err(Error::Misuse(m)) => println!("bf16 shadows read under f16 autocast: {m}"),
+        other => panic!("expected a misuse, got {other:?}"),
+    }
+    drop(read);
+    let _ = shadow::linear(&x, &lin.ws, lin.bs.as_ref()).expect("casts again once the guard is gone");
 }

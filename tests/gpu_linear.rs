@@ -11,8 +11,8 @@ mod common;
 use common::cuda;
 use tch::{nn, Kind, Tensor};
 use tch_cuda_graphs::amp::Autocast;
+use tch_cuda_graphs::kernels::{KernelPath, Kernels};
 use tch_cuda_graphs::linear::{linear, Linear, LinearConfig, WeightGrad};
-use tch_cuda_graphs::optim::Kernels;
 use tch_cuda_graphs::profiler::{EventKind, Profiler};
 use tch_cuda_graphs::Error;
 
@@ -65,7 +65,10 @@ fn the_linear_layer_matches_aten_under_bf16_autocast() {
         let dy = Tensor::randn([8, 256, out], (Kind::Float, dev)).to_kind(Kind::BFloat16).to_kind(Kind::Float);
         let (ya, dxa, dwa, dba) = run(&aten, &x0, &dy);
         let (yr, dxr, dwr, dbr) = run(&rounded, &x0, &dy);
-        assert!(rounded.ran_fused() && !aten.ran_fused(), "the crate's path ran (and ATen's for the twin)");
+        assert!(
+            rounded.last_path() == Some(KernelPath::Own) && aten.last_path() == Some(KernelPath::PyTorch),
+            "the crate's path ran (and ATen's for the twin)"
+        );
         let (yf, dxf, dwf, dbf) = run(&fp32, &x0, &dy);
         // float32 references from the same bf16 operands
         let (x2, dy2) = (x0.to_kind(Kind::Float).view([-1, inp]), dy.view([-1, out]));
@@ -159,14 +162,14 @@ fn the_crate_path_refuses_what_it_does_not_take_and_auto_falls_back() {
     let expected = x.linear(&auto.ws, auto.bs.as_ref());
     println!(
         "Kernels::Auto on float32: crate's path {}, equal to Tensor::linear {}",
-        auto.ran_fused(),
+        auto.last_path() == Some(KernelPath::Own),
         y.equal(&expected)
     );
-    assert!(!auto.ran_fused() && y.equal(&expected), "Auto falls back to at::linear");
+    assert!(auto.last_path() == Some(KernelPath::PyTorch) && y.equal(&expected), "Auto falls back to at::linear");
     // the same layer under autocast takes the crate's path
     let _autocast = Autocast::new(Kind::BFloat16, false).expect("autocast");
     let yb = own.f_forward(&x).expect("own under autocast");
-    assert!(own.ran_fused() && yb.kind() == Kind::BFloat16);
+    assert!(own.last_path() == Some(KernelPath::Own) && yb.kind() == Kind::BFloat16);
     // a misuse: a weight that does not fit the input
     let narrow = Tensor::randn([8, 48], (Kind::Float, dev));
     assert!(matches!(own.f_forward(&narrow), Err(Error::Misuse(_))));

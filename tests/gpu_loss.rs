@@ -1,4 +1,4 @@
-//! The crate's fused cross-entropy (`loss::cross_entropy`) against ATen's on a GPU: float32 logits
+//! The crate's fused cross-entropy (`loss::CrossEntropyLoss`) against ATen's on a GPU: float32 logits
 //! (the loss and the gradient within 1e-5 of ATen's, relative, for a character vocabulary, GPT-2's
 //! and a tiny one), bf16 logits under autocast as the GPT's head makes them (the loss within 1e-5 of
 //! the float32 computation on the same values, the bf16 gradient within one bf16 rounding of it;
@@ -11,9 +11,20 @@ mod common;
 use common::cuda;
 use tch::{Device, Kind, Reduction, Tensor};
 use tch_cuda_graphs::amp::Autocast;
-use tch_cuda_graphs::loss::{cross_entropy_ran, CrossEntropyConfig};
-use tch_cuda_graphs::optim::Kernels;
+use tch_cuda_graphs::kernels::{KernelPath, Kernels};
+use tch_cuda_graphs::loss::{CrossEntropyConfig, CrossEntropyLoss};
 use tch_cuda_graphs::Error;
+
+/// The loss through `loss::CrossEntropyLoss`, and whether its last forward ran the fused kernels.
+fn cross_entropy_ran(
+    logits: &Tensor,
+    targets: &Tensor,
+    config: &CrossEntropyConfig,
+) -> tch_cuda_graphs::Result<(Tensor, bool)> {
+    let loss_fn = CrossEntropyLoss::new(*config);
+    let loss = loss_fn.f_forward(logits, targets)?;
+    Ok((loss, loss_fn.last_path() == Some(KernelPath::Own)))
+}
 
 /// max |a - b| / max |b|.
 fn rel(a: &Tensor, b: &Tensor) -> f64 {

@@ -10,8 +10,8 @@ mod common;
 use common::cuda;
 use tch::{nn, Device, Kind, Tensor};
 use tch_cuda_graphs::amp::Autocast;
+use tch_cuda_graphs::kernels::{KernelPath, Kernels};
 use tch_cuda_graphs::norm::{layer_norm, LayerNorm, NormConfig, NormKind};
-use tch_cuda_graphs::optim::Kernels;
 use tch_cuda_graphs::Error;
 
 /// Two norms of the same kind and parameters (random weight and bias): the fused one
@@ -60,9 +60,9 @@ fn fused_norms_match_aten_in_fp32() {
                 (y, x.grad())
             };
             let (ya, dxa) = run(&a);
-            assert!(a.ran_fused(), "the fused kernels ran");
+            assert!(a.last_path() == Some(KernelPath::Own), "the fused kernels ran");
             let (yb, dxb) = run(&b);
-            assert!(!b.ran_fused());
+            assert!(b.last_path() == Some(KernelPath::PyTorch));
             let mut figures = vec![("y", rel(&ya, &yb)), ("dx", rel(&dxa, &dxb))];
             let grads = |vs: &nn::VarStore| {
                 let mut v: Vec<(String, Tensor)> = vs.variables().into_iter().map(|(n, t)| (n, t.grad())).collect();
@@ -94,7 +94,7 @@ fn residual_add_with_dropout_under_bf16_autocast() {
         let _autocast = Autocast::new(Kind::BFloat16, false).expect("autocast");
         a.f_forward_residual(&res, &branch, p, true).expect("forward")
     };
-    assert!(a.ran_fused(), "the fused kernels ran");
+    assert!(a.last_path() == Some(KernelPath::Own), "the fused kernels ran");
     assert_eq!((x.kind(), y.kind()), (Kind::Float, Kind::BFloat16));
     let kept = x.ne(0.0);
     let rate = 1.0 - f64::try_from(kept.to_kind(Kind::Float).mean(Kind::Float)).unwrap();
@@ -144,8 +144,12 @@ fn own_kernels_refuse_what_they_do_not_take_and_auto_falls_back() {
     let reference =
         layer_norm(vs.root() / "aten", vec![30], NormConfig { kernels: Kernels::PyTorch, ..Default::default() });
     let (ya, yr) = (auto.f_forward(&x).expect("auto"), reference.f_forward(&x).expect("ATen"));
-    println!("Kernels::Auto on width 30: fused {}, equal to ATen's {}", auto.ran_fused(), ya.equal(&yr));
-    assert!(!auto.ran_fused() && ya.equal(&yr), "Auto falls back to ATen's operators");
+    println!(
+        "Kernels::Auto on width 30: fused {}, equal to ATen's {}",
+        auto.last_path() == Some(KernelPath::Own),
+        ya.equal(&yr)
+    );
+    assert!(auto.last_path() == Some(KernelPath::PyTorch) && ya.equal(&yr), "Auto falls back to ATen's operators");
     // a bf16 residual stream is not taken either: ATen's, the same result
     let xb = x.to_kind(Kind::BFloat16);
     assert!(matches!(own.f_forward(&xb), Err(Error::Unsupported(_))));

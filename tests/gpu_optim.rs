@@ -6,7 +6,8 @@ mod common;
 
 use common::cuda;
 use tch::{Device, Kind, Tensor};
-use tch_cuda_graphs::optim::{Adam, AdamConfig, KernelPath, Kernels, Optimizer, Sgd, SgdConfig};
+use tch_cuda_graphs::kernels::{KernelPath, Kernels};
+use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use tch_cuda_graphs::{Error, StepOptions, TrainStep};
 
 /// Steps per comparison: 1000, or `TCG_TEST_OPTIM_STEPS` (the sanitizer run takes fewer).
@@ -137,8 +138,8 @@ fn compare(
             own.step().unwrap();
             torch.step().unwrap();
         }
-        assert_eq!(own.last_step_kernels(), Some(KernelPath::Own));
-        assert_eq!(torch.last_step_kernels(), Some(KernelPath::PyTorch));
+        assert_eq!(own.last_path(), Some(KernelPath::Own));
+        assert_eq!(torch.last_path(), Some(KernelPath::PyTorch));
         let (ea, eb) = (everything(own.as_ref(), a), everything(torch.as_ref(), b));
         assert_eq!(ea.len(), eb.len());
         let mut worst = 0f64;
@@ -373,13 +374,13 @@ fn replayed_own_kernels_equal_eager_and_pytorch_replayed() {
 #[ignore = "needs a CUDA device"]
 fn auto_runs_own_kernels_and_falls_back_where_they_do_not_apply() {
     let device = cuda();
-    tch_cuda_graphs::optim::own_kernels_available(device).expect("own kernels on this GPU");
+    tch_cuda_graphs::kernels::own_kernels_available(device).expect("own kernels on this GPU");
     let p = Tensor::randn([8, 8], (Kind::Float, device)).set_requires_grad(true);
     let mut opt = Adam::from_params(vec![p.shallow_clone()], AdamConfig::default()).unwrap();
     assert_eq!(opt.kernels(), Kernels::Auto);
     let _ = grad_of(&p);
     opt.step().unwrap();
-    assert_eq!(opt.last_step_kernels(), Some(KernelPath::Own));
+    assert_eq!(opt.last_path(), Some(KernelPath::Own));
 
     let t = Tensor::randn([8, 8], (Kind::Float, device)).tr().set_requires_grad(true); // not contiguous
     assert!(!t.is_contiguous());
@@ -393,6 +394,6 @@ fn auto_runs_own_kernels_and_falls_back_where_they_do_not_apply() {
     assert!(t.equal(&before), "a refused step changed nothing");
     opt.set_kernels(Kernels::Auto).unwrap();
     opt.step().unwrap();
-    assert_eq!(opt.last_step_kernels(), Some(KernelPath::PyTorch));
+    assert_eq!(opt.last_path(), Some(KernelPath::PyTorch));
     assert!(!t.equal(&before));
 }

@@ -69,7 +69,7 @@ std::string check_common(
   auto why = check_lists(lists);
   if (!why.empty()) return why;
   const auto device = (*lists[0].second)[0].device();
-  why = unavailable(device.index());
+  why = own::unavailable(device.index());
   if (why.empty()) why = check_scalar("lr", lr, device);
   if (why.empty() && grad_scale) why = check_scalar("grad_scale", *grad_scale, device);
   if (why.empty() && found_inf) why = check_scalar("found_inf", *found_inf, device);
@@ -142,10 +142,6 @@ void launch(const std::string& name, const std::vector<const std::vector<at::Ten
 }
 
 }  // namespace
-
-bool built() { return own::built(); }
-
-std::string unavailable(int device) { return own::unavailable(device); }
 
 bool adam(bool adamw, const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
           const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,

@@ -1,6 +1,8 @@
 // The crate's own kernels as one library (see own_kernels.h).
 #include "own_kernels.h"
 
+#include "../kernels.h"
+
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -196,3 +198,8 @@ const char* float_name(at::ScalarType t) {
 }
 
 }  // namespace tcg::own
+
+namespace tcg::kernels {
+bool built() { return own::built(); }
+std::string unavailable(int device) { return own::unavailable(device); }
+}  // namespace tcg::kernels

@@ -4,7 +4,7 @@
 //! embedding. One [`ResidualStream`] runs through the layers, so each norm also takes the residual
 //! add and the dropout of the branch before it: ATen's operators by default (the same operations
 //! as nanoGPT's), the crate's fused kernels with `fused` ([`Config::fused`]). Its matmuls are the
-//! crate's `Linear`s (and [`linear::apply`] for the tied head), which read the weights' bf16 shadows in a
+//! crate's `Linear`s (and [`linear::f_apply`] for the tied head), which read the weights' bf16 shadows in a
 //! step run with them: `at::linear` by default, and with `fused` a backward that computes each
 //! bias gradient inside the weight-gradient GEMM ([`Config::weight_grad`]). Its loss is the
 //! crate's cross-entropy: ATen's by default, the fused kernels with `fused`.
@@ -14,10 +14,10 @@
 
 use std::cell::Cell;
 use tch::{nn, nn::Module, Kind, Tensor};
+use tch_cuda_graphs::kernels::Kernels;
 use tch_cuda_graphs::linear::{self, LinearConfig, WeightGrad};
-use tch_cuda_graphs::loss::{cross_entropy, CrossEntropyConfig};
+use tch_cuda_graphs::loss::{f_cross_entropy, CrossEntropyConfig};
 use tch_cuda_graphs::norm::{layer_norm, LayerNorm, NormConfig};
-use tch_cuda_graphs::optim::Kernels;
 use tch_cuda_graphs::transformer::{ResidualStream, TransformerConfig, TransformerLayer};
 
 /// The model's shape.
@@ -159,7 +159,7 @@ impl Gpt {
         // the head is the token embedding, transposed (weight tying)
         let head =
             LinearConfig { weight_grad: self.config.weight_grad, kernels: self.config.kernels(), ..Default::default() };
-        Ok(linear::apply(&h, &self.wte.ws, None, &head)?.0)
+        Ok(linear::f_apply(&h, &self.wte.ws, None, &head)?)
     }
 
     /// Mean cross-entropy of the next-token predictions (with `fused`, on the crate's fused
@@ -167,7 +167,7 @@ impl Gpt {
     pub fn loss(&self, idx: &Tensor, targets: &Tensor) -> Result<Tensor, tch::TchError> {
         let logits = self.logits(idx)?;
         let config = CrossEntropyConfig { kernels: self.config.kernels(), ..Default::default() };
-        Ok(cross_entropy(&logits.f_view([-1, self.config.vocab])?, &targets.f_reshape([-1])?, &config)?)
+        Ok(f_cross_entropy(&logits.f_view([-1, self.config.vocab])?, &targets.f_reshape([-1])?, &config)?)
     }
 
     /// Parameters as nanoGPT counts them (without the position embedding).

@@ -6,7 +6,7 @@
 use super::groups::{copy_state, param_key};
 use super::{Groups, HyperParams, KernelPath, Kernels};
 use crate::error::{Error, Result};
-use crate::sys::optim::{self as sys, RawKernels};
+use crate::sys::kernels::RawKernels;
 use std::collections::HashMap;
 use tch::{Device, Kind, Tensor};
 
@@ -54,7 +54,7 @@ impl<C: HyperParams> Core<C> {
                 // Loads the own kernels on the device now, outside any capture (the answer is
                 // kept; a step asks again and gets it). Where they cannot load, the steps run
                 // PyTorch's kernels: not an error here.
-                let _ = check_device(device);
+                let _ = crate::kernels::own_kernels_available(device);
                 Some(Tensor::f_zeros([groups.params.len() as i64], (Kind::Int, device))?)
             }
             _ => None,
@@ -168,19 +168,14 @@ impl<C: HyperParams> Core<C> {
 
     pub(crate) fn set_kernels(&mut self, kernels: Kernels) -> Result<()> {
         if kernels == Kernels::Own {
-            super::own_kernels_available(self.groups.device())?;
+            crate::kernels::own_kernels_available(self.groups.device())?;
         }
         self.kernels = kernels;
         Ok(())
     }
 
-    pub(crate) fn last_step_kernels(&self) -> Option<KernelPath> {
-        match self.last {
-            (0, 0) => None,
-            (_, 0) => Some(KernelPath::Own),
-            (0, _) => Some(KernelPath::PyTorch),
-            _ => Some(KernelPath::Mixed),
-        }
+    pub(crate) fn last_path(&self) -> Option<KernelPath> {
+        KernelPath::of_counts(self.last.0, self.last.1)
     }
 
     /// The state: the group part, then each parameter's fields that exist.
@@ -225,21 +220,5 @@ impl<C: HyperParams> Core<C> {
             }
         }
         self.groups.load_state(state)
-    }
-}
-
-/// Whether the crate's own kernels were built into this binary (see
-/// [`super::own_kernels_available`] for whether they run on a given device).
-pub(crate) fn built() -> bool {
-    sys::own_kernels_built()
-}
-
-/// Ok if the own kernels run on `device`.
-pub(crate) fn check_device(device: Device) -> Result<()> {
-    match device {
-        Device::Cuda(d) => sys::own_kernels_check(i32::try_from(d).unwrap_or(i32::MAX)),
-        other => {
-            Err(Error::Unsupported(format!("the crate's own optimizer kernels run on CUDA devices, not {other:?}")))
-        }
     }
 }

@@ -2,14 +2,14 @@
 //! tensors, so a captured step reads it from memory on every replay, as PyTorch's
 //! `capturable=True, fused=True` optimizers do.
 //!
-//! On a CUDA device they run the crate's own kernels by default ([`Kernels`]): one launch per
+//! On a CUDA device they run the crate's own kernels by default ([`crate::kernels::Kernels`]): one launch per
 //! group and dtype that spreads every parameter over every SM in small chunks (PyTorch's
 //! `multi_tensor_apply` gives each 65,536-element chunk one block, so a small model runs on a
 //! handful of SMs), with PyTorch's own per-element math, so the results are PyTorch's bit for
 //! bit. Where they were not built, cannot load on the GPU, or do not take the tensors
 //! (non-contiguous ones, say), the optimizers run PyTorch's fused kernels; ask with
-//! [`Optimizer::last_step_kernels`] and [`own_kernels_available`], force either with
-//! [`Optimizer::set_kernels`].
+//! [`Optimizer::last_path`] and [`crate::kernels::own_kernels_available`], force either with
+//! [`Optimizer::set_kernels`] ([`crate::kernels`]).
 //!
 //! - [`Sgd`]: momentum, dampening, Nesterov, weight decay (`at::_fused_sgd_`).
 //! - [`Adam`]: Adam and AdamW (decoupled weight decay), AMSGrad (`at::_fused_adam_`,
@@ -41,8 +41,8 @@ macro_rules! delegate_to_core {
         fn set_kernels(&mut self, kernels: Kernels) -> Result<()> {
             self.core.set_kernels(kernels)
         }
-        fn last_step_kernels(&self) -> Option<KernelPath> {
-            self.core.last_step_kernels()
+        fn last_path(&self) -> Option<KernelPath> {
+            self.core.last_path()
         }
         fn state(&self) -> Result<Vec<(String, Tensor)>> {
             self.core.state()
@@ -65,67 +65,10 @@ pub use sgd::{Sgd, SgdConfig};
 pub(crate) use groups::{check_hparam, Groups, HyperField, HyperParams};
 
 use crate::error::{Error, Result};
+use crate::kernels::{KernelPath, Kernels};
 use crate::sys::optim::{self as sys, GradReset};
 use std::collections::HashMap;
-use tch::{Device, Tensor};
-
-/// Which kernels an optimizer runs on a CUDA device ([`Optimizer::set_kernels`]). On the CPU
-/// it is always ATen's.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Kernels {
-    /// The crate's own where they apply, PyTorch's fused kernels elsewhere (the default).
-    #[default]
-    Auto,
-    /// The crate's own only: a step they cannot run fails with [`Error::Unsupported`] (what the
-    /// tests and benchmarks use to be sure which kernels they measure).
-    Own,
-    /// PyTorch's fused kernels (`_fused_adam_`, `_fused_adamw_`, `_fused_sgd_`).
-    PyTorch,
-}
-
-impl Kernels {
-    /// The shim's argument for this choice.
-    pub(crate) fn raw(self) -> crate::sys::optim::RawKernels {
-        use crate::sys::optim::RawKernels;
-        match self {
-            Kernels::Auto => RawKernels::TCG_KERNELS_AUTO,
-            Kernels::Own => RawKernels::TCG_KERNELS_OWN,
-            Kernels::PyTorch => RawKernels::TCG_KERNELS_PYTORCH,
-        }
-    }
-}
-
-/// Which kernels a step ran ([`Optimizer::last_step_kernels`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KernelPath {
-    /// The crate's own, for every launch.
-    Own,
-    /// PyTorch's fused kernels, for every launch.
-    PyTorch,
-    /// Some launches each (under [`Kernels::Auto`], a group or dtype the own kernels do not take).
-    Mixed,
-}
-
-/// Whether the crate's own optimizer kernels were built into this binary (build.rs compiles
-/// them with nvcc; without one they are left out and the optimizers run PyTorch's).
-pub fn own_kernels_built() -> bool {
-    core::built()
-}
-
-/// Ok if the crate's own optimizer kernels run on `device` (loading them there on first call):
-/// [`Error::Unsupported`] with the reason if not (not built, no code for this GPU, not a CUDA
-/// device), [`Error::NoCuda`] without CUDA.
-///
-/// ```no_run
-/// use tch_cuda_graphs::optim::own_kernels_available;
-/// match own_kernels_available(tch::Device::Cuda(0)) {
-///     Ok(()) => println!("own kernels"),
-///     Err(e) => println!("PyTorch's fused kernels: {e}"),
-/// }
-/// ```
-pub fn own_kernels_available(device: Device) -> Result<()> {
-    core::check_device(device)
-}
+use tch::Tensor;
 
 /// What a training step needs of an optimizer. Implemented by [`Sgd`] and [`Adam`].
 pub trait Optimizer {
@@ -156,6 +99,30 @@ pub trait Optimizer {
     /// zeroed in place (one multi-tensor kernel), so the views stay.
     fn zero_grad(&mut self) -> Result<()> {
         grads_to_none(self.params())
+    }
+    /// tch's `nn::Optimizer::backward_step`: [`zero_grad`](Self::zero_grad), `loss`'s
+    /// backward, [`step`](Self::step). The backward runs outside CUDA autocast, as PyTorch runs
+    /// it ([`crate::amp::backward`]; the same as `loss.backward()` without autocast). Capturable.
+    fn backward_step(&mut self, loss: &Tensor) -> Result<()> {
+        self.zero_grad()?;
+        backward_outside_autocast(loss)?;
+        self.step()
+    }
+    /// tch's `backward_step_clip`: [`backward_step`](Self::backward_step) with each gradient
+    /// clamped to `[-max, max]` before the step ([`crate::clip_grad_value`]).
+    fn backward_step_clip(&mut self, loss: &Tensor, max: f64) -> Result<()> {
+        self.zero_grad()?;
+        backward_outside_autocast(loss)?;
+        crate::clip::clip_grad_value(self.params(), max)?;
+        self.step()
+    }
+    /// tch's `backward_step_clip_norm`: [`backward_step`](Self::backward_step) with the
+    /// gradients scaled to a global L2 norm of at most `max` ([`crate::clip_grad_norm`]).
+    fn backward_step_clip_norm(&mut self, loss: &Tensor, max: f64) -> Result<()> {
+        self.zero_grad()?;
+        backward_outside_autocast(loss)?;
+        let _total_norm = crate::clip::clip_grad_norm(self.params(), max, 2.0)?;
+        self.step()
     }
     /// Zeroes the parameters' gradients in place instead (PyTorch's
     /// `zero_grad(set_to_none=False)`; one `_foreach_zero_` launch): gradients keep their
@@ -197,7 +164,7 @@ pub trait Optimizer {
     /// Re-capture a step already captured for the change to reach it.
     fn set_kernels(&mut self, kernels: Kernels) -> Result<()>;
     /// Which kernels the last step ran (None before any step, or if no parameter had a grad).
-    fn last_step_kernels(&self) -> Option<KernelPath>;
+    fn last_path(&self) -> Option<KernelPath>;
     /// The optimizer's state by name: per parameter (`"{name}.exp_avg"`, ...) and per group
     /// (`"group.{g}.lr"`, hyper-parameters), as detached tensors (device state is not copied).
     fn state(&self) -> Result<Vec<(String, Tensor)>>;
@@ -250,8 +217,8 @@ impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
     fn set_kernels(&mut self, kernels: Kernels) -> Result<()> {
         (**self).set_kernels(kernels)
     }
-    fn last_step_kernels(&self) -> Option<KernelPath> {
-        (**self).last_step_kernels()
+    fn last_path(&self) -> Option<KernelPath> {
+        (**self).last_path()
     }
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
         (**self).state()
@@ -261,18 +228,11 @@ impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
     }
 }
 
-/// Indices and gradients of the parameters of `range` that have a gradient.
-pub(crate) fn with_grads(params: &[Tensor]) -> Result<(Vec<usize>, Vec<Tensor>)> {
-    let mut idx = Vec::with_capacity(params.len());
-    let mut grads = Vec::with_capacity(params.len());
-    for (i, p) in params.iter().enumerate() {
-        let g = p.f_grad()?;
-        if g.defined() {
-            idx.push(i);
-            grads.push(g);
-        }
-    }
-    Ok((idx, grads))
+/// `loss.backward()` with CUDA autocast suspended (what [`crate::amp::backward`] does, from below
+/// it).
+fn backward_outside_autocast(loss: &Tensor) -> Result<()> {
+    let _off = crate::sys::amp::AutocastHandle::suspend()?;
+    Ok(loss.f_backward()?)
 }
 
 /// Zeroes the defined grads of `params` in place.

@@ -5,7 +5,7 @@ use super::{adopt_some, check, ffi, opt_tensor_ptr, tensor_ptr};
 use crate::error::Result;
 use tch::Tensor;
 
-use super::optim::RawKernels;
+use super::kernels::RawKernels;
 pub(crate) use ffi::tcg_weight_grad as RawWeightGrad;
 
 /// `x · weightᵀ + bias` (differentiable), and whether the crate's path ran.

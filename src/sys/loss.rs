@@ -4,7 +4,7 @@ use super::{adopt_some, check, ffi, tensor_ptr};
 use crate::error::Result;
 use tch::Tensor;
 
-use super::optim::RawKernels;
+use super::kernels::RawKernels;
 
 /// The mean cross-entropy of `logits` [rows, classes] against `targets` [rows] (differentiable),
 /// and whether the crate's fused kernels ran.
@@ -18,7 +18,14 @@ pub(crate) fn cross_entropy(
     // SAFETY: live tensor handles for the call; the out slots are valid; the shim writes a new
     // handle or null into `out`.
     check(unsafe {
-        ffi::tcg_cross_entropy(tensor_ptr(logits), tensor_ptr(targets), ignore_index, kernels, &mut out, &mut ran_own)
+        ffi::tcg_loss_cross_entropy(
+            tensor_ptr(logits),
+            tensor_ptr(targets),
+            ignore_index,
+            kernels,
+            &mut out,
+            &mut ran_own,
+        )
     })?;
     // SAFETY: the slot holds a new handle made for this call (or null), owned by nobody else.
     let loss = unsafe { adopt_some(out, "cross_entropy")? };

@@ -16,9 +16,12 @@
 //! | `graphed.rs` | `csrc/cuda/graphed.cpp` |
 //! | `autograd.rs` | `csrc/autograd.cpp` |
 //! | `amp.rs` | `csrc/amp.cpp` |
+//! | `kernels.rs` | `csrc/kernels.cpp` (the own kernels' choice and availability) |
 //! | `optim.rs` | `csrc/optim.cpp`, `csrc/cuda/optim_own.cpp` |
 //! | `norm.rs` | `csrc/norm.cpp`, `csrc/cuda/norm_own.cpp` |
 //! | `shadow.rs` | `csrc/shadow.cpp` |
+//! | `linear.rs` | `csrc/linear.cpp`, `csrc/cuda/linear_own.cpp` |
+//! | `loss.rs` | `csrc/loss.cpp`, `csrc/cuda/loss_own.cpp` |
 //! | `dist.rs` | `csrc/cuda/dist.cpp`, `csrc/cuda/grad_buckets.cpp`, `csrc/bucket_plan.cpp` |
 //! | `profiler.rs` | `csrc/profiler.cpp` |
 //! | `watch.rs` | `csrc/watch.cpp` |
@@ -35,6 +38,7 @@ pub(crate) mod feed;
 mod ffi;
 pub(crate) mod graph;
 pub(crate) mod graphed;
+pub(crate) mod kernels;
 #[cfg(test)]
 mod layout;
 pub(crate) mod linear;

@@ -9,7 +9,7 @@ pub(crate) use ffi::tcg_norm_kind as RawNormKind;
 pub(crate) use ffi::tcg_norm_out as RawNormOut;
 /// The options as the shim takes them.
 pub(crate) type NormOptions = ffi::tcg_norm_options;
-use super::optim::RawKernels;
+use super::kernels::RawKernels;
 
 /// The tensors of one normalization: the residual stream, and optionally the branch added to it
 /// through dropout, the weight and the bias.

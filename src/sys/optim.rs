@@ -1,12 +1,11 @@
-//! `csrc/optim.cpp` (and `csrc/cuda/optim_own.cpp` behind it): fused optimizer steps, the own
-//! kernels' availability, gradient helpers.
+//! `csrc/optim.cpp` (and `csrc/cuda/optim_own.cpp` behind it): fused optimizer steps, gradient
+//! helpers.
 
 use super::{adopt_some, check, ffi, opt_tensor_ptr, tensor_ptr, tensor_ptrs};
 use crate::error::{Error, Result};
 use tch::Tensor;
 
-/// Which kernels a fused step runs, as the shim takes it.
-pub(crate) use ffi::tcg_kernels as RawKernels;
+use super::kernels::RawKernels;
 /// SGD's hyper-parameters as the shim takes them (the learning rate is a tensor, apart).
 pub(crate) type SgdHyper = ffi::tcg_sgd_hyper;
 /// Adam's and AdamW's, likewise.
@@ -113,18 +112,6 @@ pub(crate) fn adam(
         ffi::tcg_optim_adam(&lists, tensor_ptr(lr), h, amp.raw(), kernels, counters, slots, &mut ran_own)
     })?;
     Ok(ran_own)
-}
-
-/// Whether the own kernels were built into this binary.
-pub(crate) fn own_kernels_built() -> bool {
-    // SAFETY: a query without arguments.
-    unsafe { ffi::tcg_optim_own_kernels_built() }
-}
-
-/// Ok if the own kernels run on CUDA device `index` (loading them there on first call).
-pub(crate) fn own_kernels_check(index: i32) -> Result<()> {
-    // SAFETY: a plain device index; the shim checks it.
-    check(unsafe { ffi::tcg_optim_own_kernels_check(index) })
 }
 
 /// What [`grads_reset`] does to each gradient.

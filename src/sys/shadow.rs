@@ -1,39 +1,55 @@
-//! `csrc/shadow.cpp`: weight shadows (a registry in the shim, keyed by parameter).
+//! `csrc/shadow.cpp`: sets of weight shadows, each owned by its handle, and the set this thread
+//! reads.
 
-use super::{amp::dtype_of, check, ffi, tensor_ptrs};
+use super::{amp::dtype_of, check, ffi, non_null, tensor_ptrs};
 use crate::error::Result;
+use std::ptr::NonNull;
 use tch::{Kind, Tensor};
 
-/// Registers `params` (float32 CUDA ones; others are skipped) with a shadow of `dtype`; how many
-/// were new.
-pub(crate) fn register(params: &[Tensor], dtype: Kind) -> Result<usize> {
-    let dtype = dtype_of(dtype)?;
-    let ptrs = tensor_ptrs(params);
-    let mut made = 0usize;
-    // SAFETY: the list points into `ptrs`, live tensor handles for the call; `made` is valid.
-    check(unsafe { ffi::tcg_shadow_register(ffi::tcg_tensors::of(&ptrs), dtype, &mut made) })?;
-    Ok(made)
+/// A set of shadows in the shim, freed on drop.
+#[derive(Debug)]
+pub(crate) struct ShadowsHandle(NonNull<ffi::tcg_shadows>);
+
+impl ShadowsHandle {
+    /// Shadows of `dtype` for the float32 CUDA tensors among `params`; how many got one.
+    pub(crate) fn new(params: &[Tensor], dtype: Kind) -> Result<(Self, usize)> {
+        let dtype = dtype_of(dtype)?;
+        let ptrs = tensor_ptrs(params);
+        let (mut raw, mut count) = (std::ptr::null_mut(), 0usize);
+        // SAFETY: the list points into `ptrs`, live tensor handles for the call (the shim keeps
+        // its own references); `raw` and `count` are valid out pointers, and on success `raw`
+        // holds a set we own.
+        check(unsafe { ffi::tcg_shadows_new(ffi::tcg_tensors::of(&ptrs), dtype, &mut raw, &mut count) })?;
+        Ok((ShadowsHandle(non_null(raw, "weight shadows")?), count))
+    }
+
+    /// Copies every parameter of the set into its shadow, on the current stream.
+    pub(crate) fn refresh(&self) -> Result<()> {
+        // SAFETY: the handle is live; the shim only reads the set's tensors and writes the
+        // shadows' data.
+        check(unsafe { ffi::tcg_shadows_refresh(self.0.as_ptr()) })
+    }
+
+    /// Makes this set the one this thread reads; the set it replaces.
+    pub(crate) fn activate(&self) -> Result<Option<ShadowsHandle>> {
+        activate(Some(self))
+    }
 }
 
-/// Drops the shadows of `params`.
-pub(crate) fn unregister(params: &[Tensor]) -> Result<()> {
-    let ptrs = tensor_ptrs(params);
-    // SAFETY: the list points into `ptrs`, live tensor handles for the call.
-    check(unsafe { ffi::tcg_shadow_unregister(ffi::tcg_tensors::of(&ptrs)) })
+/// Makes `set` (None: none) the set this thread reads; the set it replaces, as a handle of its
+/// own.
+pub(crate) fn activate(set: Option<&ShadowsHandle>) -> Result<Option<ShadowsHandle>> {
+    let mut previous = std::ptr::null_mut();
+    let raw = set.map_or(std::ptr::null_mut(), |s| s.0.as_ptr());
+    // SAFETY: `raw` is a live handle or null; `previous` is a valid out pointer, and a non-null
+    // value written there is a new handle we own. The shim shares the set, so it outlives `set`.
+    check(unsafe { ffi::tcg_shadows_activate(raw, &mut previous) })?;
+    Ok(NonNull::new(previous).map(ShadowsHandle))
 }
 
-/// Copies every registered parameter into its shadow; how many.
-pub(crate) fn refresh() -> Result<usize> {
-    let mut n = 0usize;
-    // SAFETY: a valid out pointer.
-    check(unsafe { ffi::tcg_shadow_refresh(&mut n) })?;
-    Ok(n)
-}
-
-/// Turns reading shadows on or off for this thread; the previous setting.
-pub(crate) fn set_active(on: bool) -> Result<bool> {
-    let mut was = false;
-    // SAFETY: a valid out pointer.
-    check(unsafe { ffi::tcg_shadow_set_active(on, &mut was) })?;
-    Ok(was)
+impl Drop for ShadowsHandle {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from the shim as a handle we own, freed exactly once, here.
+        unsafe { ffi::tcg_shadows_free(self.0.as_ptr()) }
+    }
 }

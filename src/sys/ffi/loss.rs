@@ -2,7 +2,7 @@
 use super::{tcg_kernels, tcg_status, tcg_tensor};
 
 extern "C" {
-    pub fn tcg_cross_entropy(
+    pub fn tcg_loss_cross_entropy(
         logits: tcg_tensor,
         targets: tcg_tensor,
         ignore_index: i64,

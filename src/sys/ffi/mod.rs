@@ -13,6 +13,7 @@ mod cuda;
 mod dist;
 mod error;
 mod feed;
+mod kernels;
 #[cfg(test)]
 mod layout;
 mod linear;
@@ -29,6 +30,7 @@ pub use cuda::*;
 pub use dist::*;
 pub use error::*;
 pub use feed::*;
+pub use kernels::*;
 #[cfg(test)]
 pub use layout::*;
 pub use linear::*;

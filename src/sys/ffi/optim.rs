@@ -1,8 +1,6 @@
 //! `csrc/optim.cpp`: fused optimizers and gradient helpers.
-use super::{c_enum, tcg_status, tcg_tensor, tcg_tensors};
-use std::os::raw::{c_double, c_int};
-
-c_enum!(tcg_kernels { TCG_KERNELS_PYTORCH = 0, TCG_KERNELS_AUTO = 1, TCG_KERNELS_OWN = 2 });
+use super::{tcg_kernels, tcg_status, tcg_tensor, tcg_tensors};
+use std::os::raw::c_double;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -53,8 +51,6 @@ pub struct tcg_adam_tensors {
 }
 
 extern "C" {
-    pub fn tcg_optim_own_kernels_built() -> bool;
-    pub fn tcg_optim_own_kernels_check(device: c_int) -> tcg_status;
     pub fn tcg_optim_sgd(
         t: *const tcg_sgd_tensors,
         lr: tcg_tensor,

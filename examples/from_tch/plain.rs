@@ -1,0 +1,129 @@
+//! A GPT in plain tch: nanoGPT's character model (6 layers of 384, 6 heads, block 256, dropout
+//! 0.2) on `nn::linear`, `nn::layer_norm` and tch's AdamW, trained by an eager loop on the
+//! characters of a text file. `captured.rs` is this program with its step captured by the crate,
+//! `fused.rs` that one on the crate's layers; `docs/adopting.md` shows both diffs.
+//!
+//!     cargo run --release --example from_tch_plain -- [TEXT_FILE] [ITERATIONS]
+use std::time::Instant;
+use tch::nn::{self, layer_norm, linear, LayerNorm, Linear, OptimizerConfig};
+use tch::{Device, Kind, Tensor};
+
+const VOCAB: i64 = 96; // newline and printable ASCII
+const BLOCK: i64 = 256;
+const BATCH: i64 = 64;
+const EMBD: i64 = 384;
+const HEADS: i64 = 6;
+const LAYERS: i64 = 6;
+const DROPOUT: f64 = 0.2;
+
+struct Block {
+    ln_1: LayerNorm,
+    c_attn: Linear,
+    attn_proj: Linear,
+    ln_2: LayerNorm,
+    c_fc: Linear,
+    mlp_proj: Linear,
+}
+
+impl Block {
+    fn new(p: nn::Path) -> Block {
+        Block {
+            ln_1: layer_norm(&p / "ln_1", vec![EMBD], Default::default()),
+            c_attn: linear(&p / "c_attn", EMBD, 3 * EMBD, Default::default()),
+            attn_proj: linear(&p / "attn_proj", EMBD, EMBD, Default::default()),
+            ln_2: layer_norm(&p / "ln_2", vec![EMBD], Default::default()),
+            c_fc: linear(&p / "c_fc", EMBD, 4 * EMBD, Default::default()),
+            mlp_proj: linear(&p / "mlp_proj", 4 * EMBD, EMBD, Default::default()),
+        }
+    }
+
+    fn attention(&self, h: &Tensor, train: bool) -> Tensor {
+        let (b, t, _) = h.size3().unwrap();
+        let qkv = h.apply(&self.c_attn).split(EMBD, 2);
+        let heads = |x: &Tensor| x.view([b, t, HEADS, EMBD / HEADS]).transpose(1, 2);
+        let p = if train { DROPOUT } else { 0.0 };
+        let (q, k, v) = (heads(&qkv[0]), heads(&qkv[1]), heads(&qkv[2]));
+        let y = Tensor::scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, p, true, None, false);
+        y.transpose(1, 2).contiguous().view([b, t, EMBD]).apply(&self.attn_proj)
+    }
+
+    fn mlp(&self, h: &Tensor) -> Tensor {
+        h.apply(&self.c_fc).gelu("none").apply(&self.mlp_proj)
+    }
+
+    fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
+        let x = x + self.attention(&x.apply(&self.ln_1), train).dropout(DROPOUT, train);
+        &x + self.mlp(&x.apply(&self.ln_2)).dropout(DROPOUT, train)
+    }
+}
+
+struct Gpt {
+    wte: nn::Embedding,
+    wpe: nn::Embedding,
+    blocks: Vec<Block>,
+    ln_f: LayerNorm,
+}
+
+impl Gpt {
+    fn new(p: &nn::Path) -> Gpt {
+        Gpt {
+            wte: nn::embedding(p / "wte", VOCAB, EMBD, Default::default()),
+            wpe: nn::embedding(p / "wpe", BLOCK, EMBD, Default::default()),
+            blocks: (0..LAYERS).map(|i| Block::new(p / "h" / i)).collect(),
+            ln_f: layer_norm(p / "ln_f", vec![EMBD], Default::default()),
+        }
+    }
+
+    /// The mean cross-entropy of the next characters; dropout when `train`.
+    fn loss(&self, idx: &Tensor, targets: &Tensor, train: bool) -> Tensor {
+        let pos = Tensor::arange(BLOCK, (Kind::Int64, idx.device()));
+        let mut x = (idx.apply(&self.wte) + pos.apply(&self.wpe)).dropout(DROPOUT, train);
+        for block in &self.blocks {
+            x = block.forward_t(&x, train);
+        }
+        let logits = x.apply(&self.ln_f).linear::<Tensor>(&self.wte.ws, None); // tied to the embedding
+        logits.view([-1, VOCAB]).cross_entropy_for_logits(&targets.view([-1]))
+    }
+}
+
+/// BATCH random windows of the text and the characters that follow them.
+fn batch(data: &Tensor) -> (Tensor, Tensor) {
+    let start = Tensor::randint(data.size()[0] - BLOCK - 1, [BATCH, 1], (Kind::Int64, data.device()));
+    let at = (start + Tensor::arange(BLOCK, (Kind::Int64, data.device()))).view([-1]);
+    let x = data.index_select(0, &at).view([BATCH, BLOCK]);
+    (x, data.index_select(0, &(at + 1)).view([BATCH, BLOCK]))
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let text = std::fs::read(args.get(1).map_or("README.md", String::as_str))?;
+    let iters: usize = args.get(2).map_or(Ok(300), |n| n.parse())?;
+    let token = |c: &u8| match *c {
+        b'\n' => Some(0),
+        32..=126 => Some(*c as i64 - 31),
+        _ => None,
+    };
+    let chars: Vec<i64> = text.iter().filter_map(token).collect();
+    let device = Device::cuda_if_available();
+    let data = Tensor::from_slice(&chars).to_device(device);
+    let vs = nn::VarStore::new(device);
+    let model = Gpt::new(&vs.root());
+    let mut opt = nn::AdamW::default().build(&vs, 1e-3)?;
+    let mut start = Instant::now();
+    for i in 0..iters {
+        let (x, y) = batch(&data);
+        let loss = model.loss(&x, &y, true);
+        opt.backward_step(&loss);
+        if i == 10 || i % 100 == 0 || i == iters - 1 {
+            println!("iteration {i}: loss {:.4}", loss.double_value(&[])); // waits for the GPU
+        }
+        if i == 10 {
+            start = Instant::now();
+        }
+    }
+    let per_iter = start.elapsed().as_secs_f64() / (iters - 11) as f64;
+    let (x, y) = batch(&data);
+    let eval = tch::no_grad(|| model.loss(&x, &y, false));
+    println!("{:.2} ms/iter after the first 10; evaluation loss {:.4}", per_iter * 1e3, eval.double_value(&[]));
+    Ok(())
+}
