@@ -277,6 +277,11 @@ fn main() {
     if with_cuda {
         println!("cargo:rustc-link-lib=dylib=torch_cuda");
         println!("cargo:rustc-link-lib=dylib=c10_cuda");
+        // A program that calls nothing of this crate (examples/from_tch/plain.rs: tch alone)
+        // would lose libtorch_cuda to the linker's --as-needed, and tch would then see no CUDA
+        // (`Device::cuda_if_available()` answers Cpu). The examples keep it, as a tch user does
+        // with `-Clink-arg=-Wl,--no-as-needed`; a binary that uses the crate keeps it anyway.
+        println!("cargo:rustc-link-arg-examples=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
     }
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");

@@ -138,9 +138,11 @@ fn build_on<'a>(vs: &nn::VarStore, model: &'a Gpt, h: Hyper, pg: Option<&Process
     })?;
     // the step shadows its optimizer's parameters (under autocast, with `shadows`)
     let shadowed = if options.get_weight_shadows() { train.shadow_parameters()? } else { 0 };
+    // the shadows are the training step's: evaluation casts each weight where it reads it
+    let eval_options = options.weight_shadows(false);
     let eval_options = match train.pool() {
-        Some(pool) => options.pool(pool).warmup(1),
-        None => options,
+        Some(pool) => eval_options.pool(pool).warmup(1),
+        None => eval_options,
     };
     let x = Tensor::zeros([h.batch, block], (Kind::Int64, dev));
     let eval = TrainStep::new(&[("x", &x), ("y", &x)], eval_options, move |inp| {
