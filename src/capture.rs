@@ -46,7 +46,7 @@
 //! The crate's own ops (schedules, learning-rate handles, buckets, the optimizers) take no
 //! `Scalar` for this reason.
 
-use crate::device::{current_device, synchronize};
+use crate::device::{cuda_index, current_device, synchronize};
 use crate::error::{Error, Result};
 use crate::graph::{CaptureMode, CudaGraph};
 use crate::memory::{empty_cache, empty_host_cache, OomWatch};
@@ -140,6 +140,10 @@ impl CaptureOptions {
     /// The device set by [`device`](Self::device), if any.
     pub fn get_device(&self) -> Option<Device> {
         self.device
+    }
+    /// Whether the graph keeps its `cudaGraph_t` after instantiation (default false).
+    pub fn get_keep_graph(&self) -> bool {
+        self.keep_graph
     }
 
     fn resolve_device(&self) -> Result<Device> {
@@ -302,13 +306,20 @@ pub(crate) struct CaptureSession {
 }
 
 impl CaptureSession {
-    pub(crate) fn open(device: Device) -> Result<Self> {
+    /// The lock, the capture stream ordered after the current one, the OOM watch; no host sync.
+    fn enter(device: Device) -> Result<Self> {
         let lock = CaptureLock::acquire(device)?;
-        synchronize(device)?;
         let side = Stream::capture_stream(device)?;
         side.wait_stream(&Stream::current(device)?)?;
         let oom = OomWatch::start(device)?;
         Ok(CaptureSession { _lock: lock, side, oom, device })
+    }
+
+    /// [`enter`](Self::enter), and the device synchronized: what a capture starts from.
+    pub(crate) fn open(device: Device) -> Result<Self> {
+        let session = CaptureSession::enter(device)?;
+        synchronize(device)?;
+        Ok(session)
     }
 
     /// Runs `f` eagerly on the capture stream (a warmup run); an out-of-memory error is
@@ -384,14 +395,12 @@ fn record<T>(
     }
     let oom = OomWatch::start(device)?;
     let _stream = StreamGuard::new(side)?; // dropped last: the capture ends on `side`
-    let Device::Cuda(index) = device else {
-        return Err(Error::Misuse(format!("capture device must be a CUDA device, got {device:?}")));
-    };
-    let keep = KeepAliveSlot::open(index);
+    let index = cuda_index(device)?;
+    let keep = KeepAliveSlot::open(usize::try_from(index).unwrap_or(usize::MAX));
     // The crate's own kernels (optimizers, conditional nodes) load outside the capture, where a
     // load is allowed; without them (not built, no code for this GPU) the capture goes on and
     // what needs them says so (a refusal's message is read and dropped here).
-    let _ = crate::sys::kernels::check_device(i32::try_from(index).unwrap_or(i32::MAX));
+    let _ = crate::sys::kernels::check_device(index);
     graph.capture_begin(options.pool, options.mode)?;
     let mut guard = AbortOnDrop { graph, armed: true };
     match catch_unwind(AssertUnwindSafe(f)) {
@@ -437,16 +446,9 @@ impl CudaGraph {
 /// so what follows on it is ordered after. No host sync. An out-of-memory error of `f` is
 /// [`Error::OutOfMemory`], as in a capture.
 pub fn run_on_capture_stream<T>(device: Device, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    let _lock = CaptureLock::acquire(device)?;
-    let current = Stream::current(device)?;
-    let side = Stream::capture_stream(device)?;
-    side.wait_stream(&current)?;
-    let oom = OomWatch::start(device)?;
-    let out = {
-        let _stream = StreamGuard::new(&side)?;
-        f().map_err(|e| oom.classify(e))?
-    };
-    current.wait_stream(&side)?;
+    let session = CaptureSession::enter(device)?;
+    let out = session.run(f)?;
+    Stream::current(device)?.wait_stream(&session.side)?;
     Ok(out)
 }
 

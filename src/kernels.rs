@@ -100,7 +100,7 @@ pub fn own_kernels_built() -> bool {
 /// ```
 pub fn own_kernels_available(device: Device) -> Result<()> {
     match device {
-        Device::Cuda(d) => sys::check_device(i32::try_from(d).unwrap_or(i32::MAX)),
+        Device::Cuda(_) => sys::check_device(crate::device::cuda_index(device)?),
         other => Err(Error::Unsupported(format!("the crate's own kernels run on CUDA devices, not {other:?}"))),
     }
 }

@@ -109,12 +109,12 @@ impl From<nn::LinearConfig> for LinearConfig {
 }
 
 /// A linear layer, `x · weightᵀ + bias`. Its variables are named as `tch::nn::linear`'s
-/// (`weight` [out, in], `bias` [out]), so checkpoints move between the two.
+/// (`weight` \[out, in\], `bias` \[out\]), so checkpoints move between the two.
 #[derive(Debug)]
 pub struct Linear {
     /// The weight, [out, in].
     pub ws: Tensor,
-    /// The bias, [out] (`None` without one).
+    /// The bias, \[out\] (`None` without one).
     pub bs: Option<Tensor>,
     config: LinearConfig,
     last: Cell<Option<KernelPath>>,

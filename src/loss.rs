@@ -51,7 +51,7 @@ impl Default for CrossEntropyConfig {
 }
 
 /// The mean cross-entropy (a 0-d float32 tensor) of `logits` [rows, classes] against the int64
-/// class indices `targets` [rows], as `torch.nn.functional.cross_entropy` with mean reduction;
+/// class indices `targets` \[rows\], as `torch.nn.functional.cross_entropy` with mean reduction;
 /// differentiable in `logits`.
 pub fn f_cross_entropy(logits: &Tensor, targets: &Tensor, config: &CrossEntropyConfig) -> Result<Tensor> {
     Ok(raw::cross_entropy(logits, targets, config.ignore_index, config.kernels.raw())?.0)
