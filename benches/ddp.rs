@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tch::{nn, Device, Kind, Tensor};
 use tch_cuda_graphs::dist::{broadcast_parameters, BucketConfig, GradAllReduce, NcclBuffers, ProcessGroup, ReduceOp};
 use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
-use tch_cuda_graphs::profiler::{Event, Profiler};
+use tch_cuda_graphs::profiler::{Event, Profile, Profiler};
 use tch_cuda_graphs::{synchronize, StepOptions, TrainStep};
 
 const BLOCK: usize = 50;
@@ -143,54 +143,7 @@ fn tuning(mut config: BucketConfig, grouped: bool) -> BucketConfig {
 /// figures) and writes a Chrome trace and an SVG timeline there.
 fn measure(pg: &ProcessGroup, kind: ModelKind, variant: Variant, precision: Precision, profile: Option<&str>) -> f64 {
     let (rank, world, device) = (pg.rank(), pg.world_size(), pg.device());
-    tch::manual_seed(0);
-    let vs = nn::VarStore::new(device);
-    let model = Model::new(kind, &vs);
-    broadcast_parameters(pg, &vs).expect("same model");
-    let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-3)).expect("adam");
-    let (bucket, overlap, views) = match variant {
-        Variant::After => (usize::MAX, false, true),
-        Variant::Overlap(bytes) => (bytes, true, true),
-        Variant::PackedOverlap(bytes) | Variant::PackedStep(bytes) | Variant::GroupedStep(bytes) => {
-            (bytes, true, false)
-        }
-    };
-    let step_in_backward = matches!(variant, Variant::PackedStep(_) | Variant::GroupedStep(_));
-    let grouped = matches!(variant, Variant::GroupedStep(_));
-    let config = tuning(
-        BucketConfig::default().bucket_bytes(bucket).views(views).bf16_compress(precision == Precision::Bf16Wire),
-        grouped,
-    );
-    let mut reduce =
-        if world > 1 { Some(GradAllReduce::with_config(pg, opt.params(), config).expect("buckets")) } else { None };
-    tch::manual_seed(1 + rank as i64);
-    let batches: Vec<(Tensor, Tensor)> = (0..8).map(|_| batch(kind, device)).collect();
-    let options = match precision {
-        Precision::Fp32 => StepOptions::default(),
-        Precision::Bf16 | Precision::Bf16Wire => StepOptions::default().autocast(Kind::BFloat16),
-    };
-    let mut step = TrainStep::new(&[("x", &batches[0].0), ("y", &batches[0].1)], options, move |inp| {
-        opt.zero_grad()?;
-        let loss = model.loss(&inp[0], &inp[1]);
-        match &mut reduce {
-            Some(r) if step_in_backward => r.backward_and_step(&loss, &mut opt)?,
-            Some(r) if overlap => {
-                r.backward(&loss)?;
-                opt.step()?;
-            }
-            Some(r) => {
-                loss.f_backward()?;
-                r.all_reduce()?;
-                opt.step()?;
-            }
-            None => {
-                loss.f_backward()?;
-                opt.step()?;
-            }
-        }
-        Ok(vec![loss.detach()])
-    })
-    .expect("step");
+    let (mut step, batches) = bench_step(pg, kind, variant, precision);
     let mut run = |i: usize| {
         let (x, y) = &batches[i % 8];
         step.run(&[x, y]).expect("run");
@@ -220,29 +173,7 @@ fn measure(pg: &ProcessGroup, kind: ModelKind, variant: Variant, precision: Prec
         synchronize(device).expect("sync");
         let p = prof.stop().expect("profile");
         if rank == 0 {
-            let s = p.summary();
-            let name = format!("{}_{}_{}gpu", variant.name(precision), kind.name(), world);
-            let main = s.streams.iter().map(|st| st.busy_us).fold(0f64, f64::max);
-            println!(
-                "PROFILE,{name},kernels/step {:.1},span/step {:.1},busy {:.1},compute {:.1},nccl {:.1},overlapped {:.1},exposed {:.1},busiest stream {:.1},streams {}",
-                s.kernels as f64 / 10.0,
-                s.span_us / 10.0,
-                s.busy_us / 10.0,
-                s.compute_us / 10.0,
-                s.nccl_us / 10.0,
-                s.overlap_us / 10.0,
-                s.exposed_nccl_us() / 10.0,
-                main / 10.0,
-                s.streams.len()
-            );
-            let _ = std::fs::create_dir_all(dir);
-            p.save_chrome_trace(format!("{dir}/{name}.json")).expect("trace");
-            // the picture: the last two steps
-            let gpu: Vec<Event> = p.events().iter().filter(|e| e.kind.on_gpu()).cloned().collect();
-            let cut = gpu.iter().map(|e| e.end_ns).max().unwrap_or(0).saturating_sub((2.2 * us * 1e3) as u64);
-            let last: Vec<Event> = gpu.into_iter().filter(|e| e.start_ns >= cut).collect();
-            timeline_svg(&format!("{dir}/{name}.svg"), &last, &format!("{name}: the last steps, GPU of rank 0"))
-                .expect("svg");
+            report_profile(&p, &format!("{}_{}_{}gpu", variant.name(precision), kind.name(), world), dir, us);
         }
     }
     let mut all = vec![0f64; world];
@@ -250,6 +181,91 @@ fn measure(pg: &ProcessGroup, kind: ModelKind, variant: Variant, precision: Prec
     let all_t = Tensor::from_slice(&all).to_device(device);
     pg.all_reduce(&all_t, ReduceOp::Sum).expect("all-reduce");
     Vec::<f64>::try_from(all_t.to_device(Device::Cpu)).expect("values").into_iter().fold(0f64, f64::max)
+}
+
+/// The captured step of `kind` with `variant` at `precision` (the model and optimizer its own),
+/// and 8 batches of this rank.
+fn bench_step(
+    pg: &ProcessGroup,
+    kind: ModelKind,
+    variant: Variant,
+    precision: Precision,
+) -> (TrainStep<'static>, Vec<(Tensor, Tensor)>) {
+    let (rank, world, device) = (pg.rank(), pg.world_size(), pg.device());
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(device);
+    let model = Model::new(kind, &vs);
+    broadcast_parameters(pg, &vs).expect("same model");
+    let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-3)).expect("adam");
+    let (bucket, overlap, views) = match variant {
+        Variant::After => (usize::MAX, false, true),
+        Variant::Overlap(bytes) => (bytes, true, true),
+        Variant::PackedOverlap(bytes) | Variant::PackedStep(bytes) | Variant::GroupedStep(bytes) => {
+            (bytes, true, false)
+        }
+    };
+    let step_in_backward = matches!(variant, Variant::PackedStep(_) | Variant::GroupedStep(_));
+    let grouped = matches!(variant, Variant::GroupedStep(_));
+    let config = tuning(
+        BucketConfig::default().bucket_bytes(bucket).views(views).bf16_compress(precision == Precision::Bf16Wire),
+        grouped,
+    );
+    let mut reduce =
+        if world > 1 { Some(GradAllReduce::with_config(pg, opt.params(), config).expect("buckets")) } else { None };
+    tch::manual_seed(1 + rank as i64);
+    let batches: Vec<(Tensor, Tensor)> = (0..8).map(|_| batch(kind, device)).collect();
+    let options = match precision {
+        Precision::Fp32 => StepOptions::default(),
+        Precision::Bf16 | Precision::Bf16Wire => StepOptions::default().autocast(Kind::BFloat16),
+    };
+    let step = TrainStep::new(&[("x", &batches[0].0), ("y", &batches[0].1)], options, move |inp| {
+        opt.zero_grad()?;
+        let loss = model.loss(&inp[0], &inp[1]);
+        match &mut reduce {
+            Some(r) if step_in_backward => r.backward_and_step(&loss, &mut opt)?,
+            Some(r) if overlap => {
+                r.backward(&loss)?;
+                opt.step()?;
+            }
+            Some(r) => {
+                loss.f_backward()?;
+                r.all_reduce()?;
+                opt.step()?;
+            }
+            None => {
+                loss.f_backward()?;
+                opt.step()?;
+            }
+        }
+        Ok(vec![loss.detach()])
+    })
+    .expect("step");
+    (step, batches)
+}
+
+/// Rank 0's PROFILE row (per-step figures of 10 profiled steps), Chrome trace and SVG timeline of
+/// the last two steps, into `dir`.
+fn report_profile(p: &Profile, name: &str, dir: &str, us: f64) {
+    let s = p.summary();
+    let main = s.streams.iter().map(|st| st.busy_us).fold(0f64, f64::max);
+    println!(
+        "PROFILE,{name},kernels/step {:.1},span/step {:.1},busy {:.1},compute {:.1},nccl {:.1},overlapped {:.1},exposed {:.1},busiest stream {:.1},streams {}",
+        s.kernels as f64 / 10.0,
+        s.span_us / 10.0,
+        s.busy_us / 10.0,
+        s.compute_us / 10.0,
+        s.nccl_us / 10.0,
+        s.overlap_us / 10.0,
+        s.exposed_nccl_us() / 10.0,
+        main / 10.0,
+        s.streams.len()
+    );
+    let _ = std::fs::create_dir_all(dir);
+    p.save_chrome_trace(format!("{dir}/{name}.json")).expect("trace");
+    let gpu: Vec<Event> = p.events().iter().filter(|e| e.kind.on_gpu()).cloned().collect();
+    let cut = gpu.iter().map(|e| e.end_ns).max().unwrap_or(0).saturating_sub((2.2 * us * 1e3) as u64);
+    let last: Vec<Event> = gpu.into_iter().filter(|e| e.start_ns >= cut).collect();
+    timeline_svg(&format!("{dir}/{name}.svg"), &last, &format!("{name}: the last steps, GPU of rank 0")).expect("svg");
 }
 
 const USAGE: &str = "\

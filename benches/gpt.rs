@@ -139,11 +139,32 @@ fn main() {
     if args.torch {
         reference::require_torch("gpt");
     }
-    let device = Device::Cuda(0);
-    let mut table = String::from(
-        "| row | params | tokens/iter | this crate: graph | **fused graph** | tok/s | MFU | torch eager | torch graph | torch compile | compile + graph | graph / torch graph | fused / compile + graph |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-    );
-    let mut ours_rows = Vec::new();
+    let ours = measure_ours(Device::Cuda(0), &args);
+    let torch = if args.torch { measure_torch(&args) } else { Torch::default() };
+    let (table, memory) = tables(&args, ours, &torch);
+    println!("\nms per iteration (median), same GPU, same run; MFU of {} TFLOP/s\n", args.peak_tflops);
+    println!("{table}");
+    println!("MiB reserved at peak (the allocator's), the whole step\n");
+    println!("{memory}");
+}
+
+/// One row measured on the crate's side.
+struct OursRow {
+    name: &'static str,
+    config: model::Config,
+    batch: i64,
+    /// ms per iteration: the step as written, fused.
+    ms: (f64, f64),
+    /// MiB reserved at peak by the captured step as written.
+    peak: f64,
+    /// With the eager steps measured (char_b64 only): eager, fused graph, fused eager peaks.
+    eager_peak: Option<(f64, f64, f64)>,
+    params: i64,
+}
+
+/// The crate's captured steps (as written and fused) of every row asked for, and their peaks.
+fn measure_ours(device: Device, args: &Args) -> Vec<OursRow> {
+    let mut rows_out = Vec::new();
     for (name, config, batch) in rows().into_iter().filter(|r| args.rows.iter().any(|n| n == r.0)) {
         let iters = if name.starts_with("gpt2") { args.iters / 4 } else { args.iters };
         let (ms, peak, params) = ours(device, config, batch, iters, false).expect("the captured step");
@@ -159,39 +180,59 @@ fn main() {
         } else {
             None
         };
-        ours_rows.push((name, config, batch, (ms, fms), peak, eager_peak, params));
+        rows_out.push(OursRow { name, config, batch, ms: (ms, fms), peak, eager_peak, params });
     }
-    let mut torch: Vec<(String, String, f64)> = Vec::new();
-    let mut torch_mem: Vec<(String, String, f64)> = Vec::new();
-    if args.torch {
-        println!("PyTorch (benches/torch_gpt.py), same GPU, same run:");
-        let out = reference::run(
-            "benches/torch_gpt.py",
-            &["--rows".into(), args.rows.join(","), "--iters".into(), args.iters.to_string()],
-        )
-        .unwrap_or_else(|e| {
-            eprintln!("bench gpt: PyTorch's side failed: {e}");
-            std::process::exit(1)
-        });
-        for line in out.lines() {
-            let f: Vec<&str> = line.split(',').collect();
-            match (f.first(), f.len(), f.get(3).and_then(|v| v.parse::<f64>().ok())) {
-                (Some(&"ROW"), 4, Some(v)) => torch.push((f[1].into(), f[2].into(), v)),
-                (Some(&"MEM"), 4, Some(v)) => torch_mem.push((f[1].into(), f[2].into(), v)),
-                _ => println!("  torch: {line}"),
-            }
+    rows_out
+}
+
+/// PyTorch's figures: (row, mode, ms per iteration) and (row, mode, MiB at peak).
+#[derive(Default)]
+struct Torch {
+    ms: Vec<(String, String, f64)>,
+    mem: Vec<(String, String, f64)>,
+}
+
+impl Torch {
+    fn find(v: &[(String, String, f64)], row: &str, mode: &str) -> f64 {
+        v.iter().find(|(r, m, _)| r == row && m == mode).map_or(f64::NAN, |t| t.2)
+    }
+}
+
+/// benches/torch_gpt.py on the same rows, same GPU, same run.
+fn measure_torch(args: &Args) -> Torch {
+    println!("PyTorch (benches/torch_gpt.py), same GPU, same run:");
+    let out = reference::run(
+        "benches/torch_gpt.py",
+        &["--rows".into(), args.rows.join(","), "--iters".into(), args.iters.to_string()],
+    )
+    .unwrap_or_else(|e| {
+        eprintln!("bench gpt: PyTorch's side failed: {e}");
+        std::process::exit(1)
+    });
+    let mut torch = Torch::default();
+    for line in out.lines() {
+        let f: Vec<&str> = line.split(',').collect();
+        match (f.first(), f.len(), f.get(3).and_then(|v| v.parse::<f64>().ok())) {
+            (Some(&"ROW"), 4, Some(v)) => torch.ms.push((f[1].into(), f[2].into(), v)),
+            (Some(&"MEM"), 4, Some(v)) => torch.mem.push((f[1].into(), f[2].into(), v)),
+            _ => println!("  torch: {line}"),
         }
     }
-    let find = |v: &[(String, String, f64)], row: &str, mode: &str| {
-        v.iter().find(|(r, m, _)| r == row && m == mode).map_or(f64::NAN, |t| t.2)
-    };
+    torch
+}
+
+/// The speed table and the memory table.
+fn tables(args: &Args, ours: Vec<OursRow>, torch: &Torch) -> (String, String) {
+    let mut table = String::from(
+        "| row | params | tokens/iter | this crate: graph | **fused graph** | tok/s | MFU | torch eager | torch graph | torch compile | compile + graph | graph / torch graph | fused / compile + graph |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
     let mut memory = String::from(
         "| row | this crate: graph | eager | graph / eager | fused graph | fused eager | fused graph / eager | torch eager | torch graph | graph / eager | torch compile + graph |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for (name, config, batch, (ms, fms), peak, eager_peak, params) in ours_rows {
+    for OursRow { name, config, batch, ms: (ms, fms), peak, eager_peak, params } in ours {
         let tokens = batch * config.block;
         let mfu = config.flops_per_token(params) * tokens as f64 / (fms * 1e-3) / (args.peak_tflops * 1e12) * 100.0;
-        let t = |m: &str| find(&torch, name, m);
+        let t = |m: &str| Torch::find(&torch.ms, name, m);
         let _ = writeln!(
             table,
             "| {name} | {:.2} M | {tokens} | {ms:.2} | **{fms:.2}** | {:.0} | {mfu:.1}% | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
@@ -205,7 +246,7 @@ fn main() {
             fms / t("compile_graph"),
         );
         if let Some((e, fpeak, fe)) = eager_peak {
-            let tm = |m: &str| find(&torch_mem, name, m);
+            let tm = |m: &str| Torch::find(&torch.mem, name, m);
             let _ = writeln!(
                 memory,
                 "| {name} | {peak:.0} | {e:.0} | {:.2} | {fpeak:.0} | {fe:.0} | {:.2} | {:.0} | {:.0} | {:.2} | {:.0} |",
@@ -218,10 +259,7 @@ fn main() {
             );
         }
     }
-    println!("\nms per iteration (median), same GPU, same run; MFU of {} TFLOP/s\n", args.peak_tflops);
-    println!("{table}");
-    println!("MiB reserved at peak (the allocator's), the whole step\n");
-    println!("{memory}");
+    (table, memory)
 }
 
 /// The family of a kernel, by its name.

@@ -161,8 +161,13 @@ struct Row {
     us: f64,
 }
 
+/// A row's shape: width, blocks, batch.
+type Shape = (i64, usize, i64);
+/// Host time per step by phase, µs, per mode.
+type Breakdown = Vec<(String, Vec<f64>)>;
+
 /// The crate's three modes on one (width, blocks, batch); returns the rows and the breakdowns.
-fn bench_row(device: Device, (w, n, batch): (i64, usize, i64), steps: usize) -> (Vec<Row>, Vec<(String, Vec<f64>)>) {
+fn bench_row(device: Device, (w, n, batch): Shape, steps: usize) -> (Vec<Row>, Breakdown) {
     let data: Vec<(Tensor, Tensor)> = (0..8)
         .map(|_| (Tensor::randn([batch, w], (Kind::Float, device)), Tensor::randn([batch, w], (Kind::Float, device))))
         .collect();
@@ -239,7 +244,7 @@ fn run_torch(steps: usize, rows: &[(i64, usize, i64)]) -> Result<Vec<Row>, Strin
     Ok(got)
 }
 
-fn find(rows: &[Row], (w, n, b): (i64, usize, i64), mode: &str) -> Option<f64> {
+fn find(rows: &[Row], (w, n, b): Shape, mode: &str) -> Option<f64> {
     rows.iter().find(|r| r.width == w && r.blocks == n && r.batch == b && r.mode == mode).map(|r| r.us)
 }
 
@@ -272,22 +277,31 @@ fn main() {
             }
         }
     }
+    print_speed_table(&rows, &args.rows);
+    print_breakdowns(&breakdowns);
+    let _ = std::fs::create_dir_all(&args.out);
+    let path = format!("{}/graphed.json", args.out);
+    match serde_json::to_string_pretty(&rows).map(|j| std::fs::write(&path, j)) {
+        Ok(Ok(())) => println!("\nwrote {path}"),
+        _ => println!("\ncould not write {path}"),
+    }
+}
+
+/// The table of µs per step, ours and PyTorch's, per shape.
+fn print_speed_table(rows: &[Row], shapes: &[Shape]) {
     println!("\nµs per step (median), same GPU, same run; speedup = eager / graphed callables");
     println!(
         "| width, blocks, batch | tch eager | graphed callables | speedup | whole step | PyTorch eager | PyTorch graphed callables | PyTorch speedup | PyTorch whole step |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |u| format!("{u:.1}"));
-    for &shape in &args.rows {
-        let (e, g, s) = (
-            find(&rows, shape, "tch_eager"),
-            find(&rows, shape, "graphed_callables"),
-            find(&rows, shape, "whole_step"),
-        );
+    for &shape in shapes {
+        let (e, g, s) =
+            (find(rows, shape, "tch_eager"), find(rows, shape, "graphed_callables"), find(rows, shape, "whole_step"));
         let (te, tg, ts) = (
-            find(&rows, shape, "torch_eager"),
-            find(&rows, shape, "torch_graphed_callables"),
-            find(&rows, shape, "torch_whole_step"),
+            find(rows, shape, "torch_eager"),
+            find(rows, shape, "torch_graphed_callables"),
+            find(rows, shape, "torch_whole_step"),
         );
         let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map_or("-".to_owned(), |(a, b)| format!("{:.2}×", a / b));
         println!(
@@ -305,19 +319,17 @@ fn main() {
             fmt(ts)
         );
     }
+}
+
+/// Host time per step by phase, per shape and mode.
+fn print_breakdowns(breakdowns: &[(Shape, Breakdown)]) {
     println!("\nhost time per step by phase, µs (the eager loop's step; the host read waits for the GPU)");
     println!("| width, blocks, batch | mode | {} |", PHASES.join(" | "));
     println!("|---|---|{}", "---:|".repeat(PHASES.len()));
-    for ((w, n, b), modes) in &breakdowns {
+    for ((w, n, b), modes) in breakdowns {
         for (mode, us) in modes {
             let cells: Vec<String> = us.iter().map(|u| format!("{u:.1}")).collect();
             println!("| {w}, {n}, {b} | {mode} | {} |", cells.join(" | "));
         }
-    }
-    let _ = std::fs::create_dir_all(&args.out);
-    let path = format!("{}/graphed.json", args.out);
-    match serde_json::to_string_pretty(&rows).map(|j| std::fs::write(&path, j)) {
-        Ok(Ok(())) => println!("\nwrote {path}"),
-        _ => println!("\ncould not write {path}"),
     }
 }

@@ -145,34 +145,87 @@ fn fit(run: &Run) -> Result<(nn::VarStore, f64)> {
     let steps_per_epoch = (TRAIN + BATCH - 1) / BATCH;
     let total = steps_per_epoch as u64 * run.args.epochs as u64;
     let mut schedule = LrScheduler::new(WarmupCosine { warmup: 100, total, min_factor: 0.05 }, opt.lr_handles());
-
     // fp16 needs loss scaling; the scaler lives on the device and in the captured step
     let scaler = match run.args.precision {
         Some(Kind::Half) => Some(GradScaler::new(device)?),
         _ => None,
     };
     let mut trainer = Trainer { opt, scaler };
-    let mut first_epoch = 0;
-    if run.args.resume {
-        let extra = checkpoint::load(&run.args.checkpoint, &vs, &mut trainer.opt)
-            .with_context(|| format!("resuming from {}", run.args.checkpoint))?;
-        if let Some(s) = &mut trainer.scaler {
-            s.load_state(&extra)?;
-        }
-        first_epoch = extra["epoch"].int64_value(&[]) as usize;
-        schedule.set_steps(extra["scheduled"].int64_value(&[]) as u64);
-        if run.show {
-            println!("resumed from {} after epoch {first_epoch}", run.args.checkpoint);
-        }
+    let first_epoch = if run.args.resume { resume(run, &vs, &mut trainer, &mut schedule)? } else { 0 };
+    let (mut train, mut eval) = steps(run, &vs, &model, trainer)?;
+    let pin = device != Device::Cpu;
+    let held_out = run.held_out.batches(&Tensor::arange(HELD_OUT, (Kind::Int64, Device::Cpu)), EVAL_BATCH, pin)?;
+    let bar = ProgressBar::new(steps_per_epoch as u64);
+    bar.set_style(ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")?.progress_chars("#>."));
+    if !run.show {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
+    let (mut seconds, mut steps) = (0.0, 0);
+    for epoch in first_epoch..run.args.epochs {
+        let (epoch_seconds, epoch_steps) = train_epoch(run, epoch, &mut train, &mut schedule, &bar)?;
+        // The first epoch pays the one-time costs (CUDA and cuBLAS start-up, the eager warmup
+        // steps, the capture): time per step is taken over the epochs after it.
+        if epoch > first_epoch || run.args.epochs - first_epoch == 1 {
+            seconds += epoch_seconds;
+            steps += epoch_steps;
+        }
+        // evaluation on the held-out set, on the training weights
+        let mut eval_loss = DeviceMeter::new();
+        for (x, y) in &held_out {
+            eval_loss.add(&eval.run(&[x, y])?[0])?;
+        }
+        let eval_loss = eval_loss.take()?.unwrap_or(f64::NAN);
+        if run.show {
+            let graphs = train.graph_count() + eval.graph_count();
+            let line = format!(
+                "epoch {}: eval loss {eval_loss:.5}; {graphs} graphs ({} train shapes, 1 eval)",
+                epoch + 1,
+                train.shapes().len()
+            );
+            bar.suspend(|| println!("{line}"));
+        }
+        save(run, &vs, train.state(), epoch, &schedule)?;
+    }
+    bar.finish_and_clear();
+    Ok((vs, seconds / steps.max(1) as f64))
+}
 
+/// Loads the run's checkpoint into the variables, the trainer and the schedule; the epoch to go
+/// on from.
+fn resume(
+    run: &Run,
+    vs: &nn::VarStore,
+    trainer: &mut Trainer,
+    schedule: &mut LrScheduler<WarmupCosine>,
+) -> Result<usize> {
+    let extra = checkpoint::load(&run.args.checkpoint, vs, &mut trainer.opt)
+        .with_context(|| format!("resuming from {}", run.args.checkpoint))?;
+    if let Some(s) = &mut trainer.scaler {
+        s.load_state(&extra)?;
+    }
+    let first_epoch = extra["epoch"].int64_value(&[]) as usize;
+    schedule.set_steps(extra["scheduled"].int64_value(&[]) as u64);
+    if run.show {
+        println!("resumed from {} after epoch {first_epoch}", run.args.checkpoint);
+    }
+    Ok(first_epoch)
+}
+
+/// The training step (it borrows the model and owns the trainer, lent back for checkpoints),
+/// with an epoch's two batch shapes declared, and the evaluation step in its pool.
+fn steps<'a>(
+    run: &Run,
+    vs: &nn::VarStore,
+    model: &'a nn::Sequential,
+    trainer: Trainer,
+) -> Result<(TrainStep<'a, Trainer>, TrainStep<'a>)> {
+    let device = run.device;
     let mut options = StepOptions::default().eager(run.eager);
     if let Some(dtype) = run.args.precision {
         options = options.autocast(dtype);
     }
     let (x0, y0) =
         (Tensor::zeros([BATCH, IN], (Kind::Float, device)), Tensor::zeros([BATCH, OUT], (Kind::Float, device)));
-    // the step borrows the model and owns the trainer (lent back below for checkpoints)
     let mut train = TrainStep::with_state(trainer, &[("x", &x0), ("y", &y0)], options, |t, inp| {
         t.opt.zero_grad()?;
         let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
@@ -189,7 +242,7 @@ fn fit(run: &Run) -> Result<(nn::VarStore, f64)> {
         }
         Ok(vec![loss.detach()])
     })?;
-    train.watch_vars(&vs)?;
+    train.watch_vars(vs)?;
     // an epoch's two shapes are known: full batches and the ragged last one (captured together;
     // the last batch then replays from its first epoch on)
     let sizes: Vec<i64> = [BATCH, TRAIN % BATCH].into_iter().filter(|&n| n > 0).collect();
@@ -199,73 +252,62 @@ fn fit(run: &Run) -> Result<(nn::VarStore, f64)> {
         Some(pool) => options.pool(pool).warmup(1),
         None => options,
     };
-    let mut eval = TrainStep::new(&[("x", &xe), ("y", &xe.narrow(1, 0, OUT))], eval_options, |inp| {
+    let eval = TrainStep::new(&[("x", &xe), ("y", &xe.narrow(1, 0, OUT))], eval_options, move |inp| {
         let _no_grad = tch::no_grad_guard();
         Ok(vec![model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?])
     })?;
+    Ok((train, eval))
+}
 
-    let pin = device != Device::Cpu;
-    let held_out = run.held_out.batches(&Tensor::arange(HELD_OUT, (Kind::Int64, Device::Cpu)), EVAL_BATCH, pin)?;
-    let bar = ProgressBar::new(steps_per_epoch as u64);
-    bar.set_style(ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")?.progress_chars("#>."));
-    if !run.show {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+/// One epoch of training steps, in this epoch's order; its seconds (the device synchronized at
+/// both ends) and steps.
+fn train_epoch(
+    run: &Run,
+    epoch: usize,
+    train: &mut TrainStep<'_, Trainer>,
+    schedule: &mut LrScheduler<WarmupCosine>,
+    bar: &ProgressBar,
+) -> Result<(f64, usize)> {
+    let (device, pin) = (run.device, run.device != Device::Cpu);
+    tch::manual_seed(1000 + epoch as i64); // the same order for every run of this epoch
+    let order = Tensor::randperm(TRAIN, (Kind::Int64, Device::Cpu));
+    let batches = run.train.batches(&order, BATCH, pin)?;
+    bar.reset();
+    bar.set_prefix(format!("epoch {}/{}", epoch + 1, run.args.epochs));
+    let mut meter = DeviceMeter::new();
+    if pin {
+        synchronize(device)?;
     }
-    let mut seconds = 0.0;
-    let mut steps = 0;
-    for epoch in first_epoch..run.args.epochs {
-        tch::manual_seed(1000 + epoch as i64); // the same order for every run of this epoch
-        let order = Tensor::randperm(TRAIN, (Kind::Int64, Device::Cpu));
-        let batches = run.train.batches(&order, BATCH, pin)?;
-        bar.reset();
-        bar.set_prefix(format!("epoch {}/{}", epoch + 1, run.args.epochs));
-        let mut meter = DeviceMeter::new();
-        if pin {
-            synchronize(device)?;
+    let start = Instant::now();
+    for (i, (x, y)) in batches.iter().enumerate() {
+        let lr = schedule.step()?;
+        meter.add(&train.run(&[x, y])?[0])?;
+        if i % 25 == 24 {
+            let loss = meter.take()?.unwrap_or(f64::NAN); // one sync every 25 steps
+            bar.set_message(format!("loss {loss:.5} lr {lr:.2e}"));
         }
-        let start = Instant::now();
-        for (i, (x, y)) in batches.iter().enumerate() {
-            let lr = schedule.step()?;
-            meter.add(&train.run(&[x, y])?[0])?;
-            if i % 25 == 24 {
-                let loss = meter.take()?.unwrap_or(f64::NAN); // one sync every 25 steps
-                bar.set_message(format!("loss {loss:.5} lr {lr:.2e}"));
-            }
-            bar.inc(1);
-        }
-        if pin {
-            synchronize(device)?;
-        }
-        // The first epoch pays the one-time costs (CUDA and cuBLAS start-up, the eager warmup
-        // steps, the capture): time per step is taken over the epochs after it.
-        if epoch > first_epoch || run.args.epochs - first_epoch == 1 {
-            seconds += start.elapsed().as_secs_f64();
-            steps += batches.len();
-        }
-        // evaluation on the held-out set, on the training weights
-        let mut eval_loss = DeviceMeter::new();
-        for (x, y) in &held_out {
-            eval_loss.add(&eval.run(&[x, y])?[0])?;
-        }
-        let eval_loss = eval_loss.take()?.unwrap_or(f64::NAN);
-        if run.show {
-            let line = format!(
-                "epoch {}: eval loss {eval_loss:.5}; {} graphs ({} train shapes, 1 eval)",
-                epoch + 1,
-                train.graph_count() + eval.graph_count(),
-                train.shapes().len()
-            );
-            bar.suspend(|| println!("{line}"));
-        }
-        let (epoch_no, scheduled) = (Tensor::from((epoch + 1) as i64), Tensor::from(schedule.steps() as i64));
-        let trainer = train.state();
-        let scaler_state = trainer.scaler.as_ref().map(|s| s.state()).unwrap_or_default();
-        let mut extra: Vec<(&str, &Tensor)> = vec![("epoch", &epoch_no), ("scheduled", &scheduled)];
-        extra.extend(scaler_state.iter().map(|(n, t)| (n.as_str(), t)));
-        checkpoint::save(&run.args.checkpoint, &vs, &trainer.opt, &extra)?;
+        bar.inc(1);
     }
-    bar.finish_and_clear();
-    Ok((vs, seconds / steps.max(1) as f64))
+    if pin {
+        synchronize(device)?;
+    }
+    Ok((start.elapsed().as_secs_f64(), batches.len()))
+}
+
+/// Saves the variables, the optimizer, the scaler, the epoch done and the schedule's position.
+fn save(
+    run: &Run,
+    vs: &nn::VarStore,
+    trainer: &Trainer,
+    epoch: usize,
+    schedule: &LrScheduler<WarmupCosine>,
+) -> Result<()> {
+    let (epoch_no, scheduled) = (Tensor::from((epoch + 1) as i64), Tensor::from(schedule.steps() as i64));
+    let scaler_state = trainer.scaler.as_ref().map(|s| s.state()).unwrap_or_default();
+    let mut extra: Vec<(&str, &Tensor)> = vec![("epoch", &epoch_no), ("scheduled", &scheduled)];
+    extra.extend(scaler_state.iter().map(|(n, t)| (n.as_str(), t)));
+    checkpoint::save(&run.args.checkpoint, vs, &trainer.opt, &extra)?;
+    Ok(())
 }
 
 fn max_param_diff(a: &nn::VarStore, b: &nn::VarStore) -> Result<f64> {

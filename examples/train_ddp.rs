@@ -85,61 +85,22 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
 }
 
 fn main() -> Result<()> {
-    let Args { epochs, views, grouped, step_per_bucket } = cli::args_or_exit("train_ddp", USAGE, parse_args());
+    let args = cli::args_or_exit("train_ddp", USAGE, parse_args());
+    let epochs = args.epochs;
     let pg = ProcessGroup::from_env(Duration::from_secs(120)).context("run me with torchrun")?;
     let (rank, world, device) = (pg.rank(), pg.world_size(), pg.device());
-    // the data set, the same on every rank (the same seed); each rank takes every world-th sample
-    tch::manual_seed(0);
-    let teacher_vs = nn::VarStore::new(Device::Cpu);
-    let teacher = mlp(teacher_vs.root() / "teacher");
-    let x = Tensor::randn([TRAIN, IN], (Kind::Float, Device::Cpu));
-    let y = tch::no_grad(|| teacher.forward(&x).tanh());
-
+    let (x, y) = data_set();
     tch::manual_seed(1 + rank as i64); // initial weights differ per rank: the broadcast makes them rank 0's
     let vs = nn::VarStore::new(device);
     let model = mlp(vs.root() / "student");
     broadcast_parameters(&pg, &vs)?;
-    let cfg = AdamConfig::adamw().lr(2e-3).weight_decay(0.01);
-    let opt = Adam::with_groups(decay_groups(&vs, cfg, cfg.weight_decay(0.0)))?;
-    let config = BucketConfig::default().bucket_bytes(DEFAULT_BUCKET_BYTES).views(views).grouped(grouped);
-    let mut reduce = GradAllReduce::with_config(&pg, opt.params(), config)?;
-    let lr_handles = opt.lr_handles();
     let per_rank = TRAIN / world as i64;
     let steps_per_epoch = (per_rank + BATCH - 1) / BATCH;
-    let mut schedule = LrScheduler::new(
-        WarmupCosine { warmup: 50, total: steps_per_epoch as u64 * epochs as u64, min_factor: 0.05 },
-        lr_handles,
-    );
-    let (x0, y0) =
-        (Tensor::zeros([BATCH, IN], (Kind::Float, device)), Tensor::zeros([BATCH, OUT], (Kind::Float, device)));
-    // the optimizer is the step's state: lent back to rank 0 for its checkpoints
-    let mut step = TrainStep::with_state(opt, &[("x", &x0), ("y", &y0)], StepOptions::default(), move |opt, inp| {
-        opt.zero_grad()?;
-        let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
-        if step_per_bucket {
-            // each bucket's parameters updated as soon as it is averaged
-            reduce.backward_and_step(&loss, opt)?;
-        } else {
-            reduce.arm()?; // each bucket's all-reduce starts as soon as its gradients are ready
-            tch_cuda_graphs::amp::backward(&loss)?;
-            reduce.all_reduce()?; // waits for the buckets (on the device): averaged across ranks
-            opt.step()?;
-        }
-        Ok(vec![loss.detach()])
-    })?;
-    step.watch_vars(&vs)?;
-
+    let (mut step, mut schedule) = ddp_step(&pg, &vs, &model, &args, steps_per_epoch as u64)?;
     let mut seconds = 0.0;
     let mut timed = 0usize;
     for epoch in 0..epochs {
-        tch::manual_seed(1000 + epoch as i64); // the same permutation on every rank
-        let order = Tensor::randperm(TRAIN, (Kind::Int64, Device::Cpu));
-        let mine = order.narrow(0, rank as i64 * per_rank, per_rank); // this rank's shard
-        let mut batches = Vec::new();
-        for start in (0..per_rank).step_by(BATCH as usize) {
-            let idx = mine.narrow(0, start, BATCH.min(per_rank - start));
-            batches.push((feed::pinned(&x.index_select(0, &idx))?, feed::pinned(&y.index_select(0, &idx))?));
-        }
+        let batches = shard(&x, &y, epoch, rank, per_rank)?;
         let mut meter = DeviceMeter::new();
         synchronize(device)?;
         let start = Instant::now();
@@ -176,4 +137,64 @@ fn main() -> Result<()> {
     ensure!(cross == 0.0, "ranks diverged");
     // Dropping in any order is fine: the graphs hold the group, which shuts down after them.
     Ok(())
+}
+
+/// The data set, the same on every rank (the same seed): inputs and a teacher's outputs.
+fn data_set() -> (Tensor, Tensor) {
+    tch::manual_seed(0);
+    let teacher_vs = nn::VarStore::new(Device::Cpu);
+    let teacher = mlp(teacher_vs.root() / "teacher");
+    let x = Tensor::randn([TRAIN, IN], (Kind::Float, Device::Cpu));
+    let y = tch::no_grad(|| teacher.forward(&x).tanh());
+    (x, y)
+}
+
+/// This rank's shard of epoch `epoch` (the same permutation on every rank), in pinned batches.
+fn shard(x: &Tensor, y: &Tensor, epoch: usize, rank: usize, per_rank: i64) -> Result<Vec<(Tensor, Tensor)>> {
+    tch::manual_seed(1000 + epoch as i64);
+    let order = Tensor::randperm(TRAIN, (Kind::Int64, Device::Cpu));
+    let mine = order.narrow(0, rank as i64 * per_rank, per_rank);
+    let mut batches = Vec::new();
+    for start in (0..per_rank).step_by(BATCH as usize) {
+        let idx = mine.narrow(0, start, BATCH.min(per_rank - start));
+        batches.push((feed::pinned(&x.index_select(0, &idx))?, feed::pinned(&y.index_select(0, &idx))?));
+    }
+    Ok(batches)
+}
+
+/// The data-parallel training step over `model` (the optimizer is its state: lent back to rank 0
+/// for its checkpoints) and its learning-rate schedule.
+fn ddp_step<'a>(
+    pg: &ProcessGroup,
+    vs: &nn::VarStore,
+    model: &'a nn::Sequential,
+    args: &Args,
+    steps_per_epoch: u64,
+) -> Result<(TrainStep<'a, Adam>, LrScheduler<WarmupCosine>)> {
+    let device = pg.device();
+    let cfg = AdamConfig::adamw().lr(2e-3).weight_decay(0.01);
+    let opt = Adam::with_groups(decay_groups(vs, cfg, cfg.weight_decay(0.0)))?;
+    let config = BucketConfig::default().bucket_bytes(DEFAULT_BUCKET_BYTES).views(args.views).grouped(args.grouped);
+    let mut reduce = GradAllReduce::with_config(pg, opt.params(), config)?;
+    let total = steps_per_epoch * args.epochs as u64;
+    let schedule = LrScheduler::new(WarmupCosine { warmup: 50, total, min_factor: 0.05 }, opt.lr_handles());
+    let step_per_bucket = args.step_per_bucket;
+    let (x0, y0) =
+        (Tensor::zeros([BATCH, IN], (Kind::Float, device)), Tensor::zeros([BATCH, OUT], (Kind::Float, device)));
+    let mut step = TrainStep::with_state(opt, &[("x", &x0), ("y", &y0)], StepOptions::default(), move |opt, inp| {
+        opt.zero_grad()?;
+        let loss = model.forward(&inp[0]).f_mse_loss(&inp[1], tch::Reduction::Mean)?;
+        if step_per_bucket {
+            // each bucket's parameters updated as soon as it is averaged
+            reduce.backward_and_step(&loss, opt)?;
+        } else {
+            reduce.arm()?; // each bucket's all-reduce starts as soon as its gradients are ready
+            tch_cuda_graphs::amp::backward(&loss)?;
+            reduce.all_reduce()?; // waits for the buckets (on the device): averaged across ranks
+            opt.step()?;
+        }
+        Ok(vec![loss.detach()])
+    })?;
+    step.watch_vars(vs)?;
+    Ok((step, schedule))
 }

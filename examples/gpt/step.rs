@@ -110,7 +110,7 @@ fn build_on<'a>(vs: &nn::VarStore, model: &'a Gpt, h: Hyper, pg: Option<&Process
     }
     let tokens = Tensor::zeros([h.accum, h.batch, block], (Kind::Int64, dev));
     let inv_accum = Tensor::from(1.0 / h.accum as f32);
-    let mut train = TrainStep::with_state(opt, &[("x", &tokens), ("y", &tokens)], options, move |opt, inp| {
+    let train = TrainStep::with_optimizer(opt, &[("x", &tokens), ("y", &tokens)], options, move |opt, inp| {
         model.set_train(true);
         opt.zero_grad()?;
         let mut total: Option<Tensor> = None;
@@ -136,21 +136,32 @@ fn build_on<'a>(vs: &nn::VarStore, model: &'a Gpt, h: Hyper, pg: Option<&Process
         opt.step()?;
         Ok(vec![total, norm])
     })?;
-    // the step shadows its optimizer's parameters (under autocast, with `shadows`)
-    let shadowed = if options.get_weight_shadows() { train.shadow_parameters()? } else { 0 };
-    // the shadows are the training step's: evaluation casts each weight where it reads it
-    let eval_options = options.weight_shadows(false);
-    let eval_options = match train.pool() {
-        Some(pool) => eval_options.pool(pool).warmup(1),
-        None => eval_options,
+    // with `shadows` (under autocast) the step shadows its optimizer's parameters itself
+    let shadowed = train.weight_shadows().map_or(0, |s| s.len());
+    let eval = eval_step(model, &train, options, h.batch, dev)?;
+    Ok(Steps { train, eval, schedule_step, shadowed })
+}
+
+/// The evaluation step: the loss on `[batch, block]` inputs, dropout off, in `train`'s pool. The
+/// shadows are the training step's: evaluation casts each weight where it reads it.
+fn eval_step<'a>(
+    model: &'a Gpt,
+    train: &TrainStep<'a, Adam>,
+    options: StepOptions,
+    batch: i64,
+    dev: tch::Device,
+) -> Result<TrainStep<'a>> {
+    let options = options.weight_shadows(false);
+    let options = match train.pool() {
+        Some(pool) => options.pool(pool).warmup(1),
+        None => options,
     };
-    let x = Tensor::zeros([h.batch, block], (Kind::Int64, dev));
-    let eval = TrainStep::new(&[("x", &x), ("y", &x)], eval_options, move |inp| {
+    let x = Tensor::zeros([batch, model.config.block], (Kind::Int64, dev));
+    TrainStep::new(&[("x", &x), ("y", &x)], options, move |inp| {
         let _no_grad = tch::no_grad_guard();
         model.set_train(false); // captured without dropout
         let loss = model.loss(&inp[0], &inp[1]);
         model.set_train(true);
         Ok(vec![loss?])
-    })?;
-    Ok(Steps { train, eval, schedule_step, shadowed })
+    })
 }
