@@ -47,6 +47,12 @@ std::optional<at::Tensor> optional_tensor(tcg_tensor t) {
   return tensor_ref(t);
 }
 
+// What an attempt of the own kernels tells tcg::kernels::own: "" when they ran, else why not.
+std::string why_not(bool ran, const std::string& why) {
+  if (ran) return std::string();
+  return why.empty() ? std::string("they did not run") : why;
+}
+
 }  // namespace
 
 extern "C" {
@@ -70,7 +76,7 @@ tcg_status tcg_optim_sgd(const tcg_sgd_tensors* t, tcg_tensor lr, const tcg_sgd_
           std::string why;
           const bool ran = tcg::optim::sgd(p, g, b, h->weight_decay, h->momentum, tensor_ref(lr), h->dampening,
                                            h->nesterov, h->maximize, is_first_step, scale, found, &why);
-          return ran ? std::string() : why.empty() ? std::string("they did not run") : why;
+          return why_not(ran, why);
         })) {
       *ran_own = true;
       return;
@@ -106,7 +112,7 @@ tcg_status tcg_optim_adam(const tcg_adam_tensors* t, tcg_tensor lr, const tcg_ad
           const bool ran = tcg::optim::adam(h->adamw, p, g, m, v, vmax, s, tensor_ref(lr), h->beta1, h->beta2,
                                             h->weight_decay, h->eps, h->amsgrad, h->maximize, scale, found,
                                             tensor_ref(arrivals), slots, &why);
-          return ran ? std::string() : why.empty() ? std::string("they did not run") : why;
+          return why_not(ran, why);
         })) {
       *ran_own = true;
       return;

@@ -20,7 +20,7 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64, norm_type: f64) -> Resul
     if !(max_norm.is_finite() && max_norm >= 0.0 && norm_type.is_finite() && norm_type > 0.0) {
         return Err(Error::Misuse(format!("clip_grad_norm: invalid max_norm {max_norm} or norm_type {norm_type}")));
     }
-    let (_, grads) = with_grads(params)?;
+    let grads = defined_grads(params)?;
     sys::clip_norm(&grads, max_norm, norm_type)
 }
 
@@ -41,20 +41,18 @@ pub fn clip_grad_value(params: &[Tensor], clip_value: f64) -> Result<()> {
     if !(clip_value.is_finite() && clip_value >= 0.0) {
         return Err(Error::Misuse(format!("clip_grad_value: invalid clip_value {clip_value}")));
     }
-    let (_, grads) = with_grads(params)?;
+    let grads = defined_grads(params)?;
     sys::clip_value(&grads, clip_value)
 }
 
-/// Indices and gradients of the parameters of `params` that have a gradient.
-fn with_grads(params: &[Tensor]) -> Result<(Vec<usize>, Vec<Tensor>)> {
-    let mut idx = Vec::with_capacity(params.len());
+/// The gradients of the parameters that have one.
+fn defined_grads(params: &[Tensor]) -> Result<Vec<Tensor>> {
     let mut grads = Vec::with_capacity(params.len());
-    for (i, p) in params.iter().enumerate() {
+    for p in params {
         let g = p.f_grad()?;
         if g.defined() {
-            idx.push(i);
             grads.push(g);
         }
     }
-    Ok((idx, grads))
+    Ok(grads)
 }

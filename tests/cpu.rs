@@ -928,11 +928,8 @@ fn the_linear_layer_runs_aten_on_the_cpu() {
 /// included; `Kernels::Own` is refused; mismatched targets are a misuse.
 #[test]
 fn cross_entropy_runs_aten_on_the_cpu() {
-    use tch_cuda_graphs::loss::{CrossEntropyConfig, CrossEntropyLoss};
-    let cross_entropy_ran = |logits: &Tensor, targets: &Tensor, config: &CrossEntropyConfig| {
-        let loss_fn = CrossEntropyLoss::new(*config);
-        loss_fn.f_forward(logits, targets).map(|loss| (loss, loss_fn.last_path() == Some(KernelPath::Own)))
-    };
+    use common::cross_entropy_ran;
+    use tch_cuda_graphs::loss::CrossEntropyConfig;
 
     tch::manual_seed(6);
     let logits = Tensor::randn([12, 9], (Kind::Float, Device::Cpu)).set_requires_grad(true);

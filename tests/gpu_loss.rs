@@ -8,23 +8,12 @@
 //! Ignored without a GPU; fails loudly there.
 mod common;
 
-use common::cuda;
+use common::{cross_entropy_ran, cuda};
 use tch::{Device, Kind, Reduction, Tensor};
 use tch_cuda_graphs::amp::Autocast;
-use tch_cuda_graphs::kernels::{KernelPath, Kernels};
-use tch_cuda_graphs::loss::{CrossEntropyConfig, CrossEntropyLoss};
+use tch_cuda_graphs::kernels::Kernels;
+use tch_cuda_graphs::loss::CrossEntropyConfig;
 use tch_cuda_graphs::Error;
-
-/// The loss through `loss::CrossEntropyLoss`, and whether its last forward ran the fused kernels.
-fn cross_entropy_ran(
-    logits: &Tensor,
-    targets: &Tensor,
-    config: &CrossEntropyConfig,
-) -> tch_cuda_graphs::Result<(Tensor, bool)> {
-    let loss_fn = CrossEntropyLoss::new(*config);
-    let loss = loss_fn.f_forward(logits, targets)?;
-    Ok((loss, loss_fn.last_path() == Some(KernelPath::Own)))
-}
 
 /// max |a - b| / max |b|.
 fn rel(a: &Tensor, b: &Tensor) -> f64 {

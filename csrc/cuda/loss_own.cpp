@@ -12,6 +12,7 @@
 
 #include "cuda_shim.h"
 #include "loss_params.h"
+#include "../kernels.h"
 #include "own_kernels.h"
 
 using torch::autograd::AutogradContext;
@@ -98,7 +99,7 @@ std::string unsupported(const at::Tensor& logits, const at::Tensor& targets) {
   if (!logits.is_contiguous() || !targets.is_contiguous()) return "the logits or targets are not contiguous";
   if (logits.size(0) == 0 || logits.size(1) == 0) return "no rows or no classes";
   if (logits.size(0) > INT32_MAX) return "more rows than a grid holds";
-  return own::unavailable(logits.get_device());
+  return kernels::unavailable(logits.get_device());
 }
 
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index) {

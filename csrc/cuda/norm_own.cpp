@@ -16,6 +16,7 @@
 
 #include "cuda_shim.h"
 #include "norm_params.h"
+#include "../kernels.h"
 #include "own_kernels.h"
 
 using torch::autograd::AutogradContext;
@@ -195,7 +196,7 @@ std::string unsupported(const at::Tensor& res, const at::Tensor& branch, const a
       return "weight and bias must be contiguous float32 on the input's device";
     }
   }
-  return own::unavailable(res.get_device());
+  return kernels::unavailable(res.get_device());
 }
 
 std::pair<at::Tensor, at::Tensor> fused(const at::Tensor& res, const at::Tensor& branch,

@@ -9,6 +9,7 @@
 
 #include "cuda_shim.h"
 #include "optim_table.h"
+#include "../kernels.h"
 #include "own_kernels.h"
 
 namespace tcg::optim {
@@ -69,7 +70,7 @@ std::string check_common(
   auto why = check_lists(lists);
   if (!why.empty()) return why;
   const auto device = (*lists[0].second)[0].device();
-  why = own::unavailable(device.index());
+  why = kernels::unavailable(device.index());
   if (why.empty()) why = check_scalar("lr", lr, device);
   if (why.empty() && grad_scale) why = check_scalar("grad_scale", *grad_scale, device);
   if (why.empty() && found_inf) why = check_scalar("found_inf", *found_inf, device);

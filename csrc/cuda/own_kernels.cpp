@@ -152,25 +152,8 @@ std::string check_device(Library& l, int device) {
 
 }  // namespace
 
-bool built() {
-#ifdef TCG_OWN_KERNELS
-  return true;
-#else
-  return false;
-#endif
-}
-
-std::string unavailable(int device) {
-  require_cuda();
-  checked_device(device);
-  if (!library_made.load() && capturing(device)) return kNotDuringCapture;
-  Library& l = library();
-  library_made.store(true);
-  return check_device(l, device);
-}
-
 cudaKernel_t kernel(const char* name, int device) {
-  std::string why = unavailable(device);
+  std::string why = kernels::unavailable(device);
   if (!why.empty()) throw exception(TCG_UNSUPPORTED, std::string("the crate's own kernels: ") + why);
   Library& l = library();
   std::lock_guard<std::mutex> lock(l.mu);
@@ -199,7 +182,24 @@ const char* float_name(at::ScalarType t) {
 
 }  // namespace tcg::own
 
+// The kernels family's questions (kernels.h), answered by the library above.
 namespace tcg::kernels {
-bool built() { return own::built(); }
-std::string unavailable(int device) { return own::unavailable(device); }
+
+bool built() {
+#ifdef TCG_OWN_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::string unavailable(int device) {
+  require_cuda();
+  checked_device(device);
+  if (!own::library_made.load() && own::capturing(device)) return own::kNotDuringCapture;
+  own::Library& l = own::library();
+  own::library_made.store(true);
+  return own::check_device(l, device);
+}
+
 }  // namespace tcg::kernels

@@ -11,16 +11,11 @@
 
 namespace tcg::own {
 
-// Whether the own kernels were built into this binary.
-bool built();
+// Whether they were built and whether they run on a device: tcg::kernels::built and
+// tcg::kernels::unavailable (../kernels.h), which this library answers.
 
-// Why the own kernels cannot run on CUDA device `device` (not built, or the fat binaries have no
-// code this device and driver can load); empty when they can. Loads them on first use, which is
-// refused inside a capture.
-std::string unavailable(int device);
-
-// The kernel `name` on `device`; throws TCG_UNSUPPORTED (with unavailable()'s reason) where the
-// own kernels cannot run.
+// The kernel `name` on `device`; throws TCG_UNSUPPORTED (with kernels::unavailable()'s reason)
+// where the own kernels cannot run.
 cudaKernel_t kernel(const char* name, int device);
 
 // Launches the kernel `name` on `device`'s current stream, `params` pointing at its one by-value

@@ -160,3 +160,15 @@ pub fn schedule_twins(
     .unwrap();
     ScheduleTwins { host, step_h, vs_h, lr_h, step_d, vs_d, lr_d }
 }
+
+/// The cross-entropy through `loss::CrossEntropyLoss`, and whether its forward ran the crate's
+/// fused kernels.
+pub fn cross_entropy_ran(
+    logits: &Tensor,
+    targets: &Tensor,
+    config: &tch_cuda_graphs::loss::CrossEntropyConfig,
+) -> tch_cuda_graphs::Result<(Tensor, bool)> {
+    let loss_fn = tch_cuda_graphs::loss::CrossEntropyLoss::new(*config);
+    let loss = loss_fn.f_forward(logits, targets)?;
+    Ok((loss, loss_fn.last_path() == Some(tch_cuda_graphs::kernels::KernelPath::Own)))
+}
