@@ -22,7 +22,7 @@ test: setup
 # The CPU tests with the shim built without CUDA (TCH_CUDA_GRAPHS_NO_CUDA=1): every GPU entry
 # point must say Error::NoCuda while the eager fallback and the optimizers keep working.
 test-no-cuda: setup
-	TCH_CUDA_GRAPHS_NO_CUDA=1 cargo test --release --test cpu --test cpu_loops --test cpu_amp --test cpu_dist
+	TCH_CUDA_GRAPHS_NO_CUDA=1 cargo test --release --test cpu --test cpu_loops --test cpu_amp --test cpu_dist --test cpu_llama_layers
 
 # On a machine with a CUDA GPU: every test, GPU ones included, one thread (they share the
 # device), except the two-GPU ones (test-gpu-dist).

@@ -70,7 +70,7 @@ fn find_nvcc(torch_root: &Path) -> Option<PathBuf> {
 
 /// The crate's own kernels: each `csrc/cuda/NAME.cu` becomes a fat binary embedded as
 /// `tcg_NAME_fatbin` (loaded by `csrc/cuda/own_kernels.cpp`).
-const OWN_KERNELS: [&str; 3] = ["optim_kernels", "norm_kernels", "loss_kernels"];
+const OWN_KERNELS: [&str; 5] = ["optim_kernels", "norm_kernels", "loss_kernels", "rotary_kernels", "swiglu_kernels"];
 
 /// Compiles the [`OWN_KERNELS`] into fat binaries and writes a C++ file that embeds them. Err: why
 /// not (the optimizers then run PyTorch's fused kernels and the fused layers ATen's operators;
@@ -160,6 +160,44 @@ fn torch_headers_and_abi(torch_root: &Path) -> (Vec<PathBuf>, String) {
     (vec![include.clone(), include.join("torch/csrc/api/include")], abi)
 }
 
+/// The shim's files that every build compiles.
+const SHIM_FILES: [&str; 16] = [
+    "csrc/amp.cpp",
+    "csrc/autograd.cpp",
+    "csrc/error.cpp",
+    "csrc/feed.cpp",
+    "csrc/kernels.cpp",
+    "csrc/optim.cpp",
+    "csrc/norm.cpp",
+    "csrc/shadow.cpp",
+    "csrc/linear.cpp",
+    "csrc/loss.cpp",
+    "csrc/rotary.cpp",
+    "csrc/swiglu.cpp",
+    "csrc/profiler.cpp",
+    "csrc/watch.cpp",
+    "csrc/layout.cpp",
+    "csrc/bucket_plan.cpp",
+];
+
+/// The shim's files that a libtorch with CUDA adds.
+const SHIM_CUDA_FILES: [&str; 14] = [
+    "csrc/cuda/device.cpp",
+    "csrc/cuda/conditional.cpp",
+    "csrc/cuda/graph.cpp",
+    "csrc/cuda/graphed.cpp",
+    "csrc/cuda/memory.cpp",
+    "csrc/cuda/cudart.cpp",
+    "csrc/cuda/optim_own.cpp",
+    "csrc/cuda/own_kernels.cpp",
+    "csrc/cuda/norm_own.cpp",
+    "csrc/cuda/linear_own.cpp",
+    "csrc/cuda/cublaslt.cpp",
+    "csrc/cuda/loss_own.cpp",
+    "csrc/cuda/rotary_own.cpp",
+    "csrc/cuda/swiglu_own.cpp",
+];
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=csrc");
@@ -194,74 +232,9 @@ fn main() {
         .flag("-DGLOG_USE_GLOG_EXPORT")
         // Nothing of the shim is exported from a binary (see csrc/cuda/cudart.cpp).
         .flag("-fvisibility=hidden")
-        .files([
-            "csrc/amp.cpp",
-            "csrc/autograd.cpp",
-            "csrc/error.cpp",
-            "csrc/feed.cpp",
-            "csrc/kernels.cpp",
-            "csrc/optim.cpp",
-            "csrc/norm.cpp",
-            "csrc/shadow.cpp",
-            "csrc/linear.cpp",
-            "csrc/loss.cpp",
-            "csrc/profiler.cpp",
-            "csrc/watch.cpp",
-            "csrc/layout.cpp",
-            "csrc/bucket_plan.cpp",
-        ]);
+        .files(SHIM_FILES);
     if with_cuda {
-        let cuda_include = match find_cuda_include(&torch_root) {
-            Ok(dir) => dir,
-            Err(looked) => panic!(
-                "tch-cuda-graphs: libtorch at {} has CUDA, but no CUDA headers were found. \
-                 Looked in: {looked}. Set CUDA_HOME, or install the pip package \
-                 cuda-toolkit[nvcc,cccl]==13.0.2 (scripts/setup.sh does).",
-                torch_root.display()
-            ),
-        };
-        build.include(&cuda_include);
-        // The CCCL headers (nv/target) live in a subfolder of the pip CUDA 13 layout.
-        if cuda_include.join("cccl").exists() {
-            build.include(cuda_include.join("cccl"));
-        }
-        build.files([
-            "csrc/cuda/device.cpp",
-            "csrc/cuda/conditional.cpp",
-            "csrc/cuda/graph.cpp",
-            "csrc/cuda/graphed.cpp",
-            "csrc/cuda/memory.cpp",
-            "csrc/cuda/cudart.cpp",
-            "csrc/cuda/optim_own.cpp",
-            "csrc/cuda/own_kernels.cpp",
-            "csrc/cuda/norm_own.cpp",
-            "csrc/cuda/linear_own.cpp",
-            "csrc/cuda/cublaslt.cpp",
-            "csrc/cuda/loss_own.cpp",
-        ]);
-        // The crate's own kernels; without them the optimizers run PyTorch's, the fused layers ATen's.
-        match build_own_kernels(&torch_root, &includes, &cuda_include, &cxx11_abi) {
-            Ok(embed) => {
-                build.file(embed).define("TCG_OWN_KERNELS", None);
-            }
-            Err(why) => {
-                println!("cargo:warning=tch-cuda-graphs: own kernels not built ({why}); the optimizers will run PyTorch's fused kernels, the fused layers ATen's operators");
-                build.define("TCG_OWN_KERNELS_MISSING", Some(format!("{why:?}").as_str()));
-            }
-        }
-        // process groups over libtorch's c10d and NCCL, when NCCL's header is there
-        match find_nccl_include(&torch_root) {
-            Some(dir) => {
-                build
-                    .include(dir)
-                    .define("USE_C10D_NCCL", None)
-                    .files(["csrc/cuda/dist.cpp", "csrc/cuda/grad_buckets.cpp"]);
-            }
-            None => {
-                println!("cargo:warning=tch-cuda-graphs: nccl.h not found (set NCCL_INCLUDE_DIR): no process groups");
-                build.file("csrc/no_dist.cpp");
-            }
-        }
+        add_cuda(&mut build, &torch_root, &includes, &cxx11_abi);
     } else {
         let why = if forced_off { "TCH_CUDA_GRAPHS_NO_CUDA is set" } else { "libtorch has no CUDA" };
         println!(
@@ -272,7 +245,54 @@ fn main() {
         build.files(["csrc/no_cuda.cpp", "csrc/no_dist.cpp"]);
     }
     build.compile("tch_cuda_graphs_shim");
+    link(&lib_dir, with_cuda);
+}
 
+/// The CUDA half of the shim: its files, the crate's own kernels (when nvcc builds them), and
+/// the process groups (when NCCL's header is there).
+fn add_cuda(build: &mut cc::Build, torch_root: &Path, includes: &[PathBuf], cxx11_abi: &str) {
+    let cuda_include = match find_cuda_include(torch_root) {
+        Ok(dir) => dir,
+        Err(looked) => panic!(
+            "tch-cuda-graphs: libtorch at {} has CUDA, but no CUDA headers were found. \
+             Looked in: {looked}. Set CUDA_HOME, or install the pip package \
+             cuda-toolkit[nvcc,cccl]==13.0.2 (scripts/setup.sh does).",
+            torch_root.display()
+        ),
+    };
+    build.include(&cuda_include);
+    // The CCCL headers (nv/target) live in a subfolder of the pip CUDA 13 layout.
+    if cuda_include.join("cccl").exists() {
+        build.include(cuda_include.join("cccl"));
+    }
+    build.files(SHIM_CUDA_FILES);
+    // The crate's own kernels; without them the optimizers run PyTorch's, the fused layers ATen's.
+    match build_own_kernels(torch_root, includes, &cuda_include, cxx11_abi) {
+        Ok(embed) => {
+            build.file(embed).define("TCG_OWN_KERNELS", None);
+        }
+        Err(why) => {
+            println!("cargo:warning=tch-cuda-graphs: own kernels not built ({why}); the optimizers will run PyTorch's fused kernels, the fused layers ATen's operators");
+            build.define("TCG_OWN_KERNELS_MISSING", Some(format!("{why:?}").as_str()));
+        }
+    }
+    // process groups over libtorch's c10d and NCCL, when NCCL's header is there
+    match find_nccl_include(torch_root) {
+        Some(dir) => {
+            build
+                .include(dir)
+                .define("USE_C10D_NCCL", None)
+                .files(["csrc/cuda/dist.cpp", "csrc/cuda/grad_buckets.cpp"]);
+        }
+        None => {
+            println!("cargo:warning=tch-cuda-graphs: nccl.h not found (set NCCL_INCLUDE_DIR): no process groups");
+            build.file("csrc/no_dist.cpp");
+        }
+    }
+}
+
+/// What the binaries link: libtorch's libraries, found without LD_LIBRARY_PATH.
+fn link(lib_dir: &Path, with_cuda: bool) {
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     if with_cuda {
         println!("cargo:rustc-link-lib=dylib=torch_cuda");

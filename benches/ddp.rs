@@ -17,7 +17,10 @@ mod models;
 use models::{batch, Model, ModelKind};
 use std::time::{Duration, Instant};
 use tch::{nn, Device, Kind, Tensor};
-use tch_cuda_graphs::dist::{broadcast_parameters, BucketConfig, GradAllReduce, NcclBuffers, ProcessGroup, ReduceOp};
+use tch_cuda_graphs::dist::{
+    broadcast_parameters, BucketConfig, BucketLayout, Collective, Compression, GradAllReduce, NcclBuffers,
+    ProcessGroup, ReduceOp, Wire,
+};
 use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
 use tch_cuda_graphs::profiler::{Event, Profile, Profiler};
 use tch_cuda_graphs::{synchronize, StepOptions, TrainStep};
@@ -45,7 +48,7 @@ enum Variant {
 }
 
 /// The step's precision: fp32; bf16 autocast with fp32 gradients on the wire; bf16 autocast
-/// with the gradients all-reduced in bf16 (`BucketConfig::bf16_compress`).
+/// with the gradients all-reduced in bf16 (`Compression::BFloat16`).
 #[derive(Clone, Copy, PartialEq)]
 enum Precision {
     Fp32,
@@ -115,27 +118,26 @@ fn timeline_svg(path: &str, events: &[Event], title: &str) -> std::io::Result<()
     std::fs::write(path, s)
 }
 
-/// `config` with the environment's tuning: TCG_DDP_FIRST_KIB, TCG_DDP_HIGH_PRIORITY, and,
-/// unless grouped (they do not combine with it), TCG_DDP_SPLIT and TCG_DDP_BUFFERS.
-fn tuning(mut config: BucketConfig, grouped: bool) -> BucketConfig {
-    if let Some(kib) = std::env::var("TCG_DDP_FIRST_KIB").ok().and_then(|v| v.parse::<usize>().ok()) {
-        config = config.first_bucket_bytes(kib << 10);
-    }
-    if std::env::var("TCG_DDP_HIGH_PRIORITY").is_ok_and(|v| v == "1") {
-        config = config.high_priority(true);
-    }
-    if grouped {
-        return config.grouped(true);
-    }
-    if std::env::var("TCG_DDP_SPLIT").is_ok_and(|v| v == "1") {
-        config = config.reduce_scatter_all_gather(true);
-    }
-    match std::env::var("TCG_DDP_BUFFERS").unwrap_or_default().as_str() {
-        "mem" => config.nccl_buffers(NcclBuffers::NcclMem),
-        "register" => config.nccl_buffers(NcclBuffers::Registered),
-        "window" => config.nccl_buffers(NcclBuffers::Window),
-        _ => config,
-    }
+/// The bucket configuration of a variant: `bucket` bytes, `layout` as a bucket layout with its
+/// wire when it has one, and the environment's tuning: TCG_DDP_FIRST_KIB, TCG_DDP_HIGH_PRIORITY,
+/// and for the layouts with a wire TCG_DDP_SPLIT and TCG_DDP_BUFFERS.
+fn bucket_config(bucket: usize, layout: fn(Wire) -> BucketLayout, compression: Compression) -> BucketConfig {
+    let first_bucket_bytes =
+        std::env::var("TCG_DDP_FIRST_KIB").ok().and_then(|v| v.parse::<usize>().ok()).map(|k| k << 10);
+    let high_priority = std::env::var("TCG_DDP_HIGH_PRIORITY").is_ok_and(|v| v == "1");
+    let collective = if std::env::var("TCG_DDP_SPLIT").is_ok_and(|v| v == "1") {
+        Collective::ReduceScatterAllGather
+    } else {
+        Collective::AllReduce
+    };
+    let buffers = match std::env::var("TCG_DDP_BUFFERS").unwrap_or_default().as_str() {
+        "mem" => NcclBuffers::NcclMem,
+        "register" => NcclBuffers::Registered,
+        "window" => NcclBuffers::Window,
+        _ => NcclBuffers::Caching,
+    };
+    let layout = layout(Wire { collective, compression, buffers });
+    BucketConfig { bucket_bytes: bucket, first_bucket_bytes, layout, high_priority }
 }
 
 /// The slowest rank's median µs per captured step of `kind` with `variant` at `precision`;
@@ -197,19 +199,15 @@ fn bench_step(
     let model = Model::new(kind, &vs);
     broadcast_parameters(pg, &vs).expect("same model");
     let mut opt = Adam::new(&vs, AdamConfig::default().lr(1e-3)).expect("adam");
-    let (bucket, overlap, views) = match variant {
-        Variant::After => (usize::MAX, false, true),
-        Variant::Overlap(bytes) => (bytes, true, true),
-        Variant::PackedOverlap(bytes) | Variant::PackedStep(bytes) | Variant::GroupedStep(bytes) => {
-            (bytes, true, false)
-        }
+    let (bucket, overlap, layout): (usize, bool, fn(Wire) -> BucketLayout) = match variant {
+        Variant::After => (usize::MAX, false, BucketLayout::Views),
+        Variant::Overlap(bytes) => (bytes, true, BucketLayout::Views),
+        Variant::PackedOverlap(bytes) | Variant::PackedStep(bytes) => (bytes, true, BucketLayout::Packed),
+        Variant::GroupedStep(bytes) => (bytes, true, |_| BucketLayout::Grouped),
     };
     let step_in_backward = matches!(variant, Variant::PackedStep(_) | Variant::GroupedStep(_));
-    let grouped = matches!(variant, Variant::GroupedStep(_));
-    let config = tuning(
-        BucketConfig::default().bucket_bytes(bucket).views(views).bf16_compress(precision == Precision::Bf16Wire),
-        grouped,
-    );
+    let compression = if precision == Precision::Bf16Wire { Compression::BFloat16 } else { Compression::None };
+    let config = bucket_config(bucket, layout, compression);
     let mut reduce =
         if world > 1 { Some(GradAllReduce::with_config(pg, opt.params(), config).expect("buckets")) } else { None };
     tch::manual_seed(1 + rank as i64);

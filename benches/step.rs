@@ -227,38 +227,21 @@ fn push_row(rows: &mut Vec<Row>, kind: ModelKind, opt: Opt, mode: &str, us: f64)
     rows.push(Row { model: kind.name().into(), opt: opt.name().into(), mode: mode.into(), us });
 }
 
+/// What every mode of one model and optimizer shares.
+#[derive(Clone, Copy)]
+struct Case<'a> {
+    kind: ModelKind,
+    opt: Opt,
+    device: Device,
+    steps: usize,
+    batches: &'a [(Tensor, Tensor)],
+}
+
 fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut Vec<Row>) -> Extra {
     let batches: Vec<(Tensor, Tensor)> = (0..8).map(|_| batch(kind, device)).collect();
-    let mut push = |mode: &str, us: f64| push_row(rows, kind, opt, mode, us);
-    // 1. tch eager, tch optimizer
-    {
-        tch::manual_seed(0);
-        let vs = nn::VarStore::new(device);
-        let model = Model::new(kind, &vs);
-        let mut o = opt.tch(&vs);
-        let us = time_steps(device, steps, |i| {
-            let (x, y) = &batches[i % batches.len()];
-            o.zero_grad();
-            model.loss(x, y).backward();
-            o.step();
-        });
-        push("tch_eager", us);
-    }
-    // 2. tch eager, this crate's fused optimizer
-    {
-        tch::manual_seed(0);
-        let vs = nn::VarStore::new(device);
-        let model = Model::new(kind, &vs);
-        let mut o = opt.ours(&vs);
-        let us = time_steps(device, steps, |i| {
-            let (x, y) = &batches[i % batches.len()];
-            o.zero_grad().unwrap();
-            model.loss(x, y).backward();
-            o.step().unwrap();
-        });
-        push("tch_eager_fused", us);
-    }
-    // 3. captured step
+    let case = Case { kind, opt, device, steps, batches: &batches };
+    bench_eager(&case, rows);
+    // the captured step
     synchronize(device).unwrap();
     let t = Instant::now();
     let mut step = graphed_step(kind, opt, device, &batches[0], false, Precision::Fp32, StepVariant::default());
@@ -271,18 +254,8 @@ fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut
         let (x, y) = &batches[i % batches.len()];
         step.run(&[x, y]).unwrap();
     });
-    push("graph", us);
-    // the same captured step on PyTorch's fused optimizer kernels (what the crate ran before
-    // it had its own)
-    {
-        let torch_kernels = StepVariant { kernels: Kernels::PyTorch, ..Default::default() };
-        let mut s2 = graphed_step(kind, opt, device, &batches[0], false, Precision::Fp32, torch_kernels);
-        let us = time_steps(device, steps, |i| {
-            let (x, y) = &batches[i % batches.len()];
-            s2.run(&[x, y]).unwrap();
-        });
-        push("graph_torch_kernels", us);
-    }
+    push_row(rows, kind, opt, "graph", us);
+    bench_graph_variants(&case, rows);
     // the same captured step fed from the CPU: pinned batches, and pageable ones
     if kind != ModelKind::Transformer {
         let to_cpu = |t: &Tensor| t.to(Device::Cpu);
@@ -294,20 +267,8 @@ fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut
                 let (x, y) = &set[i % set.len()];
                 step.run(&[x, y]).unwrap();
             });
-            push(mode, us);
+            push_row(rows, kind, opt, mode, us);
         }
-    }
-    // the captured step under bf16 autocast (cast cache off), backward outside autocast as in
-    // PyTorch; and, for comparison, backward left inside the autocast region
-    for (mode, precision) in
-        [("graph_bf16", Precision::Bf16), ("graph_bf16_bwd_in_autocast", Precision::Bf16BackwardInAutocast)]
-    {
-        let mut bf16 = graphed_step(kind, opt, device, &batches[0], false, precision, StepVariant::default());
-        let us = time_steps(device, steps, |i| {
-            let (x, y) = &batches[i % batches.len()];
-            bf16.run(&[x, y]).unwrap();
-        });
-        push(mode, us);
     }
     // host cost of one replay() call (launch only)
     // (device idle before each call, so the launch queue never blocks the call)
@@ -321,6 +282,55 @@ fn bench_one(kind: ModelKind, opt: Opt, device: Device, steps: usize, rows: &mut
     }
     synchronize(device).unwrap();
     Extra { model: kind.name(), opt: opt.name(), capture_ms, replay_host_us: median(host), pool_bytes }
+}
+
+/// tch eager with tch's optimizer, then with this crate's fused one.
+fn bench_eager(case: &Case, rows: &mut Vec<Row>) {
+    let Case { kind, opt, device, steps, batches } = *case;
+    {
+        tch::manual_seed(0);
+        let vs = nn::VarStore::new(device);
+        let model = Model::new(kind, &vs);
+        let mut o = opt.tch(&vs);
+        let us = time_steps(device, steps, |i| {
+            let (x, y) = &batches[i % batches.len()];
+            o.zero_grad();
+            model.loss(x, y).backward();
+            o.step();
+        });
+        push_row(rows, kind, opt, "tch_eager", us);
+    }
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(device);
+    let model = Model::new(kind, &vs);
+    let mut o = opt.ours(&vs);
+    let us = time_steps(device, steps, |i| {
+        let (x, y) = &batches[i % batches.len()];
+        o.zero_grad().unwrap();
+        model.loss(x, y).backward();
+        o.step().unwrap();
+    });
+    push_row(rows, kind, opt, "tch_eager_fused", us);
+}
+
+/// The captured step on PyTorch's fused optimizer kernels (what the crate ran before it had its
+/// own), and under bf16 autocast (cast cache off), backward outside autocast as in PyTorch and,
+/// for comparison, left inside the autocast region.
+fn bench_graph_variants(case: &Case, rows: &mut Vec<Row>) {
+    let Case { kind, opt, device, steps, batches } = *case;
+    let torch_kernels = StepVariant { kernels: Kernels::PyTorch, ..Default::default() };
+    for (mode, precision, variant) in [
+        ("graph_torch_kernels", Precision::Fp32, torch_kernels),
+        ("graph_bf16", Precision::Bf16, StepVariant::default()),
+        ("graph_bf16_bwd_in_autocast", Precision::Bf16BackwardInAutocast, StepVariant::default()),
+    ] {
+        let mut step = graphed_step(kind, opt, device, &batches[0], false, precision, variant);
+        let us = time_steps(device, steps, |i| {
+            let (x, y) = &batches[i % batches.len()];
+            step.run(&[x, y]).unwrap();
+        });
+        push_row(rows, kind, opt, mode, us);
+    }
 }
 
 /// Bytes one optimizer step moves per fp32 parameter element: Adam reads p, g, m, v and writes
@@ -507,6 +517,18 @@ fn main() {
     }
     std::fs::create_dir_all(&args.out).expect("create the output directory");
     println!("benchmark: median µs per training step, {} steps per mode after {WARMUP} warmup steps", args.steps);
+    let (rows, extras) = measure(&args, device);
+    let mut table = summary_table(&rows);
+    for part in [optimizer_table(&rows), fed_table(&rows), amp_table(&rows)] {
+        println!("{part}");
+        table.push('\n');
+        table.push_str(&part);
+    }
+    write_outputs(&args, &rows, &extras, table);
+}
+
+/// Every row: this crate's modes per model and optimizer, the optimizer alone, then PyTorch's.
+fn measure(args: &Args, device: Device) -> (Vec<Row>, Vec<Extra>) {
     let mut rows = Vec::new();
     let mut extras = Vec::new();
     for kind in ModelKind::ALL {
@@ -539,24 +561,24 @@ fn main() {
             std::process::exit(1);
         }
     }
-    // Summary table with ratios.
+    (rows, extras)
+}
+
+/// The summary with ratios, printed.
+fn summary_table(rows: &[Row]) -> String {
     let mut table = String::new();
     let _ = writeln!(
         table,
         "| model | opt | tch eager | tch eager + fused | **graph (this crate)** | graph, PyTorch's optimizer kernels | torch eager | torch graph best | eager/graph | graph/torch best |"
     );
     let _ = writeln!(table, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let json = serde_json::to_string_pretty(&serde_json::json!({ "rows": rows, "extras": extras }))
-        .expect("serialize the results");
     for kind in ModelKind::ALL {
         for opt in Opt::ALL {
             let (m, o) = (kind.name(), opt.name());
-            let g = find(&rows, m, o, "graph").unwrap_or(f64::NAN);
-            let te = find(&rows, m, o, "tch_eager").unwrap_or(f64::NAN);
-            let tf = find(&rows, m, o, "tch_eager_fused").unwrap_or(f64::NAN);
-            let gt = find(&rows, m, o, "graph_torch_kernels").unwrap_or(f64::NAN);
-            let pe = find(&rows, m, o, "torch_eager").unwrap_or(f64::NAN);
-            let pg = best(&rows, m, o, &["torch_graph", "torch_graph_capturable", "torch_graph_fused"]);
+            let f = |mode: &str| find(rows, m, o, mode).unwrap_or(f64::NAN);
+            let (g, te, tf, gt, pe) =
+                (f("graph"), f("tch_eager"), f("tch_eager_fused"), f("graph_torch_kernels"), f("torch_eager"));
+            let pg = best(rows, m, o, &["torch_graph", "torch_graph_capturable", "torch_graph_fused"]);
             let _ = writeln!(
                 table,
                 "| {m} | {o} | {te:.1} | {tf:.1} | **{g:.1}** | {gt:.1} | {pe:.1} | {pg:.1} | {:.2}x | {:.2} |",
@@ -567,8 +589,12 @@ fn main() {
     }
     println!("\nµs per step (lower is better); eager/graph = tch eager with tch's optimizer over this crate's graph; graph/torch best = this crate's graph over PyTorch's fastest graphed variant (≤ 1.0 meets the target)\n");
     println!("{table}");
-    // The optimizer alone and inside the step: this crate's kernels against PyTorch's fused
-    // ones (targets: small MLP alone ≤ 5 µs; cost inside the step ≤ 1.15x a copy of its bytes)
+    table
+}
+
+/// The optimizer alone and inside the step: this crate's kernels against PyTorch's fused ones
+/// (targets: small MLP alone ≤ 5 µs; cost inside the step ≤ 1.15x a copy of its bytes).
+fn optimizer_table(rows: &[Row]) -> String {
     let mut alone = String::from(
         "| model | opt | params | **alone, own** | alone, PyTorch | own GB/s | PyTorch GB/s | copy same bytes | **in step, own** | in step, PyTorch | in-step own / copy |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
@@ -580,7 +606,7 @@ fn main() {
         };
         for opt in Opt::ALL {
             let (m, o) = (kind.name(), opt.name());
-            let f = |mode: &str| find(&rows, m, o, mode).unwrap_or(f64::NAN);
+            let f = |mode: &str| find(rows, m, o, mode).unwrap_or(f64::NAN);
             let (own, torch, copy) = (f("opt_own"), f("opt_torch"), f("copy_same_bytes"));
             let gbs = |us: f64| numel as f64 * bytes_per_element(opt) / us / 1e3;
             let no_opt = f("step_inplace_no_opt");
@@ -594,39 +620,38 @@ fn main() {
             );
         }
     }
-    println!("{alone}");
-    table.push('\n');
-    table.push_str(&alone);
-    // CPU-fed vs GPU-fed captured steps (target: CPU-fed within 10% of GPU-fed)
+    alone
+}
+
+/// CPU-fed against GPU-fed captured steps (target: CPU-fed within 10% of GPU-fed).
+fn fed_table(rows: &[Row]) -> String {
     let mut fed = String::from(
         "| model | opt | graph, GPU-fed | graph, CPU pinned | pinned/GPU | graph, CPU pageable | pageable/GPU |\n|---|---|---:|---:|---:|---:|---:|\n",
     );
     for kind in [ModelKind::SmallMlp, ModelKind::MediumMlp] {
         for opt in Opt::ALL {
             let (m, o) = (kind.name(), opt.name());
-            let g = find(&rows, m, o, "graph").unwrap_or(f64::NAN);
-            let p = find(&rows, m, o, "graph_cpu_pinned").unwrap_or(f64::NAN);
-            let q = find(&rows, m, o, "graph_cpu_pageable").unwrap_or(f64::NAN);
+            let f = |mode: &str| find(rows, m, o, mode).unwrap_or(f64::NAN);
+            let (g, p, q) = (f("graph"), f("graph_cpu_pinned"), f("graph_cpu_pageable"));
             let _ = writeln!(fed, "| {m} | {o} | {g:.1} | {p:.1} | {:.2} | {q:.1} | {:.2} |", p / g, q / g);
         }
     }
-    println!("{fed}");
-    table.push('\n');
-    table.push_str(&fed);
-    // bf16 autocast: this crate's graph vs PyTorch's best graph, and torch.compile + graph as a
-    // reference for what a compiler adds beyond graphs (target: graph_bf16/torch ≤ 1.0)
+    fed
+}
+
+/// bf16 autocast: this crate's graph against PyTorch's best graph, and torch.compile + graph as
+/// a reference for what a compiler adds beyond graphs (target: graph_bf16/torch ≤ 1.0).
+fn amp_table(rows: &[Row]) -> String {
     let mut amp = String::from(
         "| model | opt | graph fp32 | **graph bf16 (this crate)** | (backward in autocast) | torch graph bf16 best | bf16: ours/torch | torch compile + graph fp32 | torch compile + graph bf16 |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for kind in ModelKind::ALL {
         for opt in Opt::ALL {
             let (m, o) = (kind.name(), opt.name());
-            let g = find(&rows, m, o, "graph").unwrap_or(f64::NAN);
-            let gb = find(&rows, m, o, "graph_bf16").unwrap_or(f64::NAN);
-            let gi = find(&rows, m, o, "graph_bf16_bwd_in_autocast").unwrap_or(f64::NAN);
-            let tb = best(&rows, m, o, &["torch_graph_bf16_capturable", "torch_graph_bf16_fused"]);
-            let c32 = find(&rows, m, o, "torch_compile_graph").unwrap_or(f64::NAN);
-            let c16 = find(&rows, m, o, "torch_compile_graph_bf16").unwrap_or(f64::NAN);
+            let f = |mode: &str| find(rows, m, o, mode).unwrap_or(f64::NAN);
+            let (g, gb, gi) = (f("graph"), f("graph_bf16"), f("graph_bf16_bwd_in_autocast"));
+            let tb = best(rows, m, o, &["torch_graph_bf16_capturable", "torch_graph_bf16_fused"]);
+            let (c32, c16) = (f("torch_compile_graph"), f("torch_compile_graph_bf16"));
             let _ = writeln!(
                 amp,
                 "| {m} | {o} | {g:.1} | **{gb:.1}** | {gi:.1} | {tb:.1} | {:.2} | {c32:.1} | {c16:.1} |",
@@ -634,16 +659,20 @@ fn main() {
             );
         }
     }
-    println!("{amp}");
-    table.push('\n');
-    table.push_str(&amp);
+    amp
+}
+
+/// results.json, results.csv, table.md (with the headline table) and chart.svg under args.out.
+fn write_outputs(args: &Args, rows: &[Row], extras: &[Extra], mut table: String) {
+    let json = serde_json::to_string_pretty(&serde_json::json!({ "rows": rows, "extras": extras }))
+        .expect("serialize the results");
     let mut csv = String::from("model,opt,mode,us_per_step\n");
-    for r in &rows {
+    for r in rows {
         let _ = writeln!(csv, "{},{},{},{:.2}", r.model, r.opt, r.mode, r.us);
     }
     std::fs::write(format!("{}/results.json", args.out), json).expect("write results.json");
     std::fs::write(format!("{}/results.csv", args.out), csv).expect("write results.csv");
-    let headline = headline_table(&rows);
+    let headline = headline_table(rows);
     println!(
         "The headline: this crate's captured step against PyTorch's best torch.cuda.graph and torch.compile + graph\n"
     );

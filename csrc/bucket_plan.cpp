@@ -11,12 +11,15 @@ tcg_status tcg_buckets_plan(const int64_t* numels, size_t n, int64_t element_byt
   return tcg::guard([&] {
     if (numels == nullptr && n != 0) tcg::misuse("bucket plan: null sizes");
     if (element_bytes <= 0 || world <= 0) tcg::misuse("bucket plan: element size and world size must be positive");
+    if (o == nullptr) tcg::misuse("bucket plan: null options");
+    const std::string why = tcg::buckets::invalid(*o);
+    if (!why.empty()) tcg::misuse("GradAllReduce: " + why);
     tcg::buckets::Rules rules;
     rules.element_bytes = element_bytes;
     rules.bucket_bytes = o->bucket_bytes;
     rules.first_bucket_bytes = o->first_bucket_bytes;
-    rules.views = o->views;
-    rules.split = o->split;
+    rules.aligned = o->layout == TCG_BUCKET_LAYOUT_VIEWS;
+    rules.padded = o->collective == TCG_BUCKET_COLLECTIVE_REDUCE_SCATTER_ALL_GATHER;
     rules.world = world;
     std::vector<size_t> bucket_of;
     auto planned = tcg::buckets::plan(std::vector<int64_t>(numels, numels + n), rules, &bucket_of);

@@ -3,12 +3,32 @@
 // its buffers from it, and tcg_buckets_plan (bucket_plan.cpp) hands it to the CPU tests.
 #pragma once
 
+#include "tcg.h"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace tcg::buckets {
+
+// Why `o` names no valid bucket set (grouped with another collective, compression or buffers;
+// an unknown enumerator), or "".
+inline std::string invalid(const tcg_buckets_options& o) {
+  if (o.layout < TCG_BUCKET_LAYOUT_PACKED || o.layout > TCG_BUCKET_LAYOUT_GROUPED) return "unknown bucket layout";
+  if (o.collective < TCG_BUCKET_COLLECTIVE_ALL_REDUCE || o.collective > TCG_BUCKET_COLLECTIVE_REDUCE_SCATTER_ALL_GATHER) {
+    return "unknown bucket collective";
+  }
+  if (o.compression < TCG_BUCKET_COMPRESSION_NONE || o.compression > TCG_BUCKET_COMPRESSION_BF16) return "unknown bucket compression";
+  if (o.buffers < TCG_BUCKET_BUFFERS_CACHING || o.buffers > TCG_BUCKET_BUFFERS_NCCL_WINDOW) return "unknown bucket buffers";
+  if (o.layout == TCG_BUCKET_LAYOUT_GROUPED &&
+      (o.collective != TCG_BUCKET_COLLECTIVE_ALL_REDUCE || o.compression != TCG_BUCKET_COMPRESSION_NONE ||
+       o.buffers != TCG_BUCKET_BUFFERS_CACHING)) {
+    return "the grouped layout all-reduces the gradients where they are: no other collective, compression or buffers";
+  }
+  return "";
+}
 
 struct Planned {
   std::vector<size_t> members;   // parameter indices, in the flat buffer's order
@@ -21,8 +41,8 @@ struct Rules {
   int64_t element_bytes = 4;
   int64_t bucket_bytes = 25 << 20;
   int64_t first_bucket_bytes = 0;  // 0: as bucket_bytes
-  bool views = false;              // each member starts 16-byte aligned
-  bool split = false;              // the length a multiple of world × 16 bytes
+  bool aligned = false;            // each member starts 16-byte aligned (the views layout)
+  bool padded = false;             // the length a multiple of world × 16 bytes (reduce-scatter)
   int64_t world = 1;
 };
 
@@ -44,8 +64,8 @@ inline std::vector<Planned> plan(const std::vector<int64_t>& numels, const Rules
       buckets.emplace_back();
     }
     auto& b = buckets.back();
-    // views: each member starts 16-byte aligned; packed: back to back (cat's layout)
-    const int64_t at = r.views ? (b.numel + align - 1) / align * align : b.numel;
+    // aligned (views): each member starts 16-byte aligned; packed: back to back (cat's layout)
+    const int64_t at = r.aligned ? (b.numel + align - 1) / align * align : b.numel;
     b.members.push_back(i);
     b.offsets.push_back(at);
     b.numel = at + numel;
@@ -54,8 +74,8 @@ inline std::vector<Planned> plan(const std::vector<int64_t>& numels, const Rules
   const int64_t chunk = std::max<int64_t>(r.world, 1) * align;
   for (auto& b : buckets) {
     b.used = b.numel;
-    // split: every rank's chunk of the same length, each 16-byte aligned
-    if (r.split) b.numel = (b.numel + chunk - 1) / chunk * chunk;
+    // padded (reduce-scatter): every rank's chunk of the same length, each 16-byte aligned
+    if (r.padded) b.numel = (b.numel + chunk - 1) / chunk * chunk;
   }
   return buckets;
 }

@@ -13,11 +13,15 @@ static_assert(sizeof(tcg_kernels) == sizeof(int), "tcg_kernels is passed as an i
 static_assert(sizeof(tcg_dtype) == sizeof(int), "tcg_dtype is passed as an int");
 static_assert(sizeof(tcg_prof_kind) == sizeof(int32_t), "tcg_prof_kind is read as an int32");
 static_assert(sizeof(tcg_reduce_op) == sizeof(int), "tcg_reduce_op is passed as an int");
-static_assert(sizeof(tcg_bucket_memory) == sizeof(int), "tcg_bucket_memory is passed as an int");
+static_assert(sizeof(tcg_bucket_layout) == sizeof(int), "tcg_bucket_layout is passed as an int");
+static_assert(sizeof(tcg_bucket_collective) == sizeof(int), "tcg_bucket_collective is passed as an int");
+static_assert(sizeof(tcg_bucket_compression) == sizeof(int), "tcg_bucket_compression is passed as an int");
+static_assert(sizeof(tcg_bucket_buffers) == sizeof(int), "tcg_bucket_buffers is passed as an int");
 static_assert(sizeof(tcg_layout_struct) == sizeof(int), "tcg_layout_struct is passed as an int");
 static_assert(sizeof(tcg_norm_kind) == sizeof(int), "tcg_norm_kind is passed as an int");
 static_assert(sizeof(tcg_norm_out) == sizeof(int), "tcg_norm_out is passed as an int");
 static_assert(sizeof(tcg_weight_grad) == sizeof(int), "tcg_weight_grad is passed as an int");
+static_assert(sizeof(tcg_rotary_layout) == sizeof(int), "tcg_rotary_layout is passed as an int");
 
 namespace {
 
@@ -145,12 +149,11 @@ size_t tcg_layout(tcg_layout_struct s, size_t* size, size_t* align, size_t* offs
       set(sizeof(tcg_buckets_options), alignof(tcg_buckets_options));
       TCG_FIELD(tcg_buckets_options, bucket_bytes);
       TCG_FIELD(tcg_buckets_options, first_bucket_bytes);
-      TCG_FIELD(tcg_buckets_options, views);
-      TCG_FIELD(tcg_buckets_options, bf16);
+      TCG_FIELD(tcg_buckets_options, layout);
+      TCG_FIELD(tcg_buckets_options, collective);
+      TCG_FIELD(tcg_buckets_options, compression);
+      TCG_FIELD(tcg_buckets_options, buffers);
       TCG_FIELD(tcg_buckets_options, high_priority);
-      TCG_FIELD(tcg_buckets_options, split);
-      TCG_FIELD(tcg_buckets_options, grouped);
-      TCG_FIELD(tcg_buckets_options, memory);
       break;
     case TCG_LAYOUT_BUCKET_SLOT:
       set(sizeof(tcg_bucket_slot), alignof(tcg_bucket_slot));
@@ -177,6 +180,14 @@ size_t tcg_layout(tcg_layout_struct s, size_t* size, size_t* align, size_t* offs
       TCG_FIELD(tcg_linear_inputs, x);
       TCG_FIELD(tcg_linear_inputs, weight);
       TCG_FIELD(tcg_linear_inputs, bias);
+      break;
+    case TCG_LAYOUT_ROTARY_INPUTS:
+      set(sizeof(tcg_rotary_inputs), alignof(tcg_rotary_inputs));
+      TCG_FIELD(tcg_rotary_inputs, q);
+      TCG_FIELD(tcg_rotary_inputs, k);
+      TCG_FIELD(tcg_rotary_inputs, cos);
+      TCG_FIELD(tcg_rotary_inputs, sin);
+      TCG_FIELD(tcg_rotary_inputs, offset);
       break;
   }
   return w.n;

@@ -6,6 +6,8 @@
 #include "linear_own.h"
 #include "loss_own.h"
 #include "norm_own.h"
+#include "rotary_own.h"
+#include "swiglu_own.h"
 #include "optim_own.h"
 #include "shim.h"
 
@@ -134,5 +136,19 @@ at::Tensor cross_entropy(const at::Tensor&, const at::Tensor&, int64_t) {
   throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
 }
 }  // namespace tcg::loss
+
+// The rotary and SwiGLU kernels need CUDA: rotary.cpp and swiglu.cpp run ATen's compositions.
+namespace tcg::rotary {
+std::string unsupported(const Inputs&) { return "this binary was built without CUDA"; }
+std::pair<at::Tensor, at::Tensor> fused(const Inputs&) {
+  throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
+}
+}  // namespace tcg::rotary
+namespace tcg::swiglu {
+std::string unsupported(const at::Tensor&) { return "this binary was built without CUDA"; }
+at::Tensor fused(const at::Tensor&) {
+  throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
+}
+}  // namespace tcg::swiglu
 
 bool tcg::capturing_on(const at::Tensor&) { return false; }

@@ -21,6 +21,8 @@
 //   shadow.cpp             shadows                    always
 //   linear.cpp             linear                     always
 //   loss.cpp               loss                       always
+//   rotary.cpp             rotary                     always
+//   swiglu.cpp             swiglu                     always
 //   autograd.cpp           autograd                   always
 //   amp.cpp                autocast, scaler           always
 //   watch.cpp              watch                      always
@@ -278,6 +280,32 @@ tcg_status tcg_linear_forward(const tcg_linear_inputs* in, tcg_weight_grad wgrad
 tcg_status tcg_loss_cross_entropy(tcg_tensor logits, tcg_tensor targets, int64_t ignore_index, tcg_kernels kernels,
                              tcg_tensor* out, bool* ran_own);
 
+// ---------------------------------------------------------------- rotary.cpp (CPU and CUDA)
+// Rotary position embeddings on q [B, T, H, D] and k [B, T, KV, D] (one floating dtype, any
+// strides), from the tables cos and sin [positions, D/2] float32 on their device, at positions
+// offset (+ the 0-d int64 device tensor `offset`, when not NULL: read at run time, so a
+// captured decode step moves on) + t. Pairs (2i, 2i+1) for TCG_ROTARY_INTERLEAVED (Meta's
+// Llama), (i, i + D/2) for TCG_ROTARY_HALF_SPLIT (GPT-NeoX, Hugging Face's Llama). *q_out and
+// *k_out: new contiguous tensors of q's and k's shapes and dtype, differentiable in q and k. An
+// odd D, other dtypes or devices, or (host offset) positions past the table: TCG_MISUSE; with a
+// device offset, positions past the table give NaN. kernels as the loss family's: the crate's
+// kernel (q and k in one launch each way, fp32 math; D a multiple of 8) or ATen's element-wise
+// composition in fp32. *ran_own: whether the kernel ran.
+typedef enum { TCG_ROTARY_INTERLEAVED = 0, TCG_ROTARY_HALF_SPLIT = 1 } tcg_rotary_layout;
+typedef struct {
+  tcg_tensor q, k, cos, sin, offset;
+} tcg_rotary_inputs;
+tcg_status tcg_rotary_apply(const tcg_rotary_inputs* inputs, int64_t offset, tcg_rotary_layout layout, tcg_kernels kernels,
+                            tcg_tensor* q_out, tcg_tensor* k_out, bool* ran_own);
+
+// ---------------------------------------------------------------- swiglu.cpp (CPU and CUDA)
+// SwiGLU of the fused projection h [.., 2F] = [gate | up]: *out = silu(gate) · up [.., F], a new
+// tensor of h's dtype, differentiable in h. The crate's kernels (one pass each way, fp32 math,
+// the gradient written as one [dgate | dup]; contiguous CUDA float32/bfloat16/float16, F a
+// multiple of 4) or ATen's silu and mul, as kernels says (the loss family's rules). An odd last
+// dimension: TCG_MISUSE. *ran_own: whether the kernels ran.
+tcg_status tcg_swiglu(tcg_tensor h, tcg_kernels kernels, tcg_tensor* out, bool* ran_own);
+
 // ---------------------------------------------------------------- autograd.cpp (CPU and CUDA)
 // torch::autograd::grad(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused).
 // grad_outputs: n_out tensors, or NULL for none (ones; scalar outputs only). out: n_in slots,
@@ -511,29 +539,47 @@ tcg_status tcg_pg_abort(tcg_pg* p);
 // ---------------------------------------------------------------- cuda/grad_buckets.cpp
 // Gradient buckets (DDP-style) over `params` (leaves of one dtype on the group's device), with a
 // post-accumulate-grad hook on each; buckets of up to `bucket_bytes`, the first (the last
-// parameters) up to `first_bucket_bytes` (0: the same). Options: views: each parameter's .grad
-// becomes a view into its bucket's flat buffer (16-byte aligned offsets), all-reduced in place;
-// otherwise a bucket is packed before its all-reduce and each .grad then made its view. bf16: all-reduced in bf16
-// (float32 grads only), cast back. high_priority: the side stream is of high priority. memory:
-// the caching allocator's, or NCCL_MEM (the buffers from ncclMemAlloc), NCCL_REGISTERED (and
-// ncclCommRegister'ed), NCCL_WINDOW (and a symmetric window, ncclCommWindowRegister):
-// collective, outside a capture. split: each bucket is reduce-scattered and all-gathered in place
-// instead of all-reduced. grouped (packed, alone): no bucket buffer; a bucket's gradients are all-reduced where they
-// are, in one NCCL group. Armed, a bucket is all-reduced (average) on a side stream as soon as all its
-// gradients are ready, in bucket order; finish does the rest there and makes the current stream
-// wait for the side stream (no host wait), then disarms. Not armed, finish does every bucket on
-// the current stream. The group must outlive the buckets. tcg_buckets_free removes the hooks
-// (the gradients stay views of the buffers, which they keep alive).
+// parameters) up to `first_bucket_bytes` (0: the same). The layout: PACKED, a bucket's gradients
+// packed into its flat buffer before its collective and each .grad then made its view; VIEWS,
+// each .grad a view into its bucket's flat buffer (16-byte aligned offsets), reduced in place;
+// GROUPED, no bucket buffer, a bucket's gradients all-reduced where they are in one NCCL group
+// (then collective, compression and buffers must be their defaults: TCG_MISUSE otherwise). The
+// collective averages a buffer: one ALL_REDUCE, or a REDUCE_SCATTER_ALL_GATHER in place.
+// compression BF16: the buffer sent in bf16 (float32 grads only), cast back. buffers: the
+// caching allocator's, or NCCL_MEM (ncclMemAlloc), NCCL_REGISTERED (and ncclCommRegister'ed),
+// NCCL_WINDOW (and a symmetric window, ncclCommWindowRegister): collective, outside a capture.
+// high_priority: the side stream is of high priority. Armed, a bucket is averaged on a side
+// stream as soon as all its gradients are ready, in bucket order; finish does the rest there
+// and makes the current stream wait for the side stream (no host wait), then disarms. Not
+// armed, finish does every bucket on the current stream. The group must outlive the buckets.
+// tcg_buckets_free removes the hooks (the gradients stay views of the buffers, which they keep
+// alive).
 typedef enum {
-  TCG_BUCKET_MEMORY_CACHING = 0,
-  TCG_BUCKET_MEMORY_NCCL_MEM = 1,
-  TCG_BUCKET_MEMORY_NCCL_REGISTERED = 2,
-  TCG_BUCKET_MEMORY_NCCL_WINDOW = 3,
-} tcg_bucket_memory;
+  TCG_BUCKET_LAYOUT_PACKED = 0,
+  TCG_BUCKET_LAYOUT_VIEWS = 1,
+  TCG_BUCKET_LAYOUT_GROUPED = 2,
+} tcg_bucket_layout;
+typedef enum {
+  TCG_BUCKET_COLLECTIVE_ALL_REDUCE = 0,
+  TCG_BUCKET_COLLECTIVE_REDUCE_SCATTER_ALL_GATHER = 1,
+} tcg_bucket_collective;
+typedef enum {
+  TCG_BUCKET_COMPRESSION_NONE = 0,
+  TCG_BUCKET_COMPRESSION_BF16 = 1,
+} tcg_bucket_compression;
+typedef enum {
+  TCG_BUCKET_BUFFERS_CACHING = 0,
+  TCG_BUCKET_BUFFERS_NCCL_MEM = 1,
+  TCG_BUCKET_BUFFERS_NCCL_REGISTERED = 2,
+  TCG_BUCKET_BUFFERS_NCCL_WINDOW = 3,
+} tcg_bucket_buffers;
 typedef struct {
   int64_t bucket_bytes, first_bucket_bytes;
-  bool views, bf16, high_priority, split, grouped;
-  tcg_bucket_memory memory;
+  tcg_bucket_layout layout;
+  tcg_bucket_collective collective;
+  tcg_bucket_compression compression;
+  tcg_bucket_buffers buffers;
+  bool high_priority;
 } tcg_buckets_options;
 tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensors params, const tcg_buckets_options* options, tcg_buckets** out);
 void tcg_buckets_free(tcg_buckets* b);
@@ -581,6 +627,7 @@ typedef enum {
   TCG_LAYOUT_NORM_INPUTS,
   TCG_LAYOUT_NORM_OPTIONS,
   TCG_LAYOUT_LINEAR_INPUTS,
+  TCG_LAYOUT_ROTARY_INPUTS,
 } tcg_layout_struct;
 // The size and alignment of struct `s` as this shim was compiled, and the offsets of its fields
 // in declaration order (at most `cap` written); returns the number of fields (0: unknown `s`).

@@ -18,7 +18,7 @@ use anyhow::{ensure, Context, Result};
 use std::time::{Duration, Instant};
 use tch::{nn, nn::Module, Device, Kind, Tensor};
 use tch_cuda_graphs::dist::{
-    broadcast_parameters, BucketConfig, GradAllReduce, ProcessGroup, ReduceOp, DEFAULT_BUCKET_BYTES,
+    broadcast_parameters, BucketConfig, BucketLayout, GradAllReduce, ProcessGroup, ReduceOp, Wire, DEFAULT_BUCKET_BYTES,
 };
 use tch_cuda_graphs::feed::{self, DeviceMeter};
 use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig, Optimizer};
@@ -51,8 +51,8 @@ usage: torchrun --nproc_per_node=N --no-python train_ddp -- [--epochs N] [--view
 
 Trains an MLP data parallel: every rank its shard, gradients averaged inside the captured step.
   --epochs N   epochs to train (default 3)
-  --views      gradients as views into the buckets (BucketConfig::views)
-  --grouped    no bucket buffers: one grouped NCCL all-reduce per bucket (BucketConfig::grouped)
+  --views      gradients as views into the buckets (BucketLayout::Views)
+  --grouped    no bucket buffers: one grouped NCCL all-reduce per bucket (BucketLayout::Grouped)
   --step-per-bucket  each bucket's parameters updated once it is averaged
                (GradAllReduce::backward_and_step)
   -h, --help   this text";
@@ -174,7 +174,12 @@ fn ddp_step<'a>(
     let device = pg.device();
     let cfg = AdamConfig::adamw().lr(2e-3).weight_decay(0.01);
     let opt = Adam::with_groups(decay_groups(vs, cfg, cfg.weight_decay(0.0)))?;
-    let config = BucketConfig::default().bucket_bytes(DEFAULT_BUCKET_BYTES).views(args.views).grouped(args.grouped);
+    let layout = match (args.views, args.grouped) {
+        (true, _) => BucketLayout::Views(Wire::default()),
+        (_, true) => BucketLayout::Grouped,
+        _ => BucketLayout::default(),
+    };
+    let config = BucketConfig { bucket_bytes: DEFAULT_BUCKET_BYTES, layout, ..Default::default() };
     let mut reduce = GradAllReduce::with_config(pg, opt.params(), config)?;
     let total = steps_per_epoch * args.epochs as u64;
     let schedule = LrScheduler::new(WarmupCosine { warmup: 50, total, min_factor: 0.05 }, opt.lr_handles());

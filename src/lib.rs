@@ -31,6 +31,8 @@
 //! - [`linear`]: [`linear::Linear`], whose backward computes the bias gradient inside the
 //!   weight-gradient GEMM (cuBLASLt's epilogue) and can write float32 weight gradients directly;
 //!   [`loss`]: the cross-entropy of a language model's head in one pass over the logits each way.
+//! - [`rotary`]: [`rotary::Rotary`], rotary position embeddings on q and k in one kernel each
+//!   way; [`swiglu`]: SwiGLU read from the fused `[gate | up]` projection in one pass each way.
 //! - [`transformer`]: [`transformer::TransformerLayer`], a pre-norm transformer layer on those
 //!   layers, and the [`transformer::ResidualStream`] that carries each residual add into the next
 //!   norm, so a model stacked from layers gets every fusion without restructuring.
@@ -74,10 +76,12 @@ pub mod norm;
 pub mod optim;
 pub mod pool;
 pub mod profiler;
+pub mod rotary;
 mod scalar;
 pub mod schedule;
 pub mod shadow;
 pub mod stream;
+pub mod swiglu;
 mod sys;
 pub mod testing;
 pub mod train_step;

@@ -71,6 +71,7 @@ fn benchmarks_answer_help_and_wrong_arguments() {
         ("control", &["--blocks", "many"][..]),
         ("ddp", &["-x"][..]),
         ("gpt", &["--rows", "nothing"][..]),
+        ("llama", &["--rows", "nothing"][..]),
     ] {
         let exe = bench(name);
         answers_help(name, &exe);

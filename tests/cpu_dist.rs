@@ -7,7 +7,7 @@ mod common;
 use common::free_port;
 use std::time::{Duration, Instant};
 use tch::Device;
-use tch_cuda_graphs::dist::{BucketConfig, ProcessGroup};
+use tch_cuda_graphs::dist::{BucketConfig, BucketLayout, Collective, ProcessGroup, Wire};
 use tch_cuda_graphs::Error;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -71,7 +71,7 @@ fn layout(config: BucketConfig, numels: &[i64], kind: tch::Kind, world: usize) -
 
 #[test]
 fn buckets_fill_in_reverse_order_up_to_their_size() {
-    let packed = BucketConfig::default().bucket_bytes(1024);
+    let packed = BucketConfig { bucket_bytes: 1024, ..Default::default() };
     // 300 floats (1200 bytes) do not fit in 1024 but get a bucket of their own; 100 + 100 do
     assert_eq!(
         layout(packed, &[100, 100, 300], tch::Kind::Float, 1),
@@ -79,7 +79,7 @@ fn buckets_fill_in_reverse_order_up_to_their_size() {
     );
     // the first bucket may be smaller, so that the first all-reduce starts early
     assert_eq!(
-        layout(packed.first_bucket_bytes(400), &[50, 50, 50, 50], tch::Kind::Float, 1),
+        layout(BucketConfig { first_bucket_bytes: Some(400), ..packed }, &[50, 50, 50, 50], tch::Kind::Float, 1),
         vec![(vec![3, 2], vec![0, 50], 100), (vec![1, 0], vec![0, 50], 100)]
     );
     // bf16 elements are 2 bytes: twice as many fit
@@ -88,13 +88,15 @@ fn buckets_fill_in_reverse_order_up_to_their_size() {
 
 #[test]
 fn views_start_16_byte_aligned_and_split_buckets_divide_evenly() {
-    let config = BucketConfig::default().bucket_bytes(1 << 20);
+    let config = BucketConfig { bucket_bytes: 1 << 20, ..Default::default() };
+    let views = BucketConfig { layout: BucketLayout::Views(Wire::default()), ..config };
     // packed: back to back
     assert_eq!(layout(config, &[3, 5], tch::Kind::Float, 1), vec![(vec![1, 0], vec![0, 5], 8)]);
     // views: the second member at 8 floats (32 bytes), not 5
-    assert_eq!(layout(config.views(true), &[3, 5], tch::Kind::Float, 1), vec![(vec![1, 0], vec![0, 8], 11)]);
+    assert_eq!(layout(views, &[3, 5], tch::Kind::Float, 1), vec![(vec![1, 0], vec![0, 8], 11)]);
     // reduce-scatter + all-gather over 2 ranks: a multiple of 2 × 4 floats
-    let split = config.views(true).reduce_scatter_all_gather(true);
+    let rs = Wire { collective: Collective::ReduceScatterAllGather, ..Default::default() };
+    let split = BucketConfig { layout: BucketLayout::Views(rs), ..config };
     assert_eq!(layout(split, &[3, 5], tch::Kind::Float, 2), vec![(vec![1, 0], vec![0, 8], 16)]);
     assert_eq!(layout(split, &[3, 5], tch::Kind::Float, 3)[0].2, 12);
 }

@@ -6,7 +6,7 @@ mod common;
 
 use common::{batch, free_port, max_param_diff, mse, twin_mlps};
 use std::time::Duration;
-use tch_cuda_graphs::dist::{GradAllReduce, ProcessGroup};
+use tch_cuda_graphs::dist::{BucketConfig, BucketLayout, Collective, Compression, GradAllReduce, ProcessGroup, Wire};
 use tch_cuda_graphs::optim::{Optimizer, Sgd, SgdConfig};
 use tch_cuda_graphs::{synchronize, CaptureOptions, CudaGraph, Error, StepOptions, TrainStep};
 
@@ -143,7 +143,6 @@ fn gradients_as_bucket_views_stay_views_and_train_like_the_packed_layout() {
     use std::sync::{Arc, Mutex};
     use tch::Kind;
     use tch_cuda_graphs::checkpoint;
-    use tch_cuda_graphs::dist::BucketConfig;
     use tch_cuda_graphs::optim::{Adam, AdamConfig};
     let (pg_v, pg_p) = (group(), group());
     let d = pg_v.device();
@@ -156,9 +155,10 @@ fn gradients_as_bucket_views_stay_views_and_train_like_the_packed_layout() {
     let mut opt_p = adam(&vs_p);
     let mut opt_e = adam(&vs_e);
     let params: Vec<tch::Tensor> = opt_v.lock().unwrap().params().iter().map(tch::Tensor::shallow_clone).collect();
-    let config = BucketConfig::default().bucket_bytes(4 << 10);
-    let mut reduce_v = GradAllReduce::with_config(&pg_v, &params, config.views(true)).expect("views");
-    let mut reduce_p = GradAllReduce::with_config(&pg_p, opt_p.params(), config.views(false)).expect("packed");
+    let config = BucketConfig { bucket_bytes: 4 << 10, ..Default::default() };
+    let views_config = BucketConfig { layout: BucketLayout::Views(Wire::default()), ..config };
+    let mut reduce_v = GradAllReduce::with_config(&pg_v, &params, views_config).expect("views");
+    let mut reduce_p = GradAllReduce::with_config(&pg_p, opt_p.params(), config).expect("packed");
     let ptrs = |ps: &[tch::Tensor]| -> Vec<usize> { ps.iter().map(|p| p.grad().data_ptr() as usize).collect() };
     let views = ptrs(&params);
     assert!(params.iter().all(|p| p.grad().defined()), "each parameter's grad is a view from the start");
@@ -212,8 +212,9 @@ fn gradients_as_bucket_views_stay_views_and_train_like_the_packed_layout() {
     let pg_c = group();
     let (vs_c, model_c, vs_r, model_r) = twin_mlps(d, D, H, O);
     let opt_c = sgd(&vs_c);
-    let mut reduce_c =
-        GradAllReduce::with_config(&pg_c, opt_c.params(), config.bf16_compress(true)).expect("compressed");
+    let bf16 = Wire { compression: Compression::BFloat16, ..Default::default() };
+    let bf16_config = BucketConfig { layout: BucketLayout::Packed(bf16), ..config };
+    let mut reduce_c = GradAllReduce::with_config(&pg_c, opt_c.params(), bf16_config).expect("compressed");
     reduce_c.backward(&mse(&model_c, &x, &y)).expect("backward");
     mse(&model_r, &x, &y).backward();
     let vr = vs_r.variables();
@@ -231,33 +232,22 @@ fn gradients_as_bucket_views_stay_views_and_train_like_the_packed_layout() {
     let _m = common::mlp(vs_h.root(), D, H, O);
     let mut vs_h = vs_h;
     vs_h.half();
-    let half = GradAllReduce::with_config(&pg_c, &vs_h.trainable_variables(), config.bf16_compress(true));
+    let half = GradAllReduce::with_config(&pg_c, &vs_h.trainable_variables(), bf16_config);
     assert!(matches!(half, Err(Error::Misuse(_))), "{half:?}");
 }
 
-/// Bucket options that do not combine are refused (Misuse, nothing left behind: the same
-/// parameters can be bucketed right after); `backward_and_step` refuses parameters its
-/// optimizer does not hold before any work, and otherwise trains like backward + step, bit
-/// for bit, graphed and eager.
+/// `backward_and_step` refuses parameters its optimizer does not hold before any work, and
+/// otherwise trains like backward + step, bit for bit, graphed and eager. (Bucket options
+/// that do not combine cannot be written: `BucketLayout::Grouped` takes no `Wire`; the shim's
+/// own check of raw options is tested on the CPU, `src/dist/data_parallel.rs`.)
 #[test]
 #[ignore = "needs a CUDA device"]
-fn refused_bucket_options_and_a_step_per_bucket() {
-    use tch_cuda_graphs::dist::{BucketConfig, NcclBuffers};
+fn a_foreign_optimizer_refused_and_a_step_per_bucket() {
     let pg = group();
     let d = pg.device();
     let (vs, model, vs_ref, model_ref) = twin_mlps(d, D, H, O);
     let opt = sgd(&vs);
-    let base = BucketConfig::default().bucket_bytes(4 << 10).grouped(true);
-    for (what, config) in [
-        ("grouped + views", base.views(true)),
-        ("grouped + bf16", base.bf16_compress(true)),
-        ("grouped + NCCL window", base.nccl_buffers(NcclBuffers::Window)),
-        ("grouped + reduce-scatter", base.reduce_scatter_all_gather(true)),
-    ] {
-        let r = GradAllReduce::with_config(&pg, opt.params(), config);
-        println!("{what}: {:?}", r.as_ref().err());
-        assert!(matches!(r, Err(Error::Misuse(_))), "{what}: {r:?}");
-    }
+    let base = BucketConfig { bucket_bytes: 4 << 10, layout: BucketLayout::Grouped, ..Default::default() };
     // an optimizer over other parameters: refused before backward runs
     let other = tch::nn::VarStore::new(d);
     let _w = other.root().randn("w", &[4], 0.0, 1.0);
@@ -298,19 +288,20 @@ fn refused_bucket_options_and_a_step_per_bucket() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn every_layout_reduces_like_a_plain_backward_over_one_rank() {
-    use tch_cuda_graphs::dist::BucketConfig;
     let pg = group();
     let d = pg.device();
-    let small = BucketConfig::default().bucket_bytes(4 << 10);
+    let rs = Wire { collective: Collective::ReduceScatterAllGather, ..Default::default() };
+    let bf16 = Wire { compression: Compression::BFloat16, ..Default::default() };
     let layouts = [
-        ("packed", small, 0.0),
-        ("views", small.views(true), 0.0),
-        ("grouped", small.grouped(true), 0.0),
-        ("packed, reduce-scatter + all-gather", small.reduce_scatter_all_gather(true), 0.0),
-        ("views, reduce-scatter + all-gather", small.views(true).reduce_scatter_all_gather(true), 0.0),
-        ("packed, bf16", small.bf16_compress(true), 1.0 / 128.0),
+        ("packed", BucketLayout::default(), 0.0),
+        ("views", BucketLayout::Views(Wire::default()), 0.0),
+        ("grouped", BucketLayout::Grouped, 0.0),
+        ("packed, reduce-scatter + all-gather", BucketLayout::Packed(rs), 0.0),
+        ("views, reduce-scatter + all-gather", BucketLayout::Views(rs), 0.0),
+        ("packed, bf16", BucketLayout::Packed(bf16), 1.0 / 128.0),
     ];
-    for (name, config, tolerance) in layouts {
+    for (name, layout, tolerance) in layouts {
+        let config = BucketConfig { bucket_bytes: 4 << 10, layout, ..Default::default() };
         let (vs, model, vs_ref, model_ref) = twin_mlps(d, D, H, O);
         let mut opt = sgd(&vs);
         let mut reduce = GradAllReduce::with_config(&pg, opt.params(), config).expect("buckets");

@@ -19,7 +19,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 use tch::{nn, nn::Module, Kind, Tensor};
-use tch_cuda_graphs::dist::{broadcast_parameters, BucketConfig, GradAllReduce, NcclBuffers, ProcessGroup, ReduceOp};
+use tch_cuda_graphs::dist::{
+    broadcast_parameters, BucketConfig, BucketLayout, Collective, Compression, GradAllReduce, NcclBuffers,
+    ProcessGroup, ReduceOp, Wire,
+};
 use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use tch_cuda_graphs::{synchronize, CaptureOptions, CudaGraph, Error, StepOptions, TrainStep};
 
@@ -248,16 +251,16 @@ fn hundred_steps_body(pg: ProcessGroup) -> Result<()> {
             let model1 = mlp(vs1.root(), D, H, O);
             vs1.copy(&vs)?;
             let opt = opt_kind.make(&vs)?;
-            let mut config = BucketConfig::default()
-                .bucket_bytes(bucket_bytes)
-                .views(views)
-                .bf16_compress(bf16)
-                .nccl_buffers(buffers)
-                .reduce_scatter_all_gather(split)
-                .grouped(grouped);
-            if tuned {
-                config = config.first_bucket_bytes(4 << 10).high_priority(true);
-            }
+            let collective = if split { Collective::ReduceScatterAllGather } else { Collective::AllReduce };
+            let compression = if bf16 { Compression::BFloat16 } else { Compression::None };
+            let wire = Wire { collective, compression, buffers };
+            let layout = match (grouped, views) {
+                (true, _) => BucketLayout::Grouped,
+                (_, true) => BucketLayout::Views(wire),
+                _ => BucketLayout::Packed(wire),
+            };
+            let first_bucket_bytes = tuned.then_some(4 << 10);
+            let config = BucketConfig { bucket_bytes, first_bucket_bytes, layout, high_priority: tuned };
             let reduce = GradAllReduce::with_config(&pg, opt.params(), config)?;
             let buckets = reduce.bucket_count();
             let mut step = ddp_step(model, opt, reduce, overlap, d)?;

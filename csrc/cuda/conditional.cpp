@@ -94,6 +94,64 @@ struct tcg_cond {
   }
 };
 
+namespace {
+
+// A WHILE node's iteration counter and its "max_iters reached" flag.
+void set_counter(tcg_cond& st, tcg_tensor counter, tcg_tensor hit) {
+  if (counter == nullptr || hit == nullptr) misuse("conditional node: a WHILE node needs its counter and flag");
+  st.counter = tensor_ref(counter);
+  st.hit = tensor_ref(hit);
+  for (const auto* t : {&st.counter, &st.hit}) {
+    if (t->device() != st.cond.device() || t->scalar_type() != at::kInt || t->numel() < 1) {
+      misuse("conditional node: the counter and flag must be int32 on the condition's device");
+    }
+  }
+}
+
+// Into the graph being captured on st.outer: the handle, the setter that assigns it at every
+// launch, and the conditional node after them (the stream's capture continues after the node).
+// Returns the node's body graph.
+cudaGraph_t add_node(tcg_cond& st) {
+  cudaStream_t outer = st.outer.stream();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaGraph_t graph = nullptr;
+  check_cuda(cudaStreamGetCaptureInfo(outer, &status, nullptr, &graph, nullptr, nullptr, nullptr),
+             "cudaStreamGetCaptureInfo");
+  check_cuda(cudaGraphConditionalHandleCreate(&st.handle, graph, 0, 0), "cudaGraphConditionalHandleCreate");
+  st.launch_setter(st.type == TCG_COND_IF_NOT ? 2 : 0, outer);  // captured: assigns the handle at every launch
+  const cudaGraphNode_t* deps = nullptr;
+  const cudaGraphEdgeData* edges = nullptr;
+  size_t n = 0;
+  check_cuda(cudaStreamGetCaptureInfo(outer, &status, nullptr, &graph, &deps, &edges, &n), "cudaStreamGetCaptureInfo");
+  cudaGraphNodeParams params{};
+  params.type = cudaGraphNodeTypeConditional;
+  params.conditional.handle = st.handle;
+  params.conditional.type = st.type == TCG_COND_WHILE ? cudaGraphCondTypeWhile : cudaGraphCondTypeIf;
+  params.conditional.size = 1;
+  cudaGraphNode_t node = nullptr;
+  check_cuda(cudaGraphAddNode(&node, graph, deps, edges, n, &params), "cudaGraphAddNode (conditional)");
+  check_cuda(cudaStreamUpdateCaptureDependencies(outer, &node, nullptr, 1, cudaStreamSetCaptureDependencies),
+             "cudaStreamUpdateCaptureDependencies");
+  return params.conditional.phGraph_out[0];
+}
+
+// The body's capture on st.body into `body_graph`, its allocations routed to the body's pool;
+// the body stream becomes current.
+void begin_body(tcg_cond& st, cudaGraph_t body_graph) {
+  cudaStream_t bs = st.body.stream();
+  c10::cuda::CUDACachingAllocator::beginAllocateToPool(st.device, st.pool, [bs](cudaStream_t s) { return s == bs; });
+  st.routing = true;
+  cudaError_t e = cudaStreamBeginCaptureToGraph(bs, body_graph, nullptr, nullptr, 0, cudaStreamCaptureModeRelaxed);
+  if (e != cudaSuccess) {
+    st.close();
+    check_cuda(e, "cudaStreamBeginCaptureToGraph");
+  }
+  st.capturing = true;
+  c10::cuda::setCurrentCUDAStream(st.body);
+}
+
+}  // namespace
+
 extern "C" {
 
 // Long on purpose: the checks, then the node's set-up in the order CUDA requires it, each step
@@ -117,7 +175,7 @@ tcg_status tcg_cond_begin(tcg_cond_kind type, tcg_tensor cond, tcg_pool_id body_
     if (capture_status_of(outer.stream()) != 1) {
       misuse("conditional node: only inside a capture (the current stream is not capturing)");
     }
-    cudaKernel_t setter = own::kernel("tcg_cond_set", dev);
+    cudaKernel_t setter = own::kernel("tcg_cond_set", dev);  // TCG_SINGLE_KERNELS
     auto body = c10::cuda::getStreamFromPool(false, dev);
     if (body == outer) body = c10::cuda::getStreamFromPool(false, dev);
     auto st = std::make_unique<tcg_cond>(outer, body);
@@ -127,47 +185,9 @@ tcg_status tcg_cond_begin(tcg_cond_kind type, tcg_tensor cond, tcg_pool_id body_
     st->setter = setter;
     st->cond = c;
     st->max_iters = max_iters;
-    if (type == TCG_COND_WHILE) {
-      if (counter == nullptr || hit == nullptr) misuse("conditional node: a WHILE node needs its counter and flag");
-      st->counter = tensor_ref(counter);
-      st->hit = tensor_ref(hit);
-      for (const auto* t : {&st->counter, &st->hit}) {
-        if (t->device() != c.device() || t->scalar_type() != at::kInt || t->numel() < 1) {
-          misuse("conditional node: the counter and flag must be int32 on the condition's device");
-        }
-      }
-    }
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    cudaGraph_t graph = nullptr;
-    check_cuda(cudaStreamGetCaptureInfo(outer.stream(), &status, nullptr, &graph, nullptr, nullptr, nullptr),
-               "cudaStreamGetCaptureInfo");
-    check_cuda(cudaGraphConditionalHandleCreate(&st->handle, graph, 0, 0), "cudaGraphConditionalHandleCreate");
-    st->launch_setter(type == TCG_COND_IF_NOT ? 2 : 0, outer.stream());  // captured: assigns the handle at every launch
-    const cudaGraphNode_t* deps = nullptr;
-    const cudaGraphEdgeData* edges = nullptr;
-    size_t n = 0;
-    check_cuda(cudaStreamGetCaptureInfo(outer.stream(), &status, nullptr, &graph, &deps, &edges, &n),
-               "cudaStreamGetCaptureInfo");
-    cudaGraphNodeParams params{};
-    params.type = cudaGraphNodeTypeConditional;
-    params.conditional.handle = st->handle;
-    params.conditional.type = type == TCG_COND_WHILE ? cudaGraphCondTypeWhile : cudaGraphCondTypeIf;
-    params.conditional.size = 1;
-    cudaGraphNode_t node = nullptr;
-    check_cuda(cudaGraphAddNode(&node, graph, deps, edges, n, &params), "cudaGraphAddNode (conditional)");
-    check_cuda(cudaStreamUpdateCaptureDependencies(outer.stream(), &node, nullptr, 1, cudaStreamSetCaptureDependencies),
-               "cudaStreamUpdateCaptureDependencies");
-    cudaGraph_t body_graph = params.conditional.phGraph_out[0];
-    cudaStream_t bs = body.stream();
-    c10::cuda::CUDACachingAllocator::beginAllocateToPool(dev, st->pool, [bs](cudaStream_t s) { return s == bs; });
-    st->routing = true;
-    cudaError_t e = cudaStreamBeginCaptureToGraph(bs, body_graph, nullptr, nullptr, 0, cudaStreamCaptureModeRelaxed);
-    if (e != cudaSuccess) {
-      st->close();
-      check_cuda(e, "cudaStreamBeginCaptureToGraph");
-    }
-    st->capturing = true;
-    c10::cuda::setCurrentCUDAStream(body);
+    if (type == TCG_COND_WHILE) set_counter(*st, counter, hit);
+    cudaGraph_t body_graph = add_node(*st);
+    begin_body(*st, body_graph);
     *out = st.release();
   });
 }

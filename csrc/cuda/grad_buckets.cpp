@@ -25,7 +25,7 @@
 // no add, no zeroing); per bucket one pack kernel into the bucket on the side stream, the
 // all-reduce, and each .grad then becomes its view of the bucket (host only: no unpack kernel;
 // the replaced gradients are kept until the join, as the pack reads them on the side stream).
-// Grouped (packed, alone): no bucket buffer; each bucket's gradients are all-reduced where they
+// Grouped (an all-reduce, uncompressed, no NCCL buffers): no bucket buffer; each bucket's gradients are all-reduced where they
 // are, in one NCCL group. The collective of a buffer (one all-reduce, or a reduce-scatter and an
 // all-gather in place) is the Wire's, apart from the layouts; the round (armed, arrivals,
 // launches, fork and join) is State's, apart from both.
@@ -49,7 +49,7 @@ using namespace tcg;
 
 namespace {
 
-// tcg_bucket_memory: where the bucket buffers come from and how NCCL knows them.
+// tcg_bucket_buffers: where the bucket buffers come from and how NCCL knows them.
 enum class Buffers { caching, nccl_mem, registered, window };
 
 // One allocation of NCCL's allocator holding every bucket buffer, registered with the
@@ -123,7 +123,7 @@ struct Bucket {
   std::vector<int64_t> offsets;  // each member's offset in the flat buffer (elements)
   int64_t numel = 0;             // the flat buffer's length, padding included
   int64_t used = 0;              // the members' elements and their alignment padding
-  at::Tensor flat;               // views, split, NCCL buffers: always; packed: several members
+  at::Tensor flat;               // views, reduce-scatter, NCCL buffers: always; packed: several members
                                  // (never grouped)
   at::Tensor low;                // the bf16 buffer of a compressed bucket
   size_t pending = 0;            // gradients not yet ready in this round
@@ -138,21 +138,23 @@ enum class Layout {
 };
 
 // The collective of one buffer: the average over the group, by one all-reduce or by a
-// reduce-scatter and an all-gather in place (split), through a bf16 copy if compressed.
+// reduce-scatter and an all-gather in place (the collective), through a bf16 copy if compressed.
 struct Wire {
   tcg_pg* pg = nullptr;
-  bool compress = false;
-  bool split = false;
+  tcg_bucket_collective collective = TCG_BUCKET_COLLECTIVE_ALL_REDUCE;
+  tcg_bucket_compression compression = TCG_BUCKET_COMPRESSION_NONE;
+
+  bool compressed() const { return compression == TCG_BUCKET_COMPRESSION_BF16; }
 
   // Averages `buf` on the current stream; `low`: the bucket's bf16 buffer when compressed.
   void average(const at::Tensor& buf, const at::Tensor& low) const {
     at::Tensor wire = buf;
-    if (compress) {
+    if (compressed()) {
       low.copy_(buf.view({-1}));  // one cast kernel (buf: the flat buffer, or a lone gradient)
       wire = low;
     }
     check_collective(pg, wire);
-    if (split) {
+    if (collective == TCG_BUCKET_COLLECTIVE_REDUCE_SCATTER_ALL_GATHER) {
       // in place: this rank's chunk gets the average of everyone's chunk, then every chunk is
       // gathered back (by copy engines where NCCL has them for a zero-CTA policy and a window)
       const int64_t part = wire.numel() / pg->size;
@@ -175,7 +177,7 @@ struct Wire {
       auto w = pg->pg->allreduce(v, o);
       if (w) w->wait();
     }
-    if (compress) buf.view({-1}).copy_(low);  // back into fp32
+    if (compressed()) buf.view({-1}).copy_(low);  // back into fp32
   }
 
   // Averages every tensor where it is, in one NCCL group (one kernel).
@@ -292,7 +294,7 @@ struct State {
       if (!g[j].is_same(views[b.members[j]])) moved.push_back(j);
     }
     if (moved.size() == g.size()) {
-      at::Tensor packed = b.flat.narrow(0, 0, b.used);  // without the split layout's padding
+      at::Tensor packed = b.flat.narrow(0, 0, b.used);  // without the reduce-scatter's padding
       at::cat_out(packed, views_in, 0);                   // one kernel
     } else {
       for (size_t j : moved) views[b.members[j]].copy_(g[j]);
@@ -389,21 +391,30 @@ struct tcg_buckets {
 
 namespace {
 
-Buffers buffers_of(tcg_bucket_memory m) {
+Buffers buffers_of(tcg_bucket_buffers m) {
   switch (m) {
-    case TCG_BUCKET_MEMORY_CACHING: return Buffers::caching;
-    case TCG_BUCKET_MEMORY_NCCL_MEM: return Buffers::nccl_mem;
-    case TCG_BUCKET_MEMORY_NCCL_REGISTERED: return Buffers::registered;
-    case TCG_BUCKET_MEMORY_NCCL_WINDOW: return Buffers::window;
+    case TCG_BUCKET_BUFFERS_CACHING: return Buffers::caching;
+    case TCG_BUCKET_BUFFERS_NCCL_MEM: return Buffers::nccl_mem;
+    case TCG_BUCKET_BUFFERS_NCCL_REGISTERED: return Buffers::registered;
+    case TCG_BUCKET_BUFFERS_NCCL_WINDOW: return Buffers::window;
   }
-  misuse("GradAllReduce: unknown bucket memory " + std::to_string(static_cast<int>(m)));
+  misuse("GradAllReduce: unknown bucket buffers " + std::to_string(static_cast<int>(m)));
+}
+
+Layout layout_of(tcg_bucket_layout l) {
+  switch (l) {
+    case TCG_BUCKET_LAYOUT_PACKED: return Layout::packed;
+    case TCG_BUCKET_LAYOUT_VIEWS: return Layout::views;
+    case TCG_BUCKET_LAYOUT_GROUPED: return Layout::grouped;
+  }
+  misuse("GradAllReduce: unknown bucket layout " + std::to_string(static_cast<int>(l)));
 }
 
 // Every parameter a leaf that requires grad, of one dtype, on the group's device, without a
 // hook of another GradAllReduce; bf16 compression of float32 gradients only.
 void check_params(const State& s) {
   const auto kind = s.params[0].scalar_type();
-  if (s.wire.compress && kind != at::kFloat) misuse("GradAllReduce: bf16 compression needs float32 gradients");
+  if (s.wire.compressed() && kind != at::kFloat) misuse("GradAllReduce: bf16 compression needs float32 gradients");
   for (size_t i = 0; i < s.params.size(); ++i) {
     const auto& p = s.params[i];
     check_collective(s.pg, p);
@@ -425,8 +436,8 @@ void plan_buckets(State& s, int64_t bucket_bytes, int64_t first_bucket_bytes) {
   rules.element_bytes = static_cast<int64_t>(c10::elementSize(s.params[0].scalar_type()));
   rules.bucket_bytes = bucket_bytes;
   rules.first_bucket_bytes = first_bucket_bytes;
-  rules.views = s.layout == Layout::views;
-  rules.split = s.wire.split;
+  rules.aligned = s.layout == Layout::views;
+  rules.padded = s.wire.collective == TCG_BUCKET_COLLECTIVE_REDUCE_SCATTER_ALL_GATHER;
   rules.world = s.pg->size;
   for (auto& planned : buckets::plan(numels, rules, &s.bucket_of)) {
     auto& b = s.buckets.emplace_back();
@@ -445,8 +456,8 @@ void allocate_buffers(State& s, Buffers mode) {
   const int64_t elt = static_cast<int64_t>(c10::elementSize(s.params[0].scalar_type()));
   if (mode == Buffers::caching) {
     for (auto& b : s.buckets) {
-      if (s.layout != Layout::grouped && (s.layout == Layout::views || s.wire.split || b.members.size() > 1)) b.flat = at::zeros({b.numel}, opts);
-      if (s.wire.compress) b.low = at::zeros({b.numel}, opts.dtype(at::kBFloat16));
+      if (s.layout != Layout::grouped && (s.layout == Layout::views || s.wire.collective == TCG_BUCKET_COLLECTIVE_REDUCE_SCATTER_ALL_GATHER || b.members.size() > 1)) b.flat = at::zeros({b.numel}, opts);
+      if (s.wire.compressed()) b.low = at::zeros({b.numel}, opts.dtype(at::kBFloat16));
     }
     return;
   }
@@ -455,13 +466,13 @@ void allocate_buffers(State& s, Buffers mode) {
   // a flat buffer there, so every all-reduce uses NCCL's memory
   auto round = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   int64_t total = 0;
-  for (auto& b : s.buckets) total += round(b.numel * elt) + (s.wire.compress ? round(b.numel * 2) : 0);
+  for (auto& b : s.buckets) total += round(b.numel * elt) + (s.wire.compressed() ? round(b.numel * 2) : 0);
   s.arena = make_arena(s.pg, static_cast<size_t>(std::max<int64_t>(total, 256)), mode);
   int64_t at = 0;
   for (auto& b : s.buckets) {
     b.flat = s.arena->bytes.narrow(0, at, b.numel * elt).view(opts.dtype().toScalarType()).zero_();
     at += round(b.numel * elt);
-    if (s.wire.compress) {
+    if (s.wire.compressed()) {
       b.low = s.arena->bytes.narrow(0, at, b.numel * 2).view(at::kBFloat16).zero_();
       at += round(b.numel * 2);
     }
@@ -497,7 +508,10 @@ tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensors params, const tcg_buckets_opt
   return guard([&] {
     if (pg == nullptr) misuse("null process group");
     if (params.len == 0) misuse("GradAllReduce: no parameters");
-    const Buffers mode = buffers_of(o->memory);
+    if (o == nullptr) misuse("GradAllReduce: null options");
+    const std::string why = buckets::invalid(*o);
+    if (!why.empty()) misuse("GradAllReduce: " + why);
+    const Buffers mode = buffers_of(o->buffers);
     c10::cuda::CUDAGuard on_device(pg->device);
     if (mode != Buffers::caching && c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
       misuse("GradAllReduce: NCCL buffers are registered collectively: make the buckets outside a capture");
@@ -505,11 +519,8 @@ tcg_status tcg_buckets_new(tcg_pg* pg, tcg_tensors params, const tcg_buckets_opt
     auto s = std::make_shared<State>(at::cuda::getStreamFromPool(o->high_priority, pg->device));
     s->pg = pg;
     s->params = tensor_list(params);
-    if (o->grouped && (o->views || o->bf16 || o->split || mode != Buffers::caching)) {
-      misuse("GradAllReduce: a grouped all-reduce is for the packed layout, without compression, splitting or NCCL buffers");
-    }
-    s->layout = o->views ? Layout::views : o->grouped ? Layout::grouped : Layout::packed;
-    s->wire = Wire{pg, o->bf16, o->split};
+    s->layout = layout_of(o->layout);
+    s->wire = Wire{pg, o->collective, o->compression};
     check_params(*s);
     plan_buckets(*s, o->bucket_bytes, o->first_bucket_bytes);
     allocate_buffers(*s, mode);

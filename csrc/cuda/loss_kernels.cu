@@ -12,6 +12,7 @@
 #include <math_constants.h>
 
 #include "loss_params.h"
+#include "own_kernel_list.h"
 #include "vec_io.cuh"
 
 namespace tcg::loss {
@@ -161,16 +162,15 @@ __device__ void backward(const Backward& a) {
 }  // namespace
 }  // namespace tcg::loss
 
-#define TCG_LOSS_KERNELS(N, T)                                                                      \
+// The kernels of own_kernel_list.h's TCG_LOSS_TYPES, and the finish.
+#define TCG_LOSS_KERNELS(N)                                                                         \
   extern "C" __global__ void __launch_bounds__(tcg::loss::kMaxThreads) tcg_ce_fwd_##N(const tcg::loss::Forward a) { \
-    tcg::loss::forward<T>(a);                                                                       \
+    tcg::loss::forward<TCG_CUDA_TYPE(N)>(a);                                                        \
   }                                                                                                 \
   extern "C" __global__ void __launch_bounds__(tcg::loss::kMaxThreads) tcg_ce_bwd_##N(const tcg::loss::Backward a) { \
-    tcg::loss::backward<T>(a);                                                                      \
+    tcg::loss::backward<TCG_CUDA_TYPE(N)>(a);                                                       \
   }
-TCG_LOSS_KERNELS(f32, float)
-TCG_LOSS_KERNELS(bf16, __nv_bfloat16)
-TCG_LOSS_KERNELS(f16, __half)
+TCG_LOSS_TYPES(TCG_LOSS_KERNELS)
 
 // One block: the rows' losses summed in a fixed order (per thread strided, then a tree), the
 // count of rows not ignored, the mean and its reciprocal count.

@@ -60,7 +60,7 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
     const Grid g = grid_for(rows, cols, vec);
     Forward p{logits.data_ptr(), targets.t.data_ptr<int64_t>(), lse.data_ptr<float>(), row_loss.data_ptr<float>(),
               rows, cols, targets.ignore_index, vec ? 1 : 0, g.warp_rows ? 1 : 0};
-    own::launch(std::string("tcg_ce_fwd_") + own::float_name(logits.scalar_type()), device, g.blocks, g.threads, &p);
+    own::launch(own::loss_kernel(own::Pass::Forward, logits.scalar_type()), device, g.blocks, g.threads, &p);
     Finish f{row_loss.data_ptr<float>(), targets.t.data_ptr<int64_t>(), loss.data_ptr<float>(),
              inv_count.data_ptr<float>(), rows, targets.ignore_index};
     own::launch("tcg_ce_finish", device, 1, kFinishThreads, &f);
@@ -85,7 +85,7 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
     Backward p{logits.data_ptr(), targets.data_ptr<int64_t>(), lse.data_ptr<float>(), g.data_ptr<float>(),
                inv_count.data_ptr<float>(), dlogits.data_ptr(), rows, cols, ctx->saved_data.at("ignore_index").toInt(),
                vec ? 1 : 0, grid.warp_rows ? 1 : 0};
-    own::launch(std::string("tcg_ce_bwd_") + own::float_name(logits.scalar_type()), device, grid.blocks, grid.threads, &p);
+    own::launch(own::loss_kernel(own::Pass::Backward, logits.scalar_type()), device, grid.blocks, grid.threads, &p);
     return {dlogits, at::Tensor()};
   }
 };
@@ -95,7 +95,7 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
 std::string unsupported(const at::Tensor& logits, const at::Tensor& targets) {
   if (!logits.is_cuda()) return "the logits are not on a CUDA device";
   if (targets.device() != logits.device()) return "the targets are on another device";
-  if (own::float_name(logits.scalar_type()) == nullptr) return std::string("logits dtype ") + c10::toString(logits.scalar_type());
+  if (!own::loss_builds(logits.scalar_type())) return std::string("logits dtype ") + c10::toString(logits.scalar_type());
   if (!logits.is_contiguous() || !targets.is_contiguous()) return "the logits or targets are not contiguous";
   if (logits.size(0) == 0 || logits.size(1) == 0) return "no rows or no classes";
   if (logits.size(0) > INT32_MAX) return "more rows than a grid holds";

@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 
 #include "norm_params.h"
+#include "own_kernel_list.h"
 #include "vec_io.cuh"
 
 namespace tcg::norm {
@@ -122,76 +123,100 @@ __device__ void forward(const Forward& a) {
 // One warp per row, the rows of a block strided over the grid. Each warp sums its rows' weight
 // and bias gradients in its own stretch of shared memory (a lane owns its columns there, so no
 // atomics and few registers), then the block adds its warps' sums in order.
-template <typename TB, typename TY, int VEC>
-__device__ void backward(const Backward& a) {
-  __shared__ float4 s_acc[kWarps][2][VEC * 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int cols = a.cols;
-  const float inv = 1.0f / static_cast<float>(cols);
-  uint64_t seed = 0, offset = 0;
-  if (a.dropout) unpack(a.philox, &seed, &offset);
+// One row's normalized input xh and weighted gradient g (the lane's VEC groups of 4), the
+// row's sums of g and g·xh for this lane, and the warp's weight and bias gradient sums (acc[0],
+// acc[1]) accumulated.
+template <typename TY, int VEC>
+__device__ __forceinline__ void backward_load(const Backward& a, int64_t base, float mean, float rstd, int lane,
+                                              float4 (&xh)[VEC], float4 (&g)[VEC], float4 (*acc)[VEC * 32],
+                                              float* sum_g, float* sum_gx) {
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) s_acc[warp][0][lane + 32 * i] = s_acc[warp][1][lane + 32 * i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < a.rows;
-       row += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const int64_t base = row * cols;
-    const float mean = a.mean[row], rstd = a.rstd[row];
-    float4 xh[VEC], g[VEC];
-    float sum_g = 0.0f, sum_gx = 0.0f;
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      const int c = (lane + 32 * i) * 4;
-      if (c < cols) {
-        const float4 x = load4<float>(a.x + base + c);
-        xh[i] = make_float4((x.x - mean) * rstd, (x.y - mean) * rstd, (x.z - mean) * rstd, (x.w - mean) * rstd);
-        const float4 dy = a.dy ? load4<TY>(static_cast<const TY*>(a.dy) + base + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-        const float4 w = a.gamma ? load4<float>(a.gamma + c) : make_float4(1.f, 1.f, 1.f, 1.f);
-        g[i] = make_float4(dy.x * w.x, dy.y * w.y, dy.z * w.z, dy.w * w.w);
-        float4& ag = s_acc[warp][0][lane + 32 * i];
-        float4& ab = s_acc[warp][1][lane + 32 * i];
-        ag = make_float4(ag.x + dy.x * xh[i].x, ag.y + dy.y * xh[i].y, ag.z + dy.z * xh[i].z, ag.w + dy.w * xh[i].w);
-        ab = make_float4(ab.x + dy.x, ab.y + dy.y, ab.z + dy.z, ab.w + dy.w);
-        sum_g += (g[i].x + g[i].y) + (g[i].z + g[i].w);
-        sum_gx += (g[i].x * xh[i].x + g[i].y * xh[i].y) + (g[i].z * xh[i].z + g[i].w * xh[i].w);
-      }
+  for (int i = 0; i < VEC; ++i) {
+    const int c = (lane + 32 * i) * 4;
+    if (c < a.cols) {
+      const float4 x = load4<float>(a.x + base + c);
+      xh[i] = make_float4((x.x - mean) * rstd, (x.y - mean) * rstd, (x.z - mean) * rstd, (x.w - mean) * rstd);
+      const float4 dy = a.dy ? load4<TY>(static_cast<const TY*>(a.dy) + base + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float4 w = a.gamma ? load4<float>(a.gamma + c) : make_float4(1.f, 1.f, 1.f, 1.f);
+      g[i] = make_float4(dy.x * w.x, dy.y * w.y, dy.z * w.z, dy.w * w.w);
+      float4& ag = acc[0][lane + 32 * i];
+      float4& ab = acc[1][lane + 32 * i];
+      ag = make_float4(ag.x + dy.x * xh[i].x, ag.y + dy.y * xh[i].y, ag.z + dy.z * xh[i].z, ag.w + dy.w * xh[i].w);
+      ab = make_float4(ab.x + dy.x, ab.y + dy.y, ab.z + dy.z, ab.w + dy.w);
+      *sum_g += (g[i].x + g[i].y) + (g[i].z + g[i].w);
+      *sum_gx += (g[i].x * xh[i].x + g[i].y * xh[i].y) + (g[i].z * xh[i].z + g[i].w * xh[i].w);
     }
-    const float mg = a.rms ? 0.0f : warp_sum(sum_g) * inv;
-    const float mgx = warp_sum(sum_gx) * inv;
+  }
+}
+
+// One row's input gradient (plus the residual stream's gradient), and the branch's (through
+// the dropout mask), from the row's means mg of g and mgx of g·xh.
+template <typename TB, int VEC>
+__device__ __forceinline__ void backward_store(const Backward& a, int64_t base, float rstd, float mg, float mgx, int lane,
+                                               const float4 (&xh)[VEC], const float4 (&g)[VEC], uint64_t seed,
+                                               uint64_t offset) {
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      const int c = (lane + 32 * i) * 4;
-      if (c < cols) {
-        float4 d = make_float4(rstd * (g[i].x - mg - xh[i].x * mgx), rstd * (g[i].y - mg - xh[i].y * mgx),
-                               rstd * (g[i].z - mg - xh[i].z * mgx), rstd * (g[i].w - mg - xh[i].w * mgx));
-        if (a.dres != nullptr) {
-          const float4 r = load4<float>(a.dres + base + c);
-          d = make_float4(d.x + r.x, d.y + r.y, d.z + r.z, d.w + r.w);
+  for (int i = 0; i < VEC; ++i) {
+    const int c = (lane + 32 * i) * 4;
+    if (c < a.cols) {
+      float4 d = make_float4(rstd * (g[i].x - mg - xh[i].x * mgx), rstd * (g[i].y - mg - xh[i].y * mgx),
+                             rstd * (g[i].z - mg - xh[i].z * mgx), rstd * (g[i].w - mg - xh[i].w * mgx));
+      if (a.dres != nullptr) {
+        const float4 r = load4<float>(a.dres + base + c);
+        d = make_float4(d.x + r.x, d.y + r.y, d.z + r.z, d.w + r.w);
+      }
+      store4<float>(a.dx + base + c, d);
+      if (a.dbranch != nullptr) {
+        float4 db = d;
+        if (a.dropout) {
+          const float4 m = keep4(seed, offset, static_cast<uint64_t>(base + c), a.keep, a.scale);
+          db = make_float4(d.x * m.x, d.y * m.y, d.z * m.z, d.w * m.w);
         }
-        store4<float>(a.dx + base + c, d);
-        if (a.dbranch != nullptr) {
-          float4 db = d;
-          if (a.dropout) {
-            const float4 m = keep4(seed, offset, static_cast<uint64_t>(base + c), a.keep, a.scale);
-            db = make_float4(d.x * m.x, d.y * m.y, d.z * m.z, d.w * m.w);
-          }
-          store4<TB>(static_cast<TB*>(a.dbranch) + base + c, db);
-        }
+        store4<TB>(static_cast<TB*>(a.dbranch) + base + c, db);
       }
     }
   }
+}
+
+// The block's partial weight and bias gradients: its warps' sums, added in warp order.
+template <int VEC>
+__device__ __forceinline__ void backward_partials(const Backward& a, const float4 (&s_acc)[kWarps][2][VEC * 32]) {
   __syncthreads();
   const float* acc = reinterpret_cast<const float*>(s_acc);
   constexpr int stride = 2 * VEC * 32 * 4;  // floats per warp
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+  for (int c = threadIdx.x; c < a.cols; c += blockDim.x) {
     float sg = 0.0f, sb = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       sg += acc[w * stride + c];
       sb += acc[w * stride + VEC * 32 * 4 + c];
     }
-    if (a.part_gamma != nullptr) a.part_gamma[static_cast<int64_t>(blockIdx.x) * cols + c] = sg;
-    if (a.part_beta != nullptr) a.part_beta[static_cast<int64_t>(blockIdx.x) * cols + c] = sb;
+    if (a.part_gamma != nullptr) a.part_gamma[static_cast<int64_t>(blockIdx.x) * a.cols + c] = sg;
+    if (a.part_beta != nullptr) a.part_beta[static_cast<int64_t>(blockIdx.x) * a.cols + c] = sb;
   }
+}
+
+template <typename TB, typename TY, int VEC>
+__device__ void backward(const Backward& a) {
+  __shared__ float4 s_acc[kWarps][2][VEC * 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float inv = 1.0f / static_cast<float>(a.cols);
+  uint64_t seed = 0, offset = 0;
+  if (a.dropout) unpack(a.philox, &seed, &offset);
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) s_acc[warp][0][lane + 32 * i] = s_acc[warp][1][lane + 32 * i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < a.rows;
+       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t base = row * a.cols;
+    const float mean = a.mean[row], rstd = a.rstd[row];
+    float4 xh[VEC], g[VEC];
+    float sum_g = 0.0f, sum_gx = 0.0f;
+    backward_load<TY, VEC>(a, base, mean, rstd, lane, xh, g, s_acc[warp], &sum_g, &sum_gx);
+    const float mg = a.rms ? 0.0f : warp_sum(sum_g) * inv;
+    const float mgx = warp_sum(sum_gx) * inv;
+    backward_store<TB, VEC>(a, base, rstd, mg, mgx, lane, xh, g, seed, offset);
+  }
+  backward_partials<VEC>(a, s_acc);
 }
 
 __device__ void finish(const Finish& a) {
@@ -223,27 +248,18 @@ __device__ void finish(const Finish& a) {
 }  // namespace
 }  // namespace tcg::norm
 
-// The kernels the launcher names: tcg_norm_{fwd,bwd}_<branch type>_<output type>_v<VEC> (VEC 4:
-// rows up to 512 wide; 8: up to 1024), and the finish.
-#define TCG_NORM_KERNELS(NB, TB, NY, TY, V)                                                            \
+// The kernels of own_kernel_list.h's TCG_NORM_TYPES and TCG_NORM_VECS, and the finish.
+#define TCG_NORM_KERNELS(NB, NY, V)                                                                \
   extern "C" __global__ void __launch_bounds__(tcg::norm::kWarps * 32)                               \
       tcg_norm_fwd_##NB##_##NY##_v##V(const tcg::norm::Forward a) {                                    \
-    tcg::norm::forward<TB, TY, V>(a);                                                                  \
+    tcg::norm::forward<TCG_CUDA_TYPE(NB), TCG_CUDA_TYPE(NY), V>(a);                                    \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(tcg::norm::kWarps * 32)                               \
       tcg_norm_bwd_##NB##_##NY##_v##V(const tcg::norm::Backward a) {                                   \
-    tcg::norm::backward<TB, TY, V>(a);                                                                 \
+    tcg::norm::backward<TCG_CUDA_TYPE(NB), TCG_CUDA_TYPE(NY), V>(a);                                   \
   }
-#define TCG_NORM_KERNELS_FOR(NB, TB)                \
-  TCG_NORM_KERNELS(NB, TB, f32, float, 4)           \
-  TCG_NORM_KERNELS(NB, TB, bf16, __nv_bfloat16, 4)  \
-  TCG_NORM_KERNELS(NB, TB, f16, __half, 4)          \
-  TCG_NORM_KERNELS(NB, TB, f32, float, 8)           \
-  TCG_NORM_KERNELS(NB, TB, bf16, __nv_bfloat16, 8)  \
-  TCG_NORM_KERNELS(NB, TB, f16, __half, 8)
-TCG_NORM_KERNELS_FOR(f32, float)
-TCG_NORM_KERNELS_FOR(bf16, __nv_bfloat16)
-TCG_NORM_KERNELS_FOR(f16, __half)
+#define TCG_NORM_KERNELS_FOR(NB, NY) TCG_NORM_VECS(TCG_NORM_KERNELS, NB, NY)
+TCG_NORM_TYPES(TCG_NORM_KERNELS_FOR)
 
 extern "C" __global__ void __launch_bounds__(tcg::norm::kFinishThreads) tcg_norm_finish(const tcg::norm::Finish a) {
   tcg::norm::finish(a);

@@ -25,8 +25,8 @@ using torch::autograd::variable_list;
 namespace tcg::norm {
 namespace {
 
-// The kernel variant for rows `cols` wide: 4 or 8 groups of 4 values per lane.
-const char* vec(int64_t cols) { return cols <= 32 * 4 * 4 ? "_v4" : "_v8"; }
+// The kernel variant for rows `cols` wide: 4 or 8 groups of 4 values per lane (TCG_NORM_VECS).
+int vec(int64_t cols) { return cols <= 32 * 4 * 4 ? 4 : 8; }
 
 bool aligned16(const at::Tensor& t) { return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
@@ -92,7 +92,7 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     p.dropout = dropout ? 1 : 0;
     if (dropout) p.philox = philox_state(device);
     if (rows > 0) {
-      const std::string name = std::string("tcg_norm_fwd_") + own::float_name(branch_type) + "_" + own::float_name(o.out) + vec(cols);
+      const std::string name = own::norm_kernel(own::Pass::Forward, branch_type, o.out, vec(cols));
       own::launch(name, device, static_cast<unsigned>((rows + kWarps - 1) / kWarps), kWarps * 32, &p);
     }
     ctx->save_for_backward({x, mean, rstd, weight});
@@ -122,7 +122,7 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     const int device = x.get_device();
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     const int64_t cols = x.size(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
-    if (dy.defined()) dy = (own::float_name(dy.scalar_type()) == nullptr ? dy.to(at::kFloat) : dy).contiguous();
+    if (dy.defined()) dy = (own::norm_builds(branch_type, dy.scalar_type()) ? dy : dy.to(at::kFloat)).contiguous();
     if (dres.defined()) dres = dres.to(at::kFloat).contiguous();
     at::Tensor dx = at::empty_like(x);
     at::Tensor dbranch = has_branch ? at::empty(x.sizes(), x.options().dtype(branch_type)) : at::Tensor();
@@ -155,8 +155,8 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     p.scale = static_cast<float>(ctx->saved_data.at("scale").toDouble());
     p.dropout = dropout ? 1 : 0;
     p.philox = unpack_state(ctx->saved_data.at("philox").toIntVector());
-    const char* y_name = own::float_name(dy.defined() ? dy.scalar_type() : at::kFloat);
-    own::launch(std::string("tcg_norm_bwd_") + own::float_name(branch_type) + "_" + y_name + vec(cols), device,
+    const at::ScalarType y_type = dy.defined() ? dy.scalar_type() : at::kFloat;
+    own::launch(own::norm_kernel(own::Pass::Backward, branch_type, y_type, vec(cols)), device,
            static_cast<unsigned>(blocks), kWarps * 32, &p);
     if (weight.defined() || has_bias) {
       Finish f{};
@@ -183,11 +183,13 @@ std::string unsupported(const at::Tensor& res, const at::Tensor& branch, const a
   if (cols % 4 != 0 || cols > kMaxCols || cols == 0) {
     return "the last dimension (" + std::to_string(cols) + ") is not a multiple of 4 up to " + std::to_string(kMaxCols);
   }
-  if (own::float_name(o.out) == nullptr) return std::string("output dtype ") + c10::toString(o.out);
+  if (!own::norm_builds(at::kFloat, o.out)) return std::string("output dtype ") + c10::toString(o.out);
   if (!res.is_contiguous() || !aligned16(res)) return "the input is not contiguous and 16-byte aligned";
   if (branch.defined()) {
     if (branch.device() != res.device()) return "the branch is on another device";
-    if (own::float_name(branch.scalar_type()) == nullptr) return std::string("branch dtype ") + c10::toString(branch.scalar_type());
+    if (!own::norm_builds(branch.scalar_type(), o.out)) {
+      return std::string("branch dtype ") + c10::toString(branch.scalar_type()) + " with output dtype " + c10::toString(o.out);
+    }
     if (!branch.is_contiguous() || !aligned16(branch)) return "the branch is not contiguous and 16-byte aligned";
   }
   for (const at::Tensor* p : {&weight, &bias}) {

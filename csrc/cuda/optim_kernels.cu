@@ -14,6 +14,7 @@
 #include <ATen/native/cuda/fused_adam_utils.cuh>
 
 #include "optim_table.h"
+#include "own_kernel_list.h"
 
 namespace tcg::optim {
 namespace {
@@ -202,30 +203,30 @@ __device__ __forceinline__ void sgd(const Table<3>& t) {
 }  // namespace
 }  // namespace tcg::optim
 
-// Entry points, by name: tcg_adam_<dtype>_<adam|adamw>_<amsgrad 0|1>, tcg_sgd_<dtype>_<depth>
-// (depth 3 with momentum buffers, 2 without).
-#define TCG_ADAM_KERNEL(T, dtype, mode, mode_name, ams)                                      \
-  extern "C" __global__ void __launch_bounds__(tcg::optim::kBlockThreads)                    \
-      tcg_adam_##dtype##_##mode_name##_##ams(const __grid_constant__ tcg::optim::Table<5> t) { \
-    tcg::optim::adam<T, at::native::ADAM_MODE::mode, ams != 0>(t);                           \
+// The kernels of own_kernel_list.h's TCG_OPTIM_TYPES, on ATen's types (adam_math takes them).
+#define TCG_ATEN_TYPE(NAME) TCG_ATEN_TYPE_##NAME
+#define TCG_ATEN_TYPE_Float float
+#define TCG_ATEN_TYPE_Double double
+#define TCG_ATEN_TYPE_Half at::Half
+#define TCG_ATEN_TYPE_BFloat16 at::BFloat16
+#define TCG_ADAM_KERNEL(dtype, mode, mode_name, ams)                                              \
+  extern "C" __global__ void __launch_bounds__(tcg::optim::kBlockThreads)                         \
+      tcg_adam_##dtype##_##mode_name##_##ams(const __grid_constant__ tcg::optim::Table<5> t) {      \
+    tcg::optim::adam<TCG_ATEN_TYPE(dtype), at::native::ADAM_MODE::mode, ams != 0>(t);             \
   }
-#define TCG_SGD_KERNEL(T, dtype, depth)                                                      \
-  extern "C" __global__ void __launch_bounds__(tcg::optim::kBlockThreads)                    \
-      tcg_sgd_##dtype##_##depth(const __grid_constant__ tcg::optim::Table<3> t) {             \
-    tcg::optim::sgd<T, depth>(t);                                                            \
+#define TCG_SGD_KERNEL(dtype, depth)                                                              \
+  extern "C" __global__ void __launch_bounds__(tcg::optim::kBlockThreads)                         \
+      tcg_sgd_##dtype##_##depth(const __grid_constant__ tcg::optim::Table<3> t) {                  \
+    tcg::optim::sgd<TCG_ATEN_TYPE(dtype), depth>(t);                                              \
   }
-#define TCG_KERNELS(T, dtype)                    \
-  TCG_ADAM_KERNEL(T, dtype, ORIGINAL, adam, 0)   \
-  TCG_ADAM_KERNEL(T, dtype, ORIGINAL, adam, 1)   \
-  TCG_ADAM_KERNEL(T, dtype, ADAMW, adamw, 0)     \
-  TCG_ADAM_KERNEL(T, dtype, ADAMW, adamw, 1)     \
-  TCG_SGD_KERNEL(T, dtype, 2)                    \
-  TCG_SGD_KERNEL(T, dtype, 3)
-
-TCG_KERNELS(float, f32)
-TCG_KERNELS(double, f64)
-TCG_KERNELS(at::Half, f16)
-TCG_KERNELS(at::BFloat16, bf16)
+#define TCG_OPTIM_KERNELS(dtype)              \
+  TCG_ADAM_KERNEL(dtype, ORIGINAL, adam, 0)   \
+  TCG_ADAM_KERNEL(dtype, ORIGINAL, adam, 1)   \
+  TCG_ADAM_KERNEL(dtype, ADAMW, adamw, 0)     \
+  TCG_ADAM_KERNEL(dtype, ADAMW, adamw, 1)     \
+  TCG_SGD_KERNEL(dtype, 2)                    \
+  TCG_SGD_KERNEL(dtype, 3)
+TCG_OPTIM_TYPES(TCG_OPTIM_KERNELS)
 
 // The fat binary holds the crate's other own kernel too: the conditional nodes' setter.
 #include "cond_kernels.cuh"

@@ -15,25 +15,13 @@
 namespace tcg::optim {
 namespace {
 
-const char* const kDtypes[] = {"f32", "f64", "f16", "bf16"};
-
-const char* dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return kDtypes[0];
-    case at::kDouble: return kDtypes[1];
-    case at::kHalf: return kDtypes[2];
-    case at::kBFloat16: return kDtypes[3];
-    default: return nullptr;
-  }
-}
-
 // Why the own kernels cannot take these lists (list 0: the parameters), or "".
 std::string check_lists(const std::vector<std::pair<const char*, const std::vector<at::Tensor>*>>& lists) {
   const auto& params = *lists[0].second;
   if (params.empty()) return "no parameters";
   const auto& p0 = params[0];
   if (!p0.is_cuda()) return "the parameters are not on a CUDA device";
-  if (dtype_name(p0.scalar_type()) == nullptr) {
+  if (!own::optim_builds(p0.scalar_type())) {
     return std::string("dtype ") + c10::toString(p0.scalar_type()) + " (own kernels: float32, float64, float16, bfloat16)";
   }
   for (const auto& [what, list] : lists) {
@@ -174,8 +162,7 @@ bool adam(bool adamw, const std::vector<at::Tensor>& params, const std::vector<a
   t.beta2 = beta2;
   t.weight_decay = weight_decay;
   t.eps = eps;
-  const std::string name = std::string("tcg_adam_") + dtype_name(params[0].scalar_type()) + "_" +
-                           (adamw ? "adamw" : "adam") + "_" + (amsgrad ? "1" : "0");
+  const std::string name = own::adam_kernel(params[0].scalar_type(), adamw, amsgrad);
   launch<5>(name, rows(lists, 5), t, &steps, &arrivals, slots);
   return true;
 }
@@ -199,8 +186,7 @@ bool sgd(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& g
   t.nesterov = nesterov ? 1 : 0;
   t.is_first_step = is_first_step ? 1 : 0;
   const bool with_momentum = !bufs.empty();
-  const std::string name = std::string("tcg_sgd_") + dtype_name(params[0].scalar_type()) + "_" +
-                           (with_momentum ? "3" : "2");
+  const std::string name = own::sgd_kernel(params[0].scalar_type(), with_momentum);
   launch<3>(name, rows(lists, 3), t, nullptr, nullptr, nullptr);
   return true;
 }

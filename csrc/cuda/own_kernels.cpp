@@ -6,64 +6,91 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <vector>
 
 #include "cuda_shim.h"
+#include "own_kernel_list.h"
 
 #ifdef TCG_OWN_KERNELS
 // The fat binaries, embedded by the file build.rs generates.
 extern "C" const unsigned char tcg_optim_kernels_fatbin[];
 extern "C" const unsigned char tcg_norm_kernels_fatbin[];
 extern "C" const unsigned char tcg_loss_kernels_fatbin[];
+extern "C" const unsigned char tcg_rotary_kernels_fatbin[];
+extern "C" const unsigned char tcg_swiglu_kernels_fatbin[];
 #endif
 
 namespace tcg::own {
 namespace {
 
-// Every kernel of each fat binary, by name (see the end of each *_kernels.cu).
+// The dtypes of own_kernel_list.h's lists.
+#define TCG_TYPE(T) at::ScalarType::T,
+#define TCG_TYPE_PAIR(B, Y) std::pair{at::ScalarType::B, at::ScalarType::Y},
+#define TCG_VEC(B, Y, V) V,
+#define TCG_NAME(N) #N,
+constexpr at::ScalarType kOptimTypes[] = {TCG_OPTIM_TYPES(TCG_TYPE)};
+constexpr std::pair<at::ScalarType, at::ScalarType> kNormTypes[] = {TCG_NORM_TYPES(TCG_TYPE_PAIR)};
+constexpr int kNormVecs[] = {TCG_NORM_VECS(TCG_VEC, Float, Float)};
+constexpr at::ScalarType kLossTypes[] = {TCG_LOSS_TYPES(TCG_TYPE)};
+constexpr at::ScalarType kRotaryTypes[] = {TCG_ROTARY_TYPES(TCG_TYPE)};
+constexpr at::ScalarType kSwigluTypes[] = {TCG_SWIGLU_TYPES(TCG_TYPE)};
+const char* const kSingleKernels[] = {TCG_SINGLE_KERNELS(TCG_NAME)};
+#undef TCG_TYPE
+#undef TCG_TYPE_PAIR
+#undef TCG_VEC
+#undef TCG_NAME
+
+// Every kernel of each fat binary, by name.
 std::vector<std::string> optim_kernel_names() {
   std::vector<std::string> names;
-  for (const char* t : {"f32", "f64", "f16", "bf16"}) {
-    for (const char* mode : {"adam", "adamw"}) {
-      for (const char* ams : {"0", "1"}) {
-        names.push_back(std::string("tcg_adam_") + t + "_" + mode + "_" + ams);
-      }
+  for (at::ScalarType t : kOptimTypes) {
+    for (bool adamw : {false, true}) {
+      for (bool amsgrad : {false, true}) names.push_back(adam_kernel(t, adamw, amsgrad));
     }
-    for (const char* depth : {"2", "3"}) names.push_back(std::string("tcg_sgd_") + t + "_" + depth);
+    for (bool momentum : {false, true}) names.push_back(sgd_kernel(t, momentum));
   }
-  names.push_back("tcg_cond_set");  // cond_kernels.cuh
   return names;
 }
 
 std::vector<std::string> norm_kernel_names() {
   std::vector<std::string> names;
-  for (const char* b : {"f32", "bf16", "f16"}) {
-    for (const char* y : {"f32", "bf16", "f16"}) {
-      for (const char* v : {"_v4", "_v8"}) {
-        names.push_back(std::string("tcg_norm_fwd_") + b + "_" + y + v);
-        names.push_back(std::string("tcg_norm_bwd_") + b + "_" + y + v);
-      }
+  for (auto [b, y] : kNormTypes) {
+    for (int v : kNormVecs) {
+      for (Pass pass : {Pass::Forward, Pass::Backward}) names.push_back(norm_kernel(pass, b, y, v));
     }
   }
-  names.push_back("tcg_norm_finish");
+  return names;
+}
+
+std::vector<std::string> loss_kernel_names() {
+  std::vector<std::string> names;
+  for (at::ScalarType t : kLossTypes) {
+    for (Pass pass : {Pass::Forward, Pass::Backward}) names.push_back(loss_kernel(pass, t));
+  }
+  return names;
+}
+
+std::vector<std::string> rotary_kernel_names() {
+  std::vector<std::string> names;
+  for (at::ScalarType t : kRotaryTypes) names.push_back(rotary_kernel(t));
+  return names;
+}
+
+std::vector<std::string> swiglu_kernel_names() {
+  std::vector<std::string> names;
+  for (at::ScalarType t : kSwigluTypes) {
+    for (Pass pass : {Pass::Forward, Pass::Backward}) names.push_back(swiglu_kernel(pass, t));
+  }
   return names;
 }
 
 // The loaded libraries, their kernels, and what each device made of them. One per process,
 // never unloaded (kernels may be captured in graphs that live until exit).
-std::vector<std::string> loss_kernel_names() {
-  std::vector<std::string> names;
-  for (const char* t : {"f32", "bf16", "f16"}) {
-    names.push_back(std::string("tcg_ce_fwd_") + t);
-    names.push_back(std::string("tcg_ce_bwd_") + t);
-  }
-  names.push_back("tcg_ce_finish");
-  return names;
-}
-
 struct Library {
   std::mutex mu;
   std::vector<cudaLibrary_t> libs;
@@ -79,7 +106,9 @@ Library& library() {
     const std::pair<const unsigned char*, std::vector<std::string>> images[] = {
         {tcg_optim_kernels_fatbin, optim_kernel_names()},
         {tcg_norm_kernels_fatbin, norm_kernel_names()},
-        {tcg_loss_kernels_fatbin, loss_kernel_names()}};
+        {tcg_loss_kernels_fatbin, loss_kernel_names()},
+        {tcg_rotary_kernels_fatbin, rotary_kernel_names()},
+        {tcg_swiglu_kernels_fatbin, swiglu_kernel_names()}};
     for (const auto& [image, names] : images) {
       cudaLibrary_t lib = nullptr;
       cudaError_t e = cudaLibraryLoadData(&lib, image, nullptr, nullptr, 0, nullptr, nullptr, 0);
@@ -98,6 +127,20 @@ Library& library() {
           return l;
         }
         l->kernels[name] = k;
+      }
+    }
+    for (const char* name : kSingleKernels) {
+      for (cudaLibrary_t lib : l->libs) {
+        cudaKernel_t k = nullptr;
+        if (cudaLibraryGetKernel(&k, lib, name) == cudaSuccess) {
+          l->kernels[name] = k;
+          break;
+        }
+        (void)cudaGetLastError();
+      }
+      if (l->kernels.count(name) == 0) {
+        l->error = std::string("kernel ") + name + " missing from every fat binary";
+        return l;
       }
     }
 #else
@@ -171,13 +214,39 @@ void launch(const std::string& name, int device, unsigned blocks, unsigned threa
              name.c_str());
 }
 
-const char* float_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "f32";
-    case at::kBFloat16: return "bf16";
-    case at::kHalf: return "f16";
-    default: return nullptr;
-  }
+template <typename List, typename Item>
+bool holds(const List& list, const Item& item) {
+  return std::find(std::begin(list), std::end(list), item) != std::end(list);
+}
+
+bool optim_builds(at::ScalarType param) { return holds(kOptimTypes, param); }
+bool norm_builds(at::ScalarType branch, at::ScalarType out) { return holds(kNormTypes, std::pair{branch, out}); }
+bool loss_builds(at::ScalarType logits) { return holds(kLossTypes, logits); }
+bool rotary_builds(at::ScalarType t) { return holds(kRotaryTypes, t); }
+bool swiglu_builds(at::ScalarType t) { return holds(kSwigluTypes, t); }
+
+// The names, as own_kernel_list.h documents them; c10::toString spells a dtype as its enumerator.
+std::string adam_kernel(at::ScalarType param, bool adamw, bool amsgrad) {
+  return std::string("tcg_adam_") + c10::toString(param) + (adamw ? "_adamw_" : "_adam_") + (amsgrad ? "1" : "0");
+}
+
+std::string sgd_kernel(at::ScalarType param, bool momentum) {
+  return std::string("tcg_sgd_") + c10::toString(param) + (momentum ? "_3" : "_2");
+}
+
+std::string norm_kernel(Pass pass, at::ScalarType branch, at::ScalarType out, int vec) {
+  return std::string(pass == Pass::Forward ? "tcg_norm_fwd_" : "tcg_norm_bwd_") + c10::toString(branch) + "_" +
+         c10::toString(out) + "_v" + std::to_string(vec);
+}
+
+std::string loss_kernel(Pass pass, at::ScalarType logits) {
+  return std::string(pass == Pass::Forward ? "tcg_ce_fwd_" : "tcg_ce_bwd_") + c10::toString(logits);
+}
+
+std::string rotary_kernel(at::ScalarType t) { return std::string("tcg_rotary_") + c10::toString(t); }
+
+std::string swiglu_kernel(Pass pass, at::ScalarType t) {
+  return std::string(pass == Pass::Forward ? "tcg_swiglu_fwd_" : "tcg_swiglu_bwd_") + c10::toString(t);
 }
 
 }  // namespace tcg::own

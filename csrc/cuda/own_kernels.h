@@ -22,8 +22,20 @@ cudaKernel_t kernel(const char* name, int device);
 // argument (the launch-parameter structs of *_params.h). Throws on a launch error.
 void launch(const std::string& name, int device, unsigned blocks, unsigned threads, void* params);
 
-// The names the norm and loss kernels give float32, bfloat16 and float16 ("f32", "bf16", "f16");
-// null for any other dtype (those kernels do not take it).
-const char* float_name(at::ScalarType t);
+// The kernels of own_kernel_list.h, by their names' parts: whether the lists build a dtype (or
+// pair), and each kernel's name as the *_kernels.cu files spell it.
+enum class Pass { Forward, Backward };
+bool optim_builds(at::ScalarType param);
+bool norm_builds(at::ScalarType branch, at::ScalarType out);
+bool loss_builds(at::ScalarType logits);
+bool rotary_builds(at::ScalarType t);
+bool swiglu_builds(at::ScalarType t);
+std::string adam_kernel(at::ScalarType param, bool adamw, bool amsgrad);
+std::string sgd_kernel(at::ScalarType param, bool momentum);
+// `vec`: 4 for rows up to 512 wide, 8 up to 1024 (norm_params.h's kMaxCols).
+std::string norm_kernel(Pass pass, at::ScalarType branch, at::ScalarType out, int vec);
+std::string loss_kernel(Pass pass, at::ScalarType logits);
+std::string rotary_kernel(at::ScalarType t);
+std::string swiglu_kernel(Pass pass, at::ScalarType t);
 
 }  // namespace tcg::own

@@ -5,7 +5,10 @@ use super::{ProcessGroup, ReduceOp};
 use crate::error::{Error, Result};
 use crate::optim::Optimizer;
 use crate::scalar::cpu_i64;
-use crate::sys::dist::{plan_buckets, BucketsHandle, BucketsOptions, RawBucketMemory};
+use crate::sys::dist::{
+    plan_buckets, BucketsHandle, BucketsOptions, RawBucketBuffers, RawBucketCollective, RawBucketCompression,
+    RawBucketLayout,
+};
 use tch::{nn::VarStore, Kind, Tensor};
 
 /// A fixed-size summary of a model's variables (count, sizes, ranks, dtypes, names), the same
@@ -58,7 +61,7 @@ pub fn broadcast_parameters(pg: &ProcessGroup, vs: &VarStore) -> Result<()> {
 /// the buckets' side stream, and then each parameter's `.grad` becomes its view of the bucket
 /// (no unpack kernel; the next `zero_grad` sets it to none again, so backward writes fresh
 /// gradients without adding). With
-/// [`BucketConfig::views`]`(true)` each parameter's `.grad` is a **view into its bucket**
+/// [`BucketLayout::Views`] each parameter's `.grad` is a **view into its bucket**
 /// (PyTorch DDP's `gradient_as_bucket_view`): backward accumulates into the views, each bucket
 /// is all-reduced in place, and nothing is packed or unpacked. The views stay valid:
 /// the crate's `zero_grad` zeroes them in place instead of setting them to none, the optimizers
@@ -66,7 +69,7 @@ pub fn broadcast_parameters(pg: &ProcessGroup, vs: &VarStore) -> Result<()> {
 /// other code, then made again by backward) is copied back into its view before its bucket is
 /// reduced. Both layouts give the same results bit for bit; the packed one measured faster
 /// (`docs/distributed.md`).
-/// [`BucketConfig::bf16_compress`] sends the buckets in bf16 (PyTorch's `bf16_compress_hook`,
+/// [`Compression::BFloat16`] sends the buckets in bf16 (PyTorch's `bf16_compress_hook`,
 /// averaged): half the bytes, the gradients cast back to float32 for the optimizer.
 ///
 /// Two ways to use it inside the step closure:
@@ -156,100 +159,112 @@ pub struct PlannedBucket {
     pub numel: i64,
 }
 
-/// How [`GradAllReduce`] buckets and sends gradients.
+/// How [`GradAllReduce`] buckets and sends gradients: a plain struct with [`Default`], as tch's
+/// configs.
+///
+/// ```
+/// use tch_cuda_graphs::dist::{BucketConfig, BucketLayout, Compression, Wire};
+/// // DDP's `gradient_as_bucket_view` with `bf16_compress_hook`, and a 1 MiB first bucket
+/// let config = BucketConfig {
+///     first_bucket_bytes: Some(1 << 20),
+///     layout: BucketLayout::Views(Wire { compression: Compression::BFloat16, ..Default::default() }),
+///     ..Default::default()
+/// };
+/// # let _ = config;
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BucketConfig {
-    bucket_bytes: usize,
-    first_bucket_bytes: Option<usize>,
-    views: bool,
-    bf16: bool,
-    high_priority: bool,
-    split: bool,
-    grouped: bool,
-    buffers: NcclBuffers,
+    /// Bytes per bucket (a parameter larger than that gets a bucket of its own); default
+    /// [`DEFAULT_BUCKET_BYTES`].
+    pub bucket_bytes: usize,
+    /// Bytes of the first bucket (the last parameters, whose gradients come first), so that
+    /// communication starts early; PyTorch's DDP uses 1 MiB. Default (`None`): as the others.
+    pub first_bucket_bytes: Option<usize>,
+    /// How a bucket's gradients meet the wire; default [`BucketLayout::Packed`] with the
+    /// default [`Wire`].
+    pub layout: BucketLayout,
+    /// Run the overlapped collectives on a high-priority stream (captured graphs keep each
+    /// kernel's priority), so NCCL's blocks are scheduled before backward's; default false.
+    pub high_priority: bool,
 }
 
 impl Default for BucketConfig {
-    /// Buckets of [`DEFAULT_BUCKET_BYTES`], packed (not views: measured faster, see the
-    /// `docs/distributed.md`), no compression, the side stream of normal priority, buffers
-    /// from the caching allocator.
+    /// Buckets of [`DEFAULT_BUCKET_BYTES`], packed, averaged by one all-reduce in the
+    /// gradients' dtype, buffers from the caching allocator, the side stream of normal priority.
     fn default() -> Self {
         BucketConfig {
             bucket_bytes: DEFAULT_BUCKET_BYTES,
             first_bucket_bytes: None,
-            views: false,
-            bf16: false,
+            layout: BucketLayout::default(),
             high_priority: false,
-            split: false,
-            grouped: false,
-            buffers: NcclBuffers::Caching,
         }
     }
 }
 
+/// Where a bucket's gradients live and how they are reduced (a [`BucketConfig`]'s `layout`).
+/// Only the layouts with a bucket buffer take a [`Wire`]: a grouped one with compression or
+/// NCCL buffers cannot be written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BucketLayout {
+    /// Gradients packed into the bucket's flat buffer around each collective (one kernel),
+    /// each `.grad` then made its view of the bucket; the next `zero_grad` sets it to none
+    /// again. Measured as fast or faster than views (`docs/distributed.md`): the default.
+    Packed(Wire),
+    /// Every `.grad` a view into its bucket (PyTorch DDP's `gradient_as_bucket_view`):
+    /// backward accumulates into the views, nothing is packed; one copy of the gradients
+    /// instead of two.
+    Views(Wire),
+    /// No bucket buffer: each bucket's gradients all-reduced where backward put them, in one
+    /// NCCL group (one kernel, no pack), in their own dtype.
+    Grouped,
+}
+
+impl Default for BucketLayout {
+    fn default() -> Self {
+        BucketLayout::Packed(Wire::default())
+    }
+}
+
+/// How a bucket's flat buffer is averaged over the group, and where it comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Wire {
+    /// The collective; default one all-reduce.
+    pub collective: Collective,
+    /// The dtype on the wire; default the gradients'.
+    pub compression: Compression,
+    /// Where the buffers come from; default the caching allocator.
+    pub buffers: NcclBuffers,
+}
+
+/// The collective that averages a bucket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Collective {
+    /// One all-reduce (average).
+    #[default]
+    AllReduce,
+    /// A reduce-scatter then an all-gather, both in place (the bucket padded to a multiple of
+    /// the world size). The same sum in the same order for two ranks. Meant for NCCL's zero-CTA
+    /// policy with [`NcclBuffers::Window`], under which a newer NCCL runs the all-gather on copy
+    /// engines instead of SMs; NCCL 2.28.9 (libtorch 2.11's) still ran SM kernels, and this
+    /// measured slower than one all-reduce (`docs/distributed.md`).
+    ReduceScatterAllGather,
+}
+
+/// The dtype a bucket travels in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Compression {
+    /// The gradients' own dtype.
+    #[default]
+    None,
+    /// bf16 (float32 gradients only; PyTorch's `bf16_compress_hook`, averaged): half the
+    /// bytes, cast back to float32 for the optimizer.
+    BFloat16,
+}
+
 impl BucketConfig {
-    /// Bytes per bucket (a parameter larger than that gets a bucket of its own).
-    pub fn bucket_bytes(mut self, bytes: usize) -> Self {
-        self.bucket_bytes = bytes;
-        self
-    }
-
-    /// Bytes of the first bucket (the last parameters, whose gradients come first), so that
-    /// communication starts early; PyTorch's DDP uses 1 MiB. Default: the same as the others.
-    pub fn first_bucket_bytes(mut self, bytes: usize) -> Self {
-        self.first_bucket_bytes = Some(bytes);
-        self
-    }
-
-    /// Gradients as views into the buckets (PyTorch DDP's `gradient_as_bucket_view`); default
-    /// false: packed around each all-reduce, which measured as fast or faster (the views move
-    /// an in-place add per parameter onto backward's stream; the packing runs on the side
-    /// stream). Views keep one copy of the gradients instead of two.
-    pub fn views(mut self, yes: bool) -> Self {
-        self.views = yes;
-        self
-    }
-
-    /// All-reduce in bf16 (float32 gradients only; default false).
-    pub fn bf16_compress(mut self, yes: bool) -> Self {
-        self.bf16 = yes;
-        self
-    }
-
-    /// Run the overlapped all-reduces on a high-priority stream (captured graphs keep each
-    /// kernel's priority), so NCCL's blocks are scheduled before backward's; default false.
-    pub fn high_priority(mut self, yes: bool) -> Self {
-        self.high_priority = yes;
-        self
-    }
-
-    /// Average each bucket with a reduce-scatter then an all-gather, both in place, instead of
-    /// one all-reduce (the bucket padded to a multiple of the world size); default false.
-    /// The same sum in the same order for two ranks. Meant for NCCL's zero-CTA policy with
-    /// [`NcclBuffers::Window`], under which a newer NCCL runs the all-gather on copy engines
-    /// instead of SMs; NCCL 2.28.9 (libtorch 2.11's) still ran SM kernels, and this measured
-    /// slower than one all-reduce (`docs/distributed.md`).
-    pub fn reduce_scatter_all_gather(mut self, yes: bool) -> Self {
-        self.split = yes;
-        self
-    }
-
-    /// No bucket buffers: each bucket's gradients are all-reduced where backward put them, in
-    /// one NCCL group (one kernel, no pack); default false. For the packed layout, without
-    /// compression, splitting or NCCL buffers ([`Error::Misuse`] otherwise).
-    pub fn grouped(mut self, yes: bool) -> Self {
-        self.grouped = yes;
-        self
-    }
-
-    /// Where the bucket buffers come from ([`NcclBuffers`]; default the caching allocator).
-    /// Anything else is set up collectively when the buckets are made: every rank must make
-    /// them together, outside a capture.
-    pub fn nccl_buffers(mut self, buffers: NcclBuffers) -> Self {
-        self.buffers = buffers;
-        self
-    }
-
     /// The buckets [`GradAllReduce::with_config`] makes with this configuration for parameters
     /// of `numels` elements of `kind` (in the optimizer's order) over `world_size` ranks: which
     /// parameters share a bucket and where each lies in its flat buffer. Computed on the host,
@@ -257,7 +272,7 @@ impl BucketConfig {
     ///
     /// ```
     /// use tch_cuda_graphs::dist::BucketConfig;
-    /// let plan = BucketConfig::default().bucket_bytes(1024).plan(&[100, 100, 300], tch::Kind::Float, 1)?;
+    /// let plan = BucketConfig { bucket_bytes: 1024, ..Default::default() }.plan(&[100, 100, 300], tch::Kind::Float, 1)?;
     /// // gradients come in reverse order: the last parameter fills the first bucket
     /// assert_eq!(plan.buckets[0].members, vec![2]);
     /// assert_eq!(plan.buckets[1].members, vec![1, 0]);
@@ -285,20 +300,32 @@ impl BucketConfig {
     }
 
     fn options(&self) -> BucketsOptions {
+        let (layout, wire) = match self.layout {
+            BucketLayout::Packed(wire) => (RawBucketLayout::TCG_BUCKET_LAYOUT_PACKED, wire),
+            BucketLayout::Views(wire) => (RawBucketLayout::TCG_BUCKET_LAYOUT_VIEWS, wire),
+            BucketLayout::Grouped => (RawBucketLayout::TCG_BUCKET_LAYOUT_GROUPED, Wire::default()),
+        };
         BucketsOptions {
             bucket_bytes: i64::try_from(self.bucket_bytes).unwrap_or(i64::MAX),
             first_bucket_bytes: self.first_bucket_bytes.map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX).max(1)),
-            views: self.views,
-            bf16: self.bf16,
-            high_priority: self.high_priority,
-            split: self.split,
-            grouped: self.grouped,
-            memory: match self.buffers {
-                NcclBuffers::Caching => RawBucketMemory::TCG_BUCKET_MEMORY_CACHING,
-                NcclBuffers::NcclMem => RawBucketMemory::TCG_BUCKET_MEMORY_NCCL_MEM,
-                NcclBuffers::Registered => RawBucketMemory::TCG_BUCKET_MEMORY_NCCL_REGISTERED,
-                NcclBuffers::Window => RawBucketMemory::TCG_BUCKET_MEMORY_NCCL_WINDOW,
+            layout,
+            collective: match wire.collective {
+                Collective::AllReduce => RawBucketCollective::TCG_BUCKET_COLLECTIVE_ALL_REDUCE,
+                Collective::ReduceScatterAllGather => {
+                    RawBucketCollective::TCG_BUCKET_COLLECTIVE_REDUCE_SCATTER_ALL_GATHER
+                }
             },
+            compression: match wire.compression {
+                Compression::None => RawBucketCompression::TCG_BUCKET_COMPRESSION_NONE,
+                Compression::BFloat16 => RawBucketCompression::TCG_BUCKET_COMPRESSION_BF16,
+            },
+            buffers: match wire.buffers {
+                NcclBuffers::Caching => RawBucketBuffers::TCG_BUCKET_BUFFERS_CACHING,
+                NcclBuffers::NcclMem => RawBucketBuffers::TCG_BUCKET_BUFFERS_NCCL_MEM,
+                NcclBuffers::Registered => RawBucketBuffers::TCG_BUCKET_BUFFERS_NCCL_REGISTERED,
+                NcclBuffers::Window => RawBucketBuffers::TCG_BUCKET_BUFFERS_NCCL_WINDOW,
+            },
+            high_priority: self.high_priority,
         }
     }
 }
@@ -307,7 +334,7 @@ impl GradAllReduce {
     /// Buckets for `params` (leaves that require grad, all of one dtype, on the group's device),
     /// each up to `bucket_bytes`, packed ([`BucketConfig::default`]).
     pub fn new(pg: &ProcessGroup, params: &[Tensor], bucket_bytes: usize) -> Result<Self> {
-        Self::with_config(pg, params, BucketConfig::default().bucket_bytes(bucket_bytes))
+        Self::with_config(pg, params, BucketConfig { bucket_bytes, ..Default::default() })
     }
 
     /// Buckets for `params` as `config` says, with a gradient hook on each parameter (and, as
@@ -416,5 +443,30 @@ impl GradAllReduce {
     /// The indices (into the parameters the buckets were made from) of bucket `k`'s members.
     fn members(&self, k: usize) -> Result<Vec<usize>> {
         self.handle.members(k)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shim refuses what the Rust types cannot express: a grouped layout with a wire
+    /// setting, or an enumerator it does not know (the C API's own check, no GPU needed).
+    #[test]
+    fn the_shim_refuses_raw_options_that_do_not_combine() {
+        let grouped = BucketConfig { layout: BucketLayout::Grouped, ..Default::default() }.options();
+        assert!(plan_buckets(&[4], 4, &grouped, 1).is_ok());
+        let bf16 = BucketsOptions { compression: RawBucketCompression::TCG_BUCKET_COMPRESSION_BF16, ..grouped };
+        let window = BucketsOptions { buffers: RawBucketBuffers::TCG_BUCKET_BUFFERS_NCCL_WINDOW, ..grouped };
+        let split = BucketsOptions {
+            collective: RawBucketCollective::TCG_BUCKET_COLLECTIVE_REDUCE_SCATTER_ALL_GATHER,
+            ..grouped
+        };
+        let unknown = BucketsOptions { layout: RawBucketLayout(7), ..grouped };
+        for (what, raw) in [("bf16", bf16), ("window", window), ("reduce-scatter", split), ("layout 7", unknown)] {
+            let got = plan_buckets(&[4], 4, &raw, 1);
+            println!("grouped + {what}: {got:?}");
+            assert!(matches!(got, Err(Error::Misuse(_))), "grouped + {what}: {got:?}");
+        }
     }
 }

@@ -55,7 +55,8 @@
 mod data_parallel;
 
 pub use data_parallel::{
-    broadcast_parameters, BucketConfig, BucketPlan, GradAllReduce, NcclBuffers, PlannedBucket, DEFAULT_BUCKET_BYTES,
+    broadcast_parameters, BucketConfig, BucketLayout, BucketPlan, Collective, Compression, GradAllReduce, NcclBuffers,
+    PlannedBucket, Wire, DEFAULT_BUCKET_BYTES,
 };
 
 use crate::error::{Error, Result};

@@ -7,10 +7,13 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use tch::Tensor;
 
-/// Where bucket buffers come from, as the shim takes it.
-pub(crate) use ffi::tcg_bucket_memory as RawBucketMemory;
 /// How an all-reduce combines, as the shim takes it.
 pub(crate) use ffi::tcg_reduce_op as RawReduceOp;
+/// A bucket set's modes, as the shim takes them.
+pub(crate) use ffi::{
+    tcg_bucket_buffers as RawBucketBuffers, tcg_bucket_collective as RawBucketCollective,
+    tcg_bucket_compression as RawBucketCompression, tcg_bucket_layout as RawBucketLayout,
+};
 /// How gradient buckets are laid out and reduced (`tcg_buckets_options`).
 pub(crate) type BucketsOptions = ffi::tcg_buckets_options;
 

@@ -67,12 +67,13 @@ mod tests {
         same_layout!(
             TCG_LAYOUT_BUCKETS_OPTIONS,
             ffi::tcg_buckets_options,
-            [bucket_bytes, first_bucket_bytes, views, bf16, high_priority, split, grouped, memory]
+            [bucket_bytes, first_bucket_bytes, layout, collective, compression, buffers, high_priority]
         );
         same_layout!(TCG_LAYOUT_BUCKET_SLOT, ffi::tcg_bucket_slot, [bucket, offset]);
         same_layout!(TCG_LAYOUT_NORM_INPUTS, ffi::tcg_norm_inputs, [res, branch, weight, bias]);
         same_layout!(TCG_LAYOUT_NORM_OPTIONS, ffi::tcg_norm_options, [eps, dropout, kind, out, train]);
         same_layout!(TCG_LAYOUT_LINEAR_INPUTS, ffi::tcg_linear_inputs, [x, weight, bias]);
+        same_layout!(TCG_LAYOUT_ROTARY_INPUTS, ffi::tcg_rotary_inputs, [q, k, cos, sin, offset]);
     }
 
     #[test]

@@ -22,6 +22,8 @@
 //! | `shadow.rs` | `csrc/shadow.cpp` |
 //! | `linear.rs` | `csrc/linear.cpp`, `csrc/cuda/linear_own.cpp` |
 //! | `loss.rs` | `csrc/loss.cpp`, `csrc/cuda/loss_own.cpp` |
+//! | `rotary.rs` | `csrc/rotary.cpp`, `csrc/cuda/rotary_own.cpp` |
+//! | `swiglu.rs` | `csrc/swiglu.cpp`, `csrc/cuda/swiglu_own.cpp` |
 //! | `dist.rs` | `csrc/cuda/dist.cpp`, `csrc/cuda/grad_buckets.cpp`, `csrc/bucket_plan.cpp` |
 //! | `profiler.rs` | `csrc/profiler.cpp` |
 //! | `watch.rs` | `csrc/watch.cpp` |
@@ -47,7 +49,9 @@ pub(crate) mod memory;
 pub(crate) mod norm;
 pub(crate) mod optim;
 pub(crate) mod profiler;
+pub(crate) mod rotary;
 pub(crate) mod shadow;
+pub(crate) mod swiglu;
 pub(crate) mod watch;
 
 pub(crate) use error::{check, take_message};

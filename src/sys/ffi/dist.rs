@@ -4,11 +4,17 @@ use super::{c_enum, tcg_status, tcg_tensor, tcg_tensors};
 use std::os::raw::{c_char, c_int};
 
 c_enum!(tcg_reduce_op { TCG_REDUCE_SUM = 0, TCG_REDUCE_AVG = 1 });
-c_enum!(tcg_bucket_memory {
-    TCG_BUCKET_MEMORY_CACHING = 0,
-    TCG_BUCKET_MEMORY_NCCL_MEM = 1,
-    TCG_BUCKET_MEMORY_NCCL_REGISTERED = 2,
-    TCG_BUCKET_MEMORY_NCCL_WINDOW = 3,
+c_enum!(tcg_bucket_layout { TCG_BUCKET_LAYOUT_PACKED = 0, TCG_BUCKET_LAYOUT_VIEWS = 1, TCG_BUCKET_LAYOUT_GROUPED = 2 });
+c_enum!(tcg_bucket_collective {
+    TCG_BUCKET_COLLECTIVE_ALL_REDUCE = 0,
+    TCG_BUCKET_COLLECTIVE_REDUCE_SCATTER_ALL_GATHER = 1,
+});
+c_enum!(tcg_bucket_compression { TCG_BUCKET_COMPRESSION_NONE = 0, TCG_BUCKET_COMPRESSION_BF16 = 1 });
+c_enum!(tcg_bucket_buffers {
+    TCG_BUCKET_BUFFERS_CACHING = 0,
+    TCG_BUCKET_BUFFERS_NCCL_MEM = 1,
+    TCG_BUCKET_BUFFERS_NCCL_REGISTERED = 2,
+    TCG_BUCKET_BUFFERS_NCCL_WINDOW = 3,
 });
 
 #[repr(C)]
@@ -26,12 +32,11 @@ pub struct tcg_buckets {
 pub struct tcg_buckets_options {
     pub bucket_bytes: i64,
     pub first_bucket_bytes: i64,
-    pub views: bool,
-    pub bf16: bool,
+    pub layout: tcg_bucket_layout,
+    pub collective: tcg_bucket_collective,
+    pub compression: tcg_bucket_compression,
+    pub buffers: tcg_bucket_buffers,
     pub high_priority: bool,
-    pub split: bool,
-    pub grouped: bool,
-    pub memory: tcg_bucket_memory,
 }
 
 #[repr(C)]

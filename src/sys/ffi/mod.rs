@@ -21,7 +21,9 @@ mod loss;
 mod norm;
 mod optim;
 mod profiler;
+mod rotary;
 mod shadow;
+mod swiglu;
 mod watch;
 
 pub use amp::*;
@@ -38,7 +40,9 @@ pub use loss::*;
 pub use norm::*;
 pub use optim::*;
 pub use profiler::*;
+pub use rotary::*;
 pub use shadow::*;
+pub use swiglu::*;
 pub use watch::*;
 
 /// Declares a C enum as a transparent integer with named constants.

@@ -1,0 +1,186 @@
+//! Benchmark: a Llama-style training step (`examples/llama/model.rs`) captured by this crate, as
+//! written (ATen's operators: the plain graph a tch user gets) and on the crate's fused layers
+//! (RMSNorm with the residual add, rotary embeddings, SwiGLU, float32 weight gradients, the
+//! cross-entropy, weight shadows), beside PyTorch's eager, `torch.cuda.graph`, `torch.compile`
+//! and compile + graph of the same model and step (`benches/torch_llama.py`), same GPU, same run.
+//! Rows: 6 × 384 (6 heads / 2 KV, SwiGLU 1024, block 256, batch 64, vocabulary 96) and
+//! 12 × 768 (12 heads / 4 KV, SwiGLU 2048, block 1024, batch 12, vocabulary 32,000, untied).
+//! bf16 autocast, clipping at 1.0, fused AdamW (betas 0.9 / 0.95, decay 0.1 on matrices);
+//! random tokens. Median ms per iteration over blocks of 10 after 10 warmup iterations; memory:
+//! the allocator's reserved bytes at peak.
+//!
+//! `cargo bench --bench llama -- [--iters N] [--rows small,base] [--no-torch]`
+
+#[path = "../examples/llama/model.rs"]
+mod model;
+mod reference;
+
+use std::fmt::Write as _;
+use std::time::Instant;
+use tch::{nn, Device, Kind, Tensor};
+use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig, Optimizer};
+use tch_cuda_graphs::{amp, clip_grad_norm, empty_cache, memory_stats, reset_peak_stats, synchronize};
+use tch_cuda_graphs::{Result, StepOptions, TrainStep};
+
+const USAGE: &str = "\
+usage: llama [--iters N] [--rows small,base] [--no-torch]
+
+A Llama-style step captured by this crate (plain and fused) beside PyTorch's four modes.
+  --iters N        timed iterations per row (default 200; a quarter for the base row)
+  --rows NAME,...  small, base (default both)
+  --no-torch       skip PyTorch's side (benches/torch_llama.py)
+  -h, --help       this text";
+
+struct Args {
+    iters: usize,
+    rows: Vec<String>,
+    torch: bool,
+}
+
+fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
+    use lexopt::prelude::*;
+    let mut a = Args { iters: 200, rows: vec!["small".into(), "base".into()], torch: true };
+    let mut parser = lexopt::Parser::from_env();
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("iters") => a.iters = parser.value()?.parse()?,
+            Long("rows") => {
+                a.rows = parser.value()?.string()?.split(',').map(str::to_owned).collect();
+                if let Some(bad) = a.rows.iter().find(|r| !["small", "base"].contains(&r.as_str())) {
+                    return Err(format!("--rows: no row {bad:?} (rows: small, base)").into());
+                }
+            }
+            Long("no-torch") => a.torch = false,
+            Long("bench") => {}
+            Short('h') | Long("help") => return Ok(None),
+            _ => return Err(arg.unexpected()),
+        }
+    }
+    Ok(Some(a))
+}
+
+/// name, model shape, batch
+fn rows() -> [(&'static str, model::Config, i64); 2] {
+    [("small", model::Config::small(96), 64), ("base", model::Config::base(32000), 12)]
+}
+
+fn median_ms(device: Device, iters: usize, mut f: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+    for i in 0..10 {
+        f(i)?;
+    }
+    let mut per = Vec::new();
+    let mut i = 10;
+    for _ in 0..(iters / 10).max(1) {
+        synchronize(device)?;
+        let t = Instant::now();
+        for _ in 0..10 {
+            f(i)?;
+            i += 1;
+        }
+        synchronize(device)?;
+        per.push(t.elapsed().as_secs_f64() * 1e3 / 10.0);
+    }
+    per.sort_by(|a, b| a.total_cmp(b));
+    Ok(per[per.len() / 2])
+}
+
+/// The captured step of one row: ms per iteration, MiB reserved at peak.
+fn ours(device: Device, config: model::Config, batch: i64, iters: usize) -> Result<(f64, f64)> {
+    synchronize(device)?;
+    empty_cache()?;
+    reset_peak_stats(device)?;
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(device);
+    let llama = model::Llama::new(&vs.root(), config);
+    let cfg = AdamConfig::adamw().lr(3e-4).betas(0.9, 0.95).weight_decay(0.1);
+    let opt = Adam::with_groups(decay_groups(&vs, cfg, cfg.weight_decay(0.0)))?;
+    let params: Vec<Tensor> = opt.params().iter().map(Tensor::shallow_clone).collect();
+    let options = StepOptions::default().autocast(Kind::BFloat16).weight_shadows(config.fused);
+    let tokens = Tensor::zeros([batch, config.block], (Kind::Int64, device));
+    let llama = &llama;
+    let mut step = TrainStep::with_optimizer(opt, &[("x", &tokens), ("y", &tokens)], options, move |opt, inp| {
+        opt.zero_grad()?;
+        let loss = llama.loss(&inp[0], &inp[1])?;
+        amp::backward(&loss)?;
+        let _norm = clip_grad_norm(&params, 1.0, 2.0)?;
+        opt.step()?;
+        Ok(vec![loss.detach()])
+    })?;
+    let data = Tensor::f_randint(config.vocab, [8, batch, config.block + 1], (Kind::Int64, device))?;
+    let ms = median_ms(device, iters, |i| {
+        let w = data.f_get((i % 8) as i64)?;
+        step.run(&[&w.f_narrow(1, 0, config.block)?, &w.f_narrow(1, 1, config.block)?])?;
+        Ok(())
+    })?;
+    Ok((ms, memory_stats(device)?.reserved_peak as f64 / (1u64 << 20) as f64))
+}
+
+fn main() {
+    let args = reference::args_or_exit("llama", parse_args(), USAGE);
+    reference::require_cuda("llama");
+    if args.torch {
+        reference::require_torch("llama");
+    }
+    let device = Device::Cuda(0);
+    let mut ours_rows = Vec::new();
+    for (name, config, batch) in rows().into_iter().filter(|r| args.rows.iter().any(|n| n == r.0)) {
+        let iters = if name == "base" { args.iters / 4 } else { args.iters };
+        let (ms, peak) = ours(device, config, batch, iters).expect("the captured step");
+        println!("  {name:<6} this crate, graph       {ms:8.3} ms/iter, {peak:6.0} MiB reserved at peak");
+        let (fms, fpeak) = ours(device, model::Config { fused: true, ..config }, batch, iters).expect("the fused step");
+        println!("  {name:<6} this crate, fused graph {fms:8.3} ms/iter, {fpeak:6.0} MiB reserved at peak");
+        ours_rows.push((name, (ms, peak), (fms, fpeak)));
+    }
+    let mut torch: Vec<(String, String, f64, f64)> = Vec::new();
+    if args.torch {
+        println!("PyTorch (benches/torch_llama.py), same GPU, same run:");
+        let out = reference::run(
+            "benches/torch_llama.py",
+            &["--rows".into(), args.rows.join(","), "--iters".into(), args.iters.to_string()],
+        )
+        .unwrap_or_else(|e| {
+            eprintln!("bench llama: PyTorch's side failed: {e}");
+            std::process::exit(1)
+        });
+        for line in out.lines() {
+            let f: Vec<&str> = line.split(',').collect();
+            match (f.first(), f.len()) {
+                (Some(&"ROW"), 5) => {
+                    let num = |s: &str| s.parse::<f64>().unwrap_or(f64::NAN);
+                    torch.push((f[1].into(), f[2].into(), num(f[3]), num(f[4])));
+                }
+                _ => println!("  torch: {line}"),
+            }
+        }
+    }
+    println!("\n{}", table(&ours_rows, &torch));
+}
+
+/// ms per iteration (MiB reserved at peak) per mode, and the fused graph over compile + graph.
+/// A measured mode: ms per iteration, MiB reserved at peak.
+type Figure = (f64, f64);
+
+fn table(ours: &[(&str, Figure, Figure)], torch: &[(String, String, f64, f64)]) -> String {
+    let find = |row: &str, mode: &str| {
+        torch.iter().find(|t| t.0 == row && t.1 == mode).map_or((f64::NAN, f64::NAN), |t| (t.2, t.3))
+    };
+    let mut s = String::from(
+        "| row | torch eager | torch graph | torch compile | torch compile + graph | **this crate, graph** | **this crate, fused graph** | fused / compile + graph |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for (name, (g, gm), (f, fm)) in ours {
+        let cell = |(ms, mib): Figure| format!("{ms:.2} ({mib:.0})");
+        let cg = find(name, "compile_graph");
+        let _ = writeln!(
+            s,
+            "| {name} | {} | {} | {} | {} | **{}** | **{}** | {:.2} |",
+            cell(find(name, "eager")),
+            cell(find(name, "graph")),
+            cell(find(name, "compile")),
+            cell(cg),
+            cell((*g, *gm)),
+            cell((*f, *fm)),
+            f / cg.0
+        );
+    }
+    s
+}

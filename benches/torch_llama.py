@@ -1,0 +1,196 @@
+"""PyTorch reference for benches/llama.rs: the Llama-style model of examples/llama/model.rs
+(RMSNorm in fp32 inside, eps 1e-6; q from wq, k and v from one wkv projection, grouped-query
+attention; rotary embeddings on interleaved pairs, base 10000, as slices, multiplies and a
+stack; SDPA causal with enable_gqa; one w13 projection split into gate and up, silu(gate) * up,
+w2; no biases; a final RMSNorm and an untied head) and the same training step (bf16 autocast
+with the cache off, backward outside autocast, clipping at 1.0, fused capturable AdamW, betas
+0.9/0.95, decay 0.1 on matrices), on random tokens, timed like the Rust side.
+
+Modes: eager, graph (torch.cuda.graph of the whole step), compile (torch.compile of the loss,
+eager step), compile_graph (the compiled loss inside the whole-step graph).
+Prints ROW,<row>,<mode>,<ms per iteration>,<MiB reserved at peak>.
+
+python benches/torch_llama.py [--rows small,base] [--iters N] [--modes M,...]
+"""
+import argparse
+import math
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROWS = {  # name: (vocab, block, layers, heads, kv_heads, embd, hidden, batch)
+    "small": (96, 256, 6, 6, 2, 384, 1024, 64),
+    "base": (32000, 1024, 12, 12, 4, 768, 2048, 12),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, e, eps=1e-6):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(e))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rotary_tables(dim, positions, base, dev):
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, device=dev).float() / dim))
+    freqs = torch.outer(torch.arange(positions, device=dev).float(), inv_freq)
+    return freqs.cos(), freqs.sin()
+
+
+def rotate(x, cos, sin):
+    # x [B, T, H, D]: pairs (2i, 2i+1), fp32 math, back to x's dtype
+    t = x.shape[1]
+    c, s = cos[:t].view(1, t, 1, -1), sin[:t].view(1, t, 1, -1)
+    xf = x.float()
+    x0, x1 = xf[..., 0::2], xf[..., 1::2]
+    return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2).type_as(x)
+
+
+class Block(nn.Module):
+    def __init__(self, e, h, kv, hidden):
+        super().__init__()
+        self.h, self.kv, self.d = h, kv, e // h
+        self.attn_norm, self.mlp_norm = RMSNorm(e), RMSNorm(e)
+        self.wq = nn.Linear(e, h * self.d, bias=False)
+        self.wkv = nn.Linear(e, 2 * kv * self.d, bias=False)
+        self.wo = nn.Linear(h * self.d, e, bias=False)
+        self.w13 = nn.Linear(e, 2 * hidden, bias=False)
+        self.w2 = nn.Linear(hidden, e, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, e = x.shape
+        hn = self.attn_norm(x)
+        q = self.wq(hn).view(b, t, self.h, self.d)
+        k, v = self.wkv(hn).view(b, t, 2 * self.kv, self.d).split(self.kv, dim=2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=True, enable_gqa=True)
+        x = x + self.wo(y.transpose(1, 2).reshape(b, t, e))
+        gate, up = self.w13(self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + self.w2(F.silu(gate) * up)
+
+
+class Llama(nn.Module):
+    def __init__(self, vocab, block, layers, heads, kv, embd, hidden):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, embd)
+        self.layers = nn.ModuleList(Block(embd, heads, kv, hidden) for _ in range(layers))
+        self.norm = RMSNorm(embd)
+        self.head = nn.Linear(embd, vocab, bias=False)
+        for n, p in self.named_parameters():
+            if p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * layers) if n.endswith(("wo.weight", "w2.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
+        cos, sin = rotary_tables(embd // heads, block, 10000.0, "cpu")
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def loss(self, idx, targets):
+        x = self.tok(idx)
+        for b in self.layers:
+            x = b(x, self.cos, self.sin)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def median_ms(fn, iters, block=10, warmup=10):
+    for _ in range(warmup):
+        fn()
+    per = []
+    for _ in range(max(1, iters // block)):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(block):
+            fn()
+        torch.cuda.synchronize()
+        per.append((time.perf_counter() - t) * 1e3 / block)
+    per.sort()
+    return per[len(per) // 2]
+
+
+def bench(name, mode, iters, dev):
+    vocab, block, layers, heads, kv, embd, hidden, batch = ROWS[name]
+    torch.manual_seed(0)
+    model = Llama(vocab, block, layers, heads, kv, embd, hidden).to(dev)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=torch.tensor(3e-4, device=dev), betas=(0.9, 0.95), fused=True, capturable=True)
+    loss_fn = torch.compile(model.loss) if mode.startswith("compile") else model.loss
+    data = torch.randint(vocab, (8, batch, block + 1), device=dev)
+    sx, sy = data[0, :, :-1].clone(), data[0, :, 1:].clone()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            loss = loss_fn(sx, sy)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        opt.step()
+        return loss.detach()
+
+    i = [0]
+
+    def feed():
+        x = data[i[0] % 8]
+        i[0] += 1
+        sx.copy_(x[:, :-1])
+        sy.copy_(x[:, 1:])
+
+    torch.cuda.reset_peak_memory_stats()
+    if mode in ("eager", "compile"):
+        def run():
+            feed()
+            step()
+    else:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(g):
+            step()
+
+        def run():
+            feed()
+            g.replay()
+    ms = median_ms(run, iters)
+    mem = torch.cuda.max_memory_reserved() / 2**20
+    del opt, model
+    torch.cuda.empty_cache()
+    return ms, mem
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--modes", default="eager,graph,compile,compile_graph")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("torch_llama.py: no CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False  # libtorch's default, as on the Rust side
+    torch.backends.cudnn.allow_tf32 = False
+    dev = torch.device("cuda")
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}", flush=True)
+    for name in a.rows.split(","):
+        for mode in a.modes.split(","):
+            iters = a.iters if name != "base" else max(20, a.iters // 4)
+            try:
+                ms, mem = bench(name, mode, iters, dev)
+            except Exception as e:  # a mode that cannot run is reported, not fatal
+                print(f"{name} {mode} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+                continue
+            print(f"ROW,{name},{mode},{ms:.3f},{mem:.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

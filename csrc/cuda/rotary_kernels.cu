@@ -1,0 +1,87 @@
+// The crate's rotary-embedding kernel: q and k rotated in one launch, forward and backward (the
+// backward is the same rotation with sin negated), fp32 math, bf16 / fp16 / fp32 in and out (see
+// rotary_params.h). One thread per 4 pairs of one row (8 values: two 4-value loads), the tables
+// read 4 angles at a time. Products and sums use the _rn intrinsics (no fused multiply-add), so
+// the result equals ATen's element-wise composition on the same tables bit for bit in fp32.
+//
+// Compiled by nvcc into a fat binary that build.rs embeds in the shim; the launcher
+// (rotary_own.cpp) launches the extern "C" kernels by name.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math_constants.h>
+
+#include "own_kernel_list.h"
+#include "rotary_params.h"
+#include "vec_io.cuh"
+
+namespace tcg::rotary {
+namespace {
+
+using tcg::cuda::load4;
+using tcg::cuda::store4;
+
+__device__ __forceinline__ void rotate(float x0, float x1, float c, float s, float* o0, float* o1) {
+  *o0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+  *o1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+template <typename T>
+__device__ void rotary(const Params& a) {
+  const int groups = a.dim / 8;  // 4 pairs per thread
+  const int64_t q_items = static_cast<int64_t>(a.batch) * a.seq * a.q.heads * groups;
+  const int64_t k_items = static_cast<int64_t>(a.batch) * a.seq * a.k.heads * groups;
+  const int64_t offset = a.offset + (a.offset_dev ? *a.offset_dev : 0);
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; item < q_items + k_items;
+       item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const bool is_q = item < q_items;
+    const Part& part = is_q ? a.q : a.k;
+    int64_t r = is_q ? item : item - q_items;
+    const int g = static_cast<int>(r % groups);
+    r /= groups;
+    const int h = static_cast<int>(r % part.heads);
+    r /= part.heads;
+    const int t = static_cast<int>(r % a.seq);
+    const int b = static_cast<int>(r / a.seq);
+    const int64_t in = b * part.stride_b + t * part.stride_t + h * part.stride_h;
+    const int64_t out = ((static_cast<int64_t>(b) * a.seq + t) * part.heads + h) * a.dim;
+    const int64_t pos = offset + t;
+    float4 c, s;
+    if (pos < 0 || pos >= a.positions) {
+      c = s = make_float4(CUDART_NAN_F, CUDART_NAN_F, CUDART_NAN_F, CUDART_NAN_F);
+    } else {
+      c = load4<float>(a.cos + pos * (a.dim / 2) + 4 * g);
+      s = load4<float>(a.sin + pos * (a.dim / 2) + 4 * g);
+    }
+    if (a.negate_sin) s = make_float4(-s.x, -s.y, -s.z, -s.w);
+    // the two 4-value groups: interleaved, values 8g..8g+7 (pairs within each group of 4);
+    // half-split, values 4g..4g+3 and D/2 + 4g..D/2 + 4g + 3 (pairs across the two)
+    const int64_t first = a.half_split ? 4 * g : 8 * g;
+    const int64_t second = a.half_split ? a.dim / 2 + 4 * g : 8 * g + 4;
+    const float4 u = load4<T>(static_cast<const T*>(part.x) + in + first);
+    const float4 v = load4<T>(static_cast<const T*>(part.x) + in + second);
+    float4 ou, ov;
+    if (a.half_split) {
+      rotate(u.x, v.x, c.x, s.x, &ou.x, &ov.x);
+      rotate(u.y, v.y, c.y, s.y, &ou.y, &ov.y);
+      rotate(u.z, v.z, c.z, s.z, &ou.z, &ov.z);
+      rotate(u.w, v.w, c.w, s.w, &ou.w, &ov.w);
+    } else {
+      rotate(u.x, u.y, c.x, s.x, &ou.x, &ou.y);
+      rotate(u.z, u.w, c.y, s.y, &ou.z, &ou.w);
+      rotate(v.x, v.y, c.z, s.z, &ov.x, &ov.y);
+      rotate(v.z, v.w, c.w, s.w, &ov.z, &ov.w);
+    }
+    store4<T>(static_cast<T*>(part.out) + out + first, ou);
+    store4<T>(static_cast<T*>(part.out) + out + second, ov);
+  }
+}
+
+}  // namespace
+}  // namespace tcg::rotary
+
+// The kernels of own_kernel_list.h's TCG_ROTARY_TYPES: tcg_rotary_<dtype of q and k>.
+#define TCG_ROTARY_KERNEL(N)                                                                         \
+  extern "C" __global__ void __launch_bounds__(tcg::rotary::kThreads) tcg_rotary_##N(const tcg::rotary::Params a) { \
+    tcg::rotary::rotary<TCG_CUDA_TYPE(N)>(a);                                                       \
+  }
+TCG_ROTARY_TYPES(TCG_ROTARY_KERNEL)

@@ -1,0 +1,75 @@
+// The crate's SwiGLU kernels: silu(gate) · up read from the fused [gate | up] projection in one
+// pass, and both gradients written into one [dgate | dup] tensor in one more (see
+// swiglu_params.h), fp32 math, bf16 / fp16 / fp32 in and out. One thread per 4 columns of a
+// row, grid-strided. The _rn intrinsics keep each operation rounded on its own (no fused
+// multiply-add), as ATen's separate kernels round them.
+//
+// Compiled by nvcc into a fat binary that build.rs embeds in the shim; the launcher
+// (swiglu_own.cpp) launches the extern "C" kernels by name.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "own_kernel_list.h"
+#include "swiglu_params.h"
+#include "vec_io.cuh"
+
+namespace tcg::swiglu {
+namespace {
+
+using tcg::cuda::load4;
+using tcg::cuda::store4;
+
+__device__ __forceinline__ float silu(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
+
+__device__ __forceinline__ void grads(float g, float u, float d, float* dg, float* du) {
+  const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g)));
+  *du = __fmul_rn(d, silu(g));
+  *dg = __fmul_rn(__fmul_rn(__fmul_rn(d, u), sig), __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, sig))));
+}
+
+template <typename T>
+__device__ void forward(const Forward& a) {
+  const int64_t groups = a.f / 4, items = a.rows * groups;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / groups, col = (i % groups) * 4;
+    const T* h = static_cast<const T*>(a.h) + row * 2 * a.f;
+    const float4 g = load4<T>(h + col), u = load4<T>(h + a.f + col);
+    const float4 o = make_float4(__fmul_rn(silu(g.x), u.x), __fmul_rn(silu(g.y), u.y), __fmul_rn(silu(g.z), u.z),
+                                 __fmul_rn(silu(g.w), u.w));
+    store4<T>(static_cast<T*>(a.out) + row * a.f + col, o);
+  }
+}
+
+template <typename T>
+__device__ void backward(const Backward& a) {
+  const int64_t groups = a.f / 4, items = a.rows * groups;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / groups, col = (i % groups) * 4;
+    const T* h = static_cast<const T*>(a.h) + row * 2 * a.f;
+    const float4 g = load4<T>(h + col), u = load4<T>(h + a.f + col);
+    const float4 d = load4<T>(static_cast<const T*>(a.dout) + row * a.f + col);
+    float4 dg, du;
+    grads(g.x, u.x, d.x, &dg.x, &du.x);
+    grads(g.y, u.y, d.y, &dg.y, &du.y);
+    grads(g.z, u.z, d.z, &dg.z, &du.z);
+    grads(g.w, u.w, d.w, &dg.w, &du.w);
+    T* dh = static_cast<T*>(a.dh) + row * 2 * a.f;
+    store4<T>(dh + col, dg);
+    store4<T>(dh + a.f + col, du);
+  }
+}
+
+}  // namespace
+}  // namespace tcg::swiglu
+
+// The kernels of own_kernel_list.h's TCG_SWIGLU_TYPES.
+#define TCG_SWIGLU_KERNELS(N)                                                                        \
+  extern "C" __global__ void __launch_bounds__(tcg::swiglu::kThreads) tcg_swiglu_fwd_##N(const tcg::swiglu::Forward a) { \
+    tcg::swiglu::forward<TCG_CUDA_TYPE(N)>(a);                                                      \
+  }                                                                                                 \
+  extern "C" __global__ void __launch_bounds__(tcg::swiglu::kThreads) tcg_swiglu_bwd_##N(const tcg::swiglu::Backward a) { \
+    tcg::swiglu::backward<TCG_CUDA_TYPE(N)>(a);                                                     \
+  }
+TCG_SWIGLU_TYPES(TCG_SWIGLU_KERNELS)

@@ -1,0 +1,78 @@
+// The launcher of the crate's SwiGLU kernels (swiglu_kernels.cu, loaded by own_kernels.cpp) and
+// the autograd function around them: one pass forward reading [gate | up], one pass backward
+// writing [dgate | dup].
+#include "../swiglu_own.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+
+#include "../kernels.h"
+#include "cuda_shim.h"
+#include "own_kernels.h"
+#include "swiglu_params.h"
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace tcg::swiglu {
+namespace {
+
+unsigned blocks_for(int64_t items, int device) {
+  const int64_t sms = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device))->multiProcessorCount;
+  return static_cast<unsigned>(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1, sms * 16));
+}
+
+struct FusedSwiGLU : torch::autograd::Function<FusedSwiGLU> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& h) {
+    const int device = h.get_device();
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    const int64_t f = h.size(-1) / 2, rows = h.numel() / std::max<int64_t>(2 * f, 1);
+    std::vector<int64_t> sizes = h.sizes().vec();
+    sizes.back() = f;
+    at::Tensor out = at::empty(sizes, h.options());
+    Forward p{h.data_ptr(), out.data_ptr(), rows, f};
+    if (rows * f > 0) {
+      own::launch(own::swiglu_kernel(own::Pass::Forward, h.scalar_type()), device, blocks_for(rows * f / 4, device),
+                  kThreads, &p);
+    }
+    ctx->save_for_backward({h});
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (at::GradMode::is_enabled()) misuse("swiglu: double backward (create_graph) is not supported");
+    const at::Tensor h = ctx->get_saved_variables()[0];
+    at::Tensor d = grads.at(0);
+    if (!d.defined()) return {at::Tensor()};
+    const int device = h.get_device();
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    d = d.to(h.scalar_type()).contiguous();
+    const int64_t f = h.size(-1) / 2, rows = h.numel() / std::max<int64_t>(2 * f, 1);
+    at::Tensor dh = at::empty_like(h);
+    Backward p{h.data_ptr(), d.data_ptr(), dh.data_ptr(), rows, f};
+    if (rows * f > 0) {
+      own::launch(own::swiglu_kernel(own::Pass::Backward, h.scalar_type()), device, blocks_for(rows * f / 4, device),
+                  kThreads, &p);
+    }
+    return {dh};
+  }
+};
+
+}  // namespace
+
+std::string unsupported(const at::Tensor& h) {
+  if (!h.is_cuda()) return "the input is not on a CUDA device";
+  if (!own::swiglu_builds(h.scalar_type())) return std::string("dtype ") + c10::toString(h.scalar_type());
+  if ((h.size(-1) / 2) % 4 != 0) return "half the last dimension is not a multiple of 4";
+  if (!h.is_contiguous() || reinterpret_cast<uintptr_t>(h.data_ptr()) % 16 != 0) {
+    return "the input is not contiguous and 16-byte aligned";
+  }
+  return kernels::unavailable(h.get_device());
+}
+
+at::Tensor fused(const at::Tensor& h) { return FusedSwiGLU::apply(h)[0]; }
+
+}  // namespace tcg::swiglu

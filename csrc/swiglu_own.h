@@ -1,0 +1,17 @@
+// The crate's SwiGLU kernels, as swiglu.cpp sees them (no CUDA types here). Defined in
+// csrc/cuda/swiglu_own.cpp in CUDA builds, in csrc/no_cuda.cpp otherwise.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <string>
+
+namespace tcg::swiglu {
+
+// Why the kernels cannot take h [.., 2F], or "".
+std::string unsupported(const at::Tensor& h);
+
+// silu(h[.., :F]) · h[.., F:], differentiable through one autograd node. Call only where
+// unsupported() is "".
+at::Tensor fused(const at::Tensor& h);
+
+}  // namespace tcg::swiglu

@@ -1,0 +1,180 @@
+//! A Llama-style model in tch on the crate's drop-in layers: token embedding; per block RMSNorm,
+//! q from `wq` and k, v from one `wkv` projection (grouped-query attention: fewer KV heads),
+//! rotary embeddings on q and k, causal `scaled_dot_product_attention` (`enable_gqa`), `wo`;
+//! RMSNorm, one `w13` projection read as [gate | up] by SwiGLU, `w2`; no biases; a final RMSNorm
+//! and an untied head; the crate's cross-entropy. One [`ResidualStream`] runs through the blocks,
+//! so each RMSNorm also takes the residual add before it. `fused` ([`Config::fused`]) runs the
+//! crate's kernels (norms, rotary, SwiGLU, float32 weight gradients, loss); without it ATen's
+//! operators run the same model (the plain graph a tch user gets). Shared by `benches/llama.rs`
+//! and built the same way by `benches/torch_llama.py`.
+#![allow(dead_code)]
+
+use tch::{nn, nn::Module, Tensor};
+use tch_cuda_graphs::kernels::Kernels;
+use tch_cuda_graphs::linear::{linear, Linear, LinearConfig};
+use tch_cuda_graphs::loss::{f_cross_entropy, CrossEntropyConfig};
+use tch_cuda_graphs::norm::{rms_norm, LayerNorm, NormConfig};
+use tch_cuda_graphs::rotary::{Rotary, RotaryConfig};
+use tch_cuda_graphs::swiglu::{SwiGlu, SwiGluConfig};
+use tch_cuda_graphs::transformer::ResidualStream;
+
+/// The model's shape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Config {
+    pub vocab: i64,
+    pub block: i64,
+    pub layers: i64,
+    pub heads: i64,
+    /// Key and value heads (grouped-query attention: `heads` a multiple of it).
+    pub kv_heads: i64,
+    pub embd: i64,
+    /// SwiGLU's hidden width.
+    pub hidden: i64,
+    /// RMSNorm's epsilon.
+    pub eps: f64,
+    /// The rotary base θ.
+    pub rope_base: f64,
+    /// The crate's kernels (else ATen's operators).
+    pub fused: bool,
+}
+
+impl Config {
+    /// 6 × 384, 6 heads / 2 KV, SwiGLU 1024, block 256 (9.5 M parameters at vocabulary 96).
+    pub fn small(vocab: i64) -> Config {
+        Config {
+            vocab,
+            block: 256,
+            layers: 6,
+            heads: 6,
+            kv_heads: 2,
+            embd: 384,
+            hidden: 1024,
+            eps: 1e-6,
+            rope_base: 10_000.0,
+            fused: false,
+        }
+    }
+
+    /// 12 × 768, 12 heads / 4 KV, SwiGLU 2048, block 1024 (124.7 M at vocabulary 32,000).
+    pub fn base(vocab: i64) -> Config {
+        Config {
+            vocab,
+            block: 1024,
+            layers: 12,
+            heads: 12,
+            kv_heads: 4,
+            embd: 768,
+            hidden: 2048,
+            eps: 1e-6,
+            rope_base: 10_000.0,
+            fused: false,
+        }
+    }
+
+    pub fn kernels(&self) -> Kernels {
+        if self.fused {
+            Kernels::Auto
+        } else {
+            Kernels::PyTorch
+        }
+    }
+
+    fn head_dim(&self) -> i64 {
+        self.embd / self.heads
+    }
+}
+
+#[derive(Debug)]
+struct Block {
+    attn_norm: LayerNorm,
+    wq: Linear,
+    wkv: Linear,
+    wo: Linear,
+    mlp_norm: LayerNorm,
+    w13: Linear,
+    w2: Linear,
+    swiglu: SwiGlu,
+}
+
+/// The model.
+#[derive(Debug)]
+pub struct Llama {
+    pub config: Config,
+    tok: nn::Embedding,
+    blocks: Vec<Block>,
+    norm: LayerNorm,
+    head: Linear,
+    rope: Rotary,
+}
+
+impl Llama {
+    /// Builds the model under `p`: normal(0.02) weights, the output projections
+    /// 0.02 / sqrt(2 · layers), norms at one.
+    pub fn new(p: &nn::Path, c: Config) -> Llama {
+        let normal = |stdev| nn::Init::Randn { mean: 0.0, stdev };
+        let lin =
+            |init| LinearConfig { ws_init: normal(init), bias: false, kernels: c.kernels(), ..Default::default() };
+        let (inner, out) = (lin(0.02), lin(0.02 / (2.0 * c.layers as f64).sqrt()));
+        let norm = NormConfig { eps: c.eps, kernels: c.kernels(), ..Default::default() };
+        let (e, d) = (c.embd, c.head_dim());
+        let blocks = (0..c.layers)
+            .map(|l| {
+                let b = p / "layers" / l;
+                Block {
+                    attn_norm: rms_norm(&b / "attn_norm", vec![e], norm),
+                    wq: linear(&b / "wq", e, c.heads * d, inner),
+                    wkv: linear(&b / "wkv", e, 2 * c.kv_heads * d, inner),
+                    wo: linear(&b / "wo", c.heads * d, e, out),
+                    mlp_norm: rms_norm(&b / "mlp_norm", vec![e], norm),
+                    w13: linear(&b / "w13", e, 2 * c.hidden, inner),
+                    w2: linear(&b / "w2", c.hidden, e, out),
+                    swiglu: SwiGlu::new(SwiGluConfig { kernels: c.kernels() }),
+                }
+            })
+            .collect();
+        let rope = RotaryConfig { base: c.rope_base, kernels: c.kernels(), ..Default::default() };
+        Llama {
+            config: c,
+            tok: nn::embedding(
+                p / "tok",
+                c.vocab,
+                e,
+                nn::EmbeddingConfig { ws_init: normal(0.02), ..Default::default() },
+            ),
+            blocks,
+            norm: rms_norm(p / "norm", vec![e], norm),
+            head: linear(p / "head", e, c.vocab, inner),
+            rope: Rotary::new(d, c.block, p.device(), rope),
+        }
+    }
+
+    fn attention(&self, b: &Block, h: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
+        let c = &self.config;
+        let (bsz, t, d) = (h.size()[0], h.size()[1], c.head_dim());
+        let q = b.wq.f_forward(h)?.f_view([bsz, t, c.heads, d])?;
+        let kv = b.wkv.f_forward(h)?.f_view([bsz, t, 2 * c.kv_heads, d])?;
+        let (k, v) = (kv.f_narrow(2, 0, c.kv_heads)?, kv.f_narrow(2, c.kv_heads, c.kv_heads)?);
+        let (q, k) = self.rope.f_forward(&q, &k, 0)?;
+        let (q, k, v) = (q.f_transpose(1, 2)?, k.f_transpose(1, 2)?, v.f_transpose(1, 2)?);
+        let y = Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, 0.0, true, None, true)?;
+        b.wo.f_forward(&y.f_transpose(1, 2)?.f_reshape([bsz, t, c.heads * d])?)
+    }
+
+    /// Logits for tokens `idx` [batch, time].
+    pub fn logits(&self, idx: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
+        let mut stream = ResidualStream::new(self.tok.forward(idx));
+        for b in &self.blocks {
+            stream.f_residual(&b.attn_norm, 0.0, false, |h| self.attention(b, h))?;
+            stream
+                .f_residual(&b.mlp_norm, 0.0, false, |h| b.w2.f_forward(&b.swiglu.f_forward(&b.w13.f_forward(h)?)?))?;
+        }
+        self.head.f_forward(&stream.f_norm(&self.norm)?)
+    }
+
+    /// Mean cross-entropy of the next-token predictions.
+    pub fn loss(&self, idx: &Tensor, targets: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
+        let logits = self.logits(idx)?;
+        let config = CrossEntropyConfig { kernels: self.config.kernels(), ..Default::default() };
+        f_cross_entropy(&logits.f_view([-1, self.config.vocab])?, &targets.f_reshape([-1])?, &config)
+    }
+}

@@ -1,0 +1,149 @@
+//! Rotary position embeddings (RoPE) on the crate's kernel: [`Rotary`] rotates q and k in one
+//! launch forward and one backward.
+//!
+//! Written as PyTorch models write it, rotary embeddings are slices, casts to float32, four
+//! multiplies, two adds and a stack per tensor, each its own kernel, forward and backward. The
+//! crate's kernel reads q and k once (any strides with a contiguous last dimension, e.g. the
+//! views of a fused projection), rotates each pair in fp32 and writes both in their dtype; the
+//! backward is the same kernel with the rotation transposed. In float32 it equals the
+//! element-wise composition on the same tables bit for bit (each product and sum rounded once,
+//! no fused multiply-add); in bf16 it rounds once where the composition in bf16 rounds at each
+//! step. ATen's composition (float32 math) runs where the kernel does not apply: on a CPU, a
+//! head dimension that is not a multiple of 8, or under [`Kernels::PyTorch`].
+//!
+//! Both layouts: [`RotaryLayout::Interleaved`] pairs (2i, 2i+1), as Meta's Llama;
+//! [`RotaryLayout::HalfSplit`] pairs (i, i + D/2), as GPT-NeoX and Hugging Face's Llama. The
+//! tables are PyTorch's: `inv_freq = 1 / base^(arange(0, D, 2) / D)`, `cos`, `sin` of
+//! `outer(arange(positions), inv_freq)`, float32, computed on the device.
+//!
+//! ```
+//! # fn main() -> tch_cuda_graphs::Result<()> {
+//! use tch::{Device, Kind, Tensor};
+//! use tch_cuda_graphs::rotary::{Rotary, RotaryConfig};
+//! let rope = Rotary::f_new(64, 1024, Device::Cpu, RotaryConfig::default())?;
+//! let q = Tensor::randn([2, 16, 8, 64], (Kind::Float, Device::Cpu)); // [batch, seq, heads, dim]
+//! let k = Tensor::randn([2, 16, 2, 64], (Kind::Float, Device::Cpu)); // fewer KV heads
+//! let (q, k) = rope.f_forward(&q, &k, 0)?;
+//! assert_eq!(q.size(), [2, 16, 8, 64]);
+//! // decoding: one token at position 16
+//! let (q1, _) = rope.f_forward(&q.narrow(1, 0, 1), &k.narrow(1, 0, 1), 16)?;
+//! # let _ = q1;
+//! # Ok(()) }
+//! ```
+
+use crate::error::{Error, Result};
+use crate::kernels::{KernelPath, Kernels};
+use crate::sys::rotary::{self as raw, RawRotaryLayout};
+use std::cell::Cell;
+use tch::{Device, Kind, Tensor};
+
+/// Which elements of a head form the pairs that rotate together.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RotaryLayout {
+    /// (2i, 2i+1): Meta's Llama (`view_as_complex` of the last dimension in pairs).
+    #[default]
+    Interleaved,
+    /// (i, i + D/2): GPT-NeoX and Hugging Face's Llama (`rotate_half`).
+    HalfSplit,
+}
+
+/// How [`Rotary`] is made and runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RotaryConfig {
+    /// The frequencies' base θ (default 10,000; Llama 3 uses 500,000).
+    pub base: f64,
+    /// Which elements pair up (default [`RotaryLayout::Interleaved`]).
+    pub layout: RotaryLayout,
+    /// The crate's kernel where it applies ([`Kernels::Auto`], the default), ATen's composition
+    /// ([`Kernels::PyTorch`]), or the kernel only ([`Kernels::Own`]).
+    pub kernels: Kernels,
+}
+
+impl Default for RotaryConfig {
+    fn default() -> Self {
+        RotaryConfig { base: 10_000.0, layout: RotaryLayout::default(), kernels: Kernels::Auto }
+    }
+}
+
+/// Rotary embeddings for heads of one dimension, up to a number of positions: the cos and sin
+/// tables, and the rotation of q and k.
+#[derive(Debug)]
+pub struct Rotary {
+    cos: Tensor,
+    sin: Tensor,
+    config: RotaryConfig,
+    last: Cell<Option<KernelPath>>,
+}
+
+impl Rotary {
+    /// The tables for heads of `head_dim` (even) and positions `0..max_positions`, on `device`.
+    /// [`Error::Misuse`] for an odd head dimension or no positions.
+    pub fn f_new(head_dim: i64, max_positions: i64, device: Device, config: RotaryConfig) -> Result<Self> {
+        if head_dim <= 0 || head_dim % 2 != 0 {
+            return Err(Error::Misuse(format!("rotary: an odd head dimension ({head_dim}) has no pairs to rotate")));
+        }
+        if max_positions <= 0 {
+            return Err(Error::Misuse(format!("rotary: {max_positions} positions")));
+        }
+        let exponent = Tensor::f_arange_start_step(0, head_dim, 2, (Kind::Int64, device))?
+            .f_to_kind(Kind::Float)?
+            .f_div_scalar(head_dim as f64)?;
+        let inv_freq = Tensor::f_pow_scalar(config.base, &exponent)?.f_reciprocal()?;
+        let t = Tensor::f_arange(max_positions, (Kind::Int64, device))?.f_to_kind(Kind::Float)?;
+        let freqs = t.f_outer(&inv_freq)?;
+        Ok(Rotary { cos: freqs.f_cos()?, sin: freqs.f_sin()?, config, last: Cell::new(None) })
+    }
+
+    /// [`f_new`](Self::f_new), panicking on an error (as tch's constructors do).
+    pub fn new(head_dim: i64, max_positions: i64, device: Device, config: RotaryConfig) -> Self {
+        Self::f_new(head_dim, max_positions, device, config).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// q [batch, seq, heads, head_dim] and k [batch, seq, kv_heads, head_dim] rotated at
+    /// positions `offset..offset + seq`: new contiguous tensors of their shapes and dtype,
+    /// differentiable in q and k. [`Error::Misuse`] for positions past the table, other shapes,
+    /// dtypes or devices.
+    pub fn f_forward(&self, q: &Tensor, k: &Tensor, offset: i64) -> Result<(Tensor, Tensor)> {
+        self.run(q, k, offset, None)
+    }
+
+    /// [`f_forward`](Self::f_forward), panicking on an error.
+    pub fn forward(&self, q: &Tensor, k: &Tensor, offset: i64) -> (Tensor, Tensor) {
+        self.f_forward(q, k, offset).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`f_forward`](Self::f_forward) at positions `offset..offset + seq`, `offset` a 0-d int64
+    /// tensor on q's device read when the kernel runs: a captured decoding step moves on as the
+    /// tensor does. Positions past the table give NaN (no host check is possible).
+    pub fn f_forward_at(&self, q: &Tensor, k: &Tensor, offset: &Tensor) -> Result<(Tensor, Tensor)> {
+        self.run(q, k, 0, Some(offset))
+    }
+
+    fn run(&self, q: &Tensor, k: &Tensor, offset: i64, offset_dev: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
+        let layout = match self.config.layout {
+            RotaryLayout::Interleaved => RawRotaryLayout::TCG_ROTARY_INTERLEAVED,
+            RotaryLayout::HalfSplit => RawRotaryLayout::TCG_ROTARY_HALF_SPLIT,
+        };
+        let tables = (&self.cos, &self.sin);
+        let (q, k, own) = raw::apply(q, k, tables, offset, offset_dev, layout, self.config.kernels.raw())?;
+        self.last.set(Some(KernelPath::of_one(own)));
+        Ok((q, k))
+    }
+
+    /// The cos and sin tables, [max_positions, head_dim / 2] float32.
+    pub fn tables(&self) -> (&Tensor, &Tensor) {
+        (&self.cos, &self.sin)
+    }
+
+    /// The configuration it was made with.
+    pub fn config(&self) -> RotaryConfig {
+        self.config
+    }
+
+    /// Which kernels the last forward ran: [`KernelPath::Own`] for the crate's kernel,
+    /// [`KernelPath::PyTorch`] for ATen's composition (None before the first).
+    pub fn last_path(&self) -> Option<KernelPath> {
+        self.last.get()
+    }
+}

@@ -1,0 +1,26 @@
+//! `csrc/rotary.cpp`: rotary position embeddings on the crate's kernel.
+use super::{c_enum, tcg_kernels, tcg_status, tcg_tensor};
+
+c_enum!(tcg_rotary_layout { TCG_ROTARY_INTERLEAVED = 0, TCG_ROTARY_HALF_SPLIT = 1 });
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct tcg_rotary_inputs {
+    pub q: tcg_tensor,
+    pub k: tcg_tensor,
+    pub cos: tcg_tensor,
+    pub sin: tcg_tensor,
+    pub offset: tcg_tensor,
+}
+
+extern "C" {
+    pub fn tcg_rotary_apply(
+        inputs: *const tcg_rotary_inputs,
+        offset: i64,
+        layout: tcg_rotary_layout,
+        kernels: tcg_kernels,
+        q_out: *mut tcg_tensor,
+        k_out: *mut tcg_tensor,
+        ran_own: *mut bool,
+    ) -> tcg_status;
+}

@@ -1,0 +1,108 @@
+//! Rotary embeddings and SwiGLU on the CPU (ATen's compositions, what a machine without a GPU or
+//! nvcc runs): against plain tch written from the formulas (Meta's complex product for the
+//! interleaved layout, Hugging Face's `rotate_half` for the half-split one, `silu(gate) * up`),
+//! positions with an offset, the gradient through both, and the typed errors.
+use tch::{Device, Kind, Tensor};
+use tch_cuda_graphs::kernels::KernelPath;
+use tch_cuda_graphs::rotary::{Rotary, RotaryConfig, RotaryLayout};
+use tch_cuda_graphs::swiglu::{f_swiglu, SwiGlu, SwiGluConfig};
+use tch_cuda_graphs::Error;
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    f64::try_from((a - b).abs().max()).unwrap()
+}
+
+/// The rotation written from the formulas, on x [B, T, H, D] at positions offset.., in f64.
+fn reference(x: &Tensor, base: f64, offset: i64, layout: RotaryLayout) -> Tensor {
+    let (t, d) = (x.size()[1], x.size()[3]);
+    let x = x.to_kind(Kind::Double);
+    let i = Tensor::arange(d / 2, (Kind::Double, Device::Cpu));
+    let inv_freq = (i * (-2.0 * base.ln() / d as f64)).exp();
+    let pos = Tensor::arange_start(offset, offset + t, (Kind::Double, Device::Cpu));
+    let ang = pos.outer(&inv_freq).view([1, t, 1, d / 2]);
+    let (c, s) = (ang.cos(), ang.sin());
+    match layout {
+        RotaryLayout::HalfSplit => {
+            let (x0, x1) = (x.narrow(-1, 0, d / 2), x.narrow(-1, d / 2, d / 2));
+            Tensor::cat(&[&x0 * &c - &x1 * &s, &x0 * &s + &x1 * &c], -1)
+        }
+        _ => {
+            let pairs = x.unflatten(-1, [d / 2, 2]);
+            let (x0, x1) = (pairs.select(-1, 0), pairs.select(-1, 1));
+            Tensor::stack(&[&x0 * &c - &x1 * &s, &x0 * &s + &x1 * &c], -1).flatten(-2, -1)
+        }
+    }
+}
+
+#[test]
+fn rotary_on_the_cpu_matches_the_formulas_in_both_layouts() {
+    tch::manual_seed(0);
+    let q = Tensor::randn([2, 12, 4, 16], (Kind::Float, Device::Cpu));
+    let k = Tensor::randn([2, 12, 2, 16], (Kind::Float, Device::Cpu));
+    for layout in [RotaryLayout::Interleaved, RotaryLayout::HalfSplit] {
+        let rope = Rotary::new(16, 64, Device::Cpu, RotaryConfig { layout, ..Default::default() });
+        for offset in [0, 5] {
+            let (qr, kr) = rope.f_forward(&q, &k, offset).expect("rotary");
+            let dq = max_diff(&qr.to_kind(Kind::Double), &reference(&q, 10_000.0, offset, layout));
+            let dk = max_diff(&kr.to_kind(Kind::Double), &reference(&k, 10_000.0, offset, layout));
+            println!("{layout:?}, offset {offset}: max |q - formula| {dq:e}, |k - formula| {dk:e}");
+            assert!(dq < 1e-5 && dk < 1e-5, "{dq} {dk}");
+            assert_eq!(rope.last_path(), Some(KernelPath::PyTorch));
+        }
+    }
+}
+
+#[test]
+fn rotary_preserves_norms_and_its_gradient_is_the_inverse_rotation() {
+    let rope = Rotary::new(8, 16, Device::Cpu, RotaryConfig::default());
+    let q = Tensor::randn([1, 4, 2, 8], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let k = Tensor::randn([1, 4, 1, 8], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let (qr, kr) = rope.forward(&q, &k, 3);
+    let norm_change = max_diff(&qr.square().sum(Kind::Float), &q.square().sum(Kind::Float));
+    println!("|‖Rq‖² − ‖q‖²| = {norm_change:e}");
+    assert!(norm_change < 1e-4);
+    // d/dq of <Rq, w> is Rᵀw: rotating it forward again gives w back
+    let w = Tensor::randn([1, 4, 2, 8], (Kind::Float, Device::Cpu));
+    (&qr * &w).sum(Kind::Float).backward();
+    let (back, _) = rope.forward(&q.grad(), &kr.detach(), 3);
+    let err = max_diff(&back, &w);
+    println!("R(Rᵀw) − w: {err:e}");
+    assert!(err < 1e-5);
+}
+
+#[test]
+fn rotary_refuses_bad_input_with_typed_errors() {
+    assert!(matches!(Rotary::f_new(7, 16, Device::Cpu, RotaryConfig::default()), Err(Error::Misuse(_))));
+    let rope = Rotary::new(8, 16, Device::Cpu, RotaryConfig::default());
+    let q = Tensor::randn([1, 4, 2, 8], (Kind::Float, Device::Cpu));
+    let cases = [
+        ("positions past the table", rope.f_forward(&q, &q, 13)),
+        ("a negative offset", rope.f_forward(&q, &q, -1)),
+        ("integer q", rope.f_forward(&q.to_kind(Kind::Int64), &q.to_kind(Kind::Int64), 0)),
+        ("q and k of two dtypes", rope.f_forward(&q, &q.to_kind(Kind::Double), 0)),
+        ("another head dimension", rope.f_forward(&q.narrow(3, 0, 6), &q.narrow(3, 0, 6), 0)),
+        ("three dimensions", rope.f_forward(&q.flatten(2, 3), &q.flatten(2, 3), 0)),
+    ];
+    for (what, got) in cases {
+        println!("{what}: {:?}", got.as_ref().err());
+        assert!(matches!(got, Err(Error::Misuse(_))), "{what}: {got:?}");
+    }
+    assert!(rope.f_forward(&q, &q, 12).is_ok(), "the last positions of the table");
+}
+
+#[test]
+fn swiglu_on_the_cpu_is_silu_of_gate_times_up() {
+    let h = Tensor::randn([3, 5, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let module = SwiGlu::new(SwiGluConfig::default());
+    let y = module.f_forward(&h).expect("swiglu");
+    let parts = h.chunk(2, -1);
+    let want = parts[0].silu() * &parts[1];
+    assert_eq!(max_diff(&y, &want), 0.0);
+    assert_eq!(module.last_path(), Some(KernelPath::PyTorch));
+    y.sum(Kind::Float).backward();
+    assert_eq!(h.grad().size(), [3, 5, 16]);
+    let odd = f_swiglu(&Tensor::zeros([2, 7], (Kind::Float, Device::Cpu)), &SwiGluConfig::default());
+    assert!(matches!(odd, Err(Error::Misuse(_))), "{odd:?}");
+    let ints = f_swiglu(&Tensor::zeros([2, 8], (Kind::Int64, Device::Cpu)), &SwiGluConfig::default());
+    assert!(matches!(ints, Err(Error::Misuse(_))), "{ints:?}");
+}

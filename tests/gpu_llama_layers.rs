@@ -1,0 +1,141 @@
+//! Rotary embeddings and SwiGLU on the crate's kernels against ATen's compositions on a GPU
+//! (the bar, each figure printed): float32 within 1e-6 relative (the forward bit for bit
+//! where both round the same operations), bf16 within one bf16 ulp of the float32 computation
+//! on the same values rounded once; both rotary layouts, strided q and k (views of a fused
+//! projection), a device offset read at replay (a captured decode step), and a captured step
+//! equal to the eager one bit for bit. Ignored without a GPU; fails loudly there.
+mod common;
+
+use common::cuda;
+use tch::{Kind, Tensor};
+use tch_cuda_graphs::kernels::{KernelPath, Kernels};
+use tch_cuda_graphs::rotary::{Rotary, RotaryConfig, RotaryLayout};
+use tch_cuda_graphs::swiglu::{SwiGlu, SwiGluConfig};
+use tch_cuda_graphs::{capture_with_warmup, CaptureOptions, Error};
+
+/// max |a - b| / max |b|, in f64.
+fn rel(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_kind(Kind::Double), b.to_kind(Kind::Double));
+    f64::try_from((&a - &b).abs().max()).unwrap() / f64::try_from(b.abs().max()).unwrap().max(1e-30)
+}
+
+/// The largest |a - b| in units of b's bf16 ulp (b rounded: a power of two per binade).
+fn bf16_ulps(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
+    let ulp = (b.abs().clamp_min(1e-30).log2().floor() - 7.0).exp2();
+    f64::try_from(((&a - &b).abs() / ulp).max()).unwrap()
+}
+
+fn rotary_pair(rope: &Rotary, q: &Tensor, k: &Tensor, w: &Tensor, v: &Tensor) -> (Tensor, Tensor, Tensor, Tensor) {
+    let (q, k) = (q.detach().set_requires_grad(true), k.detach().set_requires_grad(true));
+    let (qr, kr) = rope.forward(&q, &k, 3);
+    ((&qr.to_kind(Kind::Float) * w).sum(Kind::Float) + (&kr.to_kind(Kind::Float) * v).sum(Kind::Float)).backward();
+    (qr, kr, q.grad(), k.grad())
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn rotary_kernel_matches_the_composition() {
+    let dev = cuda();
+    tch::manual_seed(0);
+    // q and k as views of one fused projection [B, T, H + 2 KV, D]: strided, last dim contiguous
+    let (b, t, h, kv, d) = (4, 128, 12, 4, 64);
+    let qkv = Tensor::randn([b, t, h + 2 * kv, d], (Kind::Float, dev));
+    let (q, k) = (qkv.narrow(2, 0, h), qkv.narrow(2, h, kv));
+    let (w, v) = (Tensor::randn([b, t, h, d], (Kind::Float, dev)), Tensor::randn([b, t, kv, d], (Kind::Float, dev)));
+    for layout in [RotaryLayout::Interleaved, RotaryLayout::HalfSplit] {
+        let own = Rotary::new(d, 1024, dev, RotaryConfig { layout, ..Default::default() });
+        let aten = Rotary::new(d, 1024, dev, RotaryConfig { layout, kernels: Kernels::PyTorch, ..Default::default() });
+        let (q1, k1, dq1, dk1) = rotary_pair(&own, &q, &k, &w, &v);
+        assert_eq!(own.last_path(), Some(KernelPath::Own));
+        let (q2, k2, dq2, dk2) = rotary_pair(&aten, &q, &k, &w, &v);
+        assert_eq!(aten.last_path(), Some(KernelPath::PyTorch));
+        let (fq, fk, bq, bk) = (rel(&q1, &q2), rel(&k1, &k2), rel(&dq1, &dq2), rel(&dk1, &dk2));
+        println!("rotary {layout:?} fp32: forward q {fq:e}, k {fk:e}; backward q {bq:e}, k {bk:e} (relative)");
+        assert!(fq == 0.0 && fk == 0.0, "the forward rounds as the composition does");
+        assert!(bq <= 1e-6 && bk <= 1e-6);
+        // bf16: against the float32 computation on the same bf16 values, rounded once
+        let (qh, kh) = (q.to_kind(Kind::BFloat16), k.to_kind(Kind::BFloat16));
+        let (q3, k3, dq3, _) = rotary_pair(&own, &qh, &kh, &w, &v);
+        let (q4, k4, _, _) = rotary_pair(&aten, &qh.to_kind(Kind::Float), &kh.to_kind(Kind::Float), &w, &v);
+        let (uq, uk) = (bf16_ulps(&q3, &q4.to_kind(Kind::BFloat16)), bf16_ulps(&k3, &k4.to_kind(Kind::BFloat16)));
+        let equal =
+            f64::try_from(q3.eq_tensor(&q4.to_kind(Kind::BFloat16)).to_kind(Kind::Float).mean(Kind::Float)).unwrap();
+        println!(
+            "rotary {layout:?} bf16: max {uq} ulp (q), {uk} ulp (k) from the fp32 result rounded; {:.4}% equal; grad dtype {:?}",
+            equal * 100.0,
+            dq3.kind()
+        );
+        assert!(uq <= 1.0 && uk <= 1.0);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn rotary_at_a_device_offset_moves_on_in_a_captured_step() {
+    let dev = cuda();
+    let rope = Rotary::new(64, 32, dev, RotaryConfig::default());
+    let (q, k) = (Tensor::randn([2, 1, 4, 64], (Kind::Float, dev)), Tensor::randn([2, 1, 2, 64], (Kind::Float, dev)));
+    let pos = Tensor::zeros([], (Kind::Int64, dev));
+    let (out_q, out_k) = (q.zeros_like(), k.zeros_like());
+    let (mut graph, ()) = capture_with_warmup(1, CaptureOptions::default(), || {
+        let (a, b) = rope.f_forward_at(&q, &k, &pos)?;
+        out_q.shallow_clone().f_copy_(&a)?;
+        out_k.shallow_clone().f_copy_(&b)?;
+        Ok(())
+    })
+    .expect("capture");
+    for p in [0i64, 7, 31] {
+        let _ = pos.shallow_clone().fill_(p);
+        graph.replay().expect("replay");
+        let (want_q, want_k) = rope.forward(&q, &k, p);
+        let d = rel(&out_q, &want_q).max(rel(&out_k, &want_k));
+        println!("captured decode step at position {p}: max relative difference from eager {d:e}");
+        assert_eq!(d, 0.0);
+    }
+    let _ = pos.shallow_clone().fill_(32); // past the table: NaN, no device assert
+    graph.replay().expect("replay");
+    assert!(bool::try_from(out_q.isnan().all()).unwrap());
+    // the typed errors the kernel path gives too
+    let bf = q.to_kind(Kind::BFloat16);
+    assert!(matches!(rope.f_forward(&q, &k, 32), Err(Error::Misuse(_))));
+    assert!(matches!(rope.f_forward(&bf, &k, 0), Err(Error::Misuse(_))));
+    assert!(matches!(rope.f_forward_at(&q, &k, &pos.to_kind(Kind::Int)), Err(Error::Misuse(_))));
+}
+
+fn swiglu_grad(module: &SwiGlu, h: &Tensor, w: &Tensor) -> (Tensor, Tensor) {
+    let h = h.detach().set_requires_grad(true);
+    let y = module.f_forward(&h).expect("swiglu");
+    (&y.to_kind(Kind::Float) * w).sum(Kind::Float).backward();
+    (y, h.grad())
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn swiglu_kernels_match_the_composition() {
+    let dev = cuda();
+    tch::manual_seed(1);
+    let (rows, f) = (12 * 1024, 2048);
+    let h = Tensor::randn([rows, 2 * f], (Kind::Float, dev)) * 3.0;
+    let w = Tensor::randn([rows, f], (Kind::Float, dev));
+    let own = SwiGlu::new(SwiGluConfig::default());
+    let aten = SwiGlu::new(SwiGluConfig { kernels: Kernels::PyTorch });
+    let (y1, g1) = swiglu_grad(&own, &h, &w);
+    assert_eq!(own.last_path(), Some(KernelPath::Own));
+    let (y2, g2) = swiglu_grad(&aten, &h, &w);
+    let (fy, fg) = (rel(&y1, &y2), rel(&g1, &g2));
+    println!("swiglu fp32: forward {fy:e}, backward {fg:e} (relative to ATen's silu and mul)");
+    assert!(fy <= 1e-6 && fg <= 1e-6);
+    let hb = h.to_kind(Kind::BFloat16);
+    let (y3, g3) = swiglu_grad(&own, &hb, &w);
+    let (y4, _) = swiglu_grad(&aten, &hb.to_kind(Kind::Float), &w);
+    let u = bf16_ulps(&y3, &y4.to_kind(Kind::BFloat16));
+    let (y5, g5) = swiglu_grad(&aten, &hb, &w); // ATen in bf16, as autocast runs it
+    println!(
+        "swiglu bf16: max {u} ulp from the fp32 result rounded; ATen's bf16 composition: {} ulp; grads {:?} vs {:?}",
+        bf16_ulps(&y5, &y4.to_kind(Kind::BFloat16)),
+        g3.kind(),
+        g5.kind()
+    );
+    assert!(u <= 1.0);
+}
