@@ -15,9 +15,9 @@ mod model;
 mod reference;
 #[path = "../examples/gpt/step.rs"]
 mod step;
+mod timing;
 
 use std::fmt::Write as _;
-use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 use tch_cuda_graphs::{empty_cache, memory_stats, reset_peak_stats, synchronize, Result};
 
@@ -82,27 +82,6 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
     Ok(Some(a))
 }
 
-/// Median ms per call of `f` over blocks of 10 calls, after 10 warmup calls.
-fn median_ms(device: Device, iters: usize, mut f: impl FnMut(usize) -> Result<()>) -> Result<f64> {
-    for i in 0..10 {
-        f(i)?;
-    }
-    let mut per = Vec::new();
-    let mut i = 10;
-    for _ in 0..(iters / 10).max(1) {
-        synchronize(device)?;
-        let t = Instant::now();
-        for _ in 0..10 {
-            f(i)?;
-            i += 1;
-        }
-        synchronize(device)?;
-        per.push(t.elapsed().as_secs_f64() * 1e3 / 10.0);
-    }
-    per.sort_by(|a, b| a.total_cmp(b));
-    Ok(per[per.len() / 2])
-}
-
 /// This crate's step of one row, captured (or eager): ms per iteration, MiB reserved at peak,
 /// parameters.
 fn ours(device: Device, config: model::Config, batch: i64, iters: usize, eager: bool) -> Result<(f64, f64, i64)> {
@@ -118,7 +97,7 @@ fn ours(device: Device, config: model::Config, batch: i64, iters: usize, eager: 
     let hyper = step::Hyper { batch, eager, shadows, ..Default::default() };
     let mut steps = step::build(&vs, &gpt, hyper)?;
     let data = Tensor::f_randint(config.vocab, [8, 1, batch, config.block + 1], (Kind::Int64, device))?;
-    let ms = median_ms(device, iters, |i| {
+    let ms = timing::median_ms(device, iters, |i| {
         let w = data.f_get((i % 8) as i64)?;
         let (x, y) = (w.f_narrow(2, 0, config.block)?, w.f_narrow(2, 1, config.block)?);
         steps.train.run(&[&x, &y])?;

@@ -14,9 +14,9 @@
 #[path = "../examples/llama/model.rs"]
 mod model;
 mod reference;
+mod timing;
 
 use std::fmt::Write as _;
-use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig, Optimizer};
 use tch_cuda_graphs::{amp, clip_grad_norm, empty_cache, memory_stats, reset_peak_stats, synchronize};
@@ -64,26 +64,6 @@ fn rows() -> [(&'static str, model::Config, i64); 2] {
     [("small", model::Config::small(96), 64), ("base", model::Config::base(32000), 12)]
 }
 
-fn median_ms(device: Device, iters: usize, mut f: impl FnMut(usize) -> Result<()>) -> Result<f64> {
-    for i in 0..10 {
-        f(i)?;
-    }
-    let mut per = Vec::new();
-    let mut i = 10;
-    for _ in 0..(iters / 10).max(1) {
-        synchronize(device)?;
-        let t = Instant::now();
-        for _ in 0..10 {
-            f(i)?;
-            i += 1;
-        }
-        synchronize(device)?;
-        per.push(t.elapsed().as_secs_f64() * 1e3 / 10.0);
-    }
-    per.sort_by(|a, b| a.total_cmp(b));
-    Ok(per[per.len() / 2])
-}
-
 /// The captured step of one row: ms per iteration, MiB reserved at peak.
 fn ours(device: Device, config: model::Config, batch: i64, iters: usize) -> Result<(f64, f64)> {
     synchronize(device)?;
@@ -107,7 +87,7 @@ fn ours(device: Device, config: model::Config, batch: i64, iters: usize) -> Resu
         Ok(vec![loss.detach()])
     })?;
     let data = Tensor::f_randint(config.vocab, [8, batch, config.block + 1], (Kind::Int64, device))?;
-    let ms = median_ms(device, iters, |i| {
+    let ms = timing::median_ms(device, iters, |i| {
         let w = data.f_get((i % 8) as i64)?;
         step.run(&[&w.f_narrow(1, 0, config.block)?, &w.f_narrow(1, 1, config.block)?])?;
         Ok(())

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 use tch::Device;
-use tch_cuda_graphs::synchronize;
+use tch_cuda_graphs::{synchronize, Result};
 
 pub const BLOCK: usize = 50;
 pub const WARMUP: usize = 20;
@@ -33,4 +33,25 @@ pub fn time_steps(device: Device, steps: usize, mut step: impl FnMut(usize)) -> 
         per_step.push(t.elapsed().as_secs_f64() * 1e6 / BLOCK as f64);
     }
     median(per_step)
+}
+
+/// Median ms per call of `f` over blocks of 10 calls, after 10 warmup calls.
+pub fn median_ms(device: Device, iters: usize, mut f: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+    for i in 0..10 {
+        f(i)?;
+    }
+    let mut per = Vec::new();
+    let mut i = 10;
+    for _ in 0..(iters / 10).max(1) {
+        synchronize(device)?;
+        let t = Instant::now();
+        for _ in 0..10 {
+            f(i)?;
+            i += 1;
+        }
+        synchronize(device)?;
+        per.push(t.elapsed().as_secs_f64() * 1e3 / 10.0);
+    }
+    per.sort_by(|a, b| a.total_cmp(b));
+    Ok(per[per.len() / 2])
 }

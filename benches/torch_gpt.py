@@ -28,11 +28,11 @@ import ctypes
 import json
 import math
 import os
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch_timing import time_step
 
 ROWS = {  # name: (vocab, block, layers, heads, embd, dropout, batch)
     "char_b64": (96, 256, 6, 6, 384, 0.2, 64),
@@ -89,21 +89,6 @@ class Gpt(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def median_ms(fn, iters, block=10, warmup=10):
-    for _ in range(warmup):
-        fn()
-    per = []
-    for _ in range(max(1, iters // block)):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(block):
-            fn()
-        torch.cuda.synchronize()
-        per.append((time.perf_counter() - t) * 1e3 / block)
-    per.sort()
-    return per[len(per) // 2]
-
-
 def bench(name, mode, iters, dev):
     vocab, block, layers, heads, embd, dropout, batch = ROWS[name]
     torch.manual_seed(0)
@@ -136,29 +121,7 @@ def bench(name, mode, iters, dev):
         sx.copy_(x[:, :-1])
         sy.copy_(x[:, 1:])
 
-    torch.cuda.reset_peak_memory_stats()
-    if mode in ("eager", "compile"):
-        def run():
-            feed()
-            step()
-        ms = median_ms(run, iters)
-    else:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        opt.zero_grad(set_to_none=True)
-        with torch.cuda.graph(g):
-            step()
-
-        def run():
-            feed()
-            g.replay()
-        ms = median_ms(run, iters)
-    mem = torch.cuda.max_memory_reserved() / 2**20
+    ms, mem = time_step(step, feed, mode.endswith("graph"), opt, iters)
     del opt, model
     torch.cuda.empty_cache()
     return ms, mem

@@ -131,6 +131,8 @@ mod doc_pages {
     struct Profiler;
     #[doc = include_str!("../docs/gpt.md")]
     struct Gpt;
+    #[doc = include_str!("../docs/llama.md")]
+    struct Llama;
     #[doc = include_str!("../docs/norm.md")]
     struct Norm;
     #[doc = include_str!("../docs/kernels.md")]
