@@ -21,20 +21,36 @@ using tcg::cuda::store4;
 
 __device__ __forceinline__ float silu(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
 
+// Both gradients of one element; exp(-gate) computed once for the sigmoid and the SiLU (the
+// same rounding as computing each on its own).
 __device__ __forceinline__ void grads(float g, float u, float d, float* dg, float* du) {
-  const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g)));
-  *du = __fmul_rn(d, silu(g));
+  const float denom = __fadd_rn(1.0f, expf(-g));
+  const float sig = __fdiv_rn(1.0f, denom);
+  *du = __fmul_rn(d, __fdiv_rn(g, denom));
   *dg = __fmul_rn(__fmul_rn(__fmul_rn(d, u), sig), __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, sig))));
+}
+
+// Item i of the grid-stride loops: 4 columns of one row of h [rows, 2F]; its row and first
+// column, and gate and up as floats.
+template <typename T>
+__device__ __forceinline__ void load_item(const T* h_all, int64_t f, int64_t i, int64_t* row, int64_t* col, float4* g,
+                                          float4* u) {
+  const int64_t groups = f / 4;
+  *row = i / groups;
+  *col = (i % groups) * 4;
+  const T* h = h_all + *row * 2 * f;
+  *g = load4<T>(h + *col);
+  *u = load4<T>(h + f + *col);
 }
 
 template <typename T>
 __device__ void forward(const Forward& a) {
-  const int64_t groups = a.f / 4, items = a.rows * groups;
+  const int64_t items = a.rows * (a.f / 4);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = i / groups, col = (i % groups) * 4;
-    const T* h = static_cast<const T*>(a.h) + row * 2 * a.f;
-    const float4 g = load4<T>(h + col), u = load4<T>(h + a.f + col);
+    int64_t row, col;
+    float4 g, u;
+    load_item<T>(static_cast<const T*>(a.h), a.f, i, &row, &col, &g, &u);
     const float4 o = make_float4(__fmul_rn(silu(g.x), u.x), __fmul_rn(silu(g.y), u.y), __fmul_rn(silu(g.z), u.z),
                                  __fmul_rn(silu(g.w), u.w));
     store4<T>(static_cast<T*>(a.out) + row * a.f + col, o);
@@ -43,12 +59,12 @@ __device__ void forward(const Forward& a) {
 
 template <typename T>
 __device__ void backward(const Backward& a) {
-  const int64_t groups = a.f / 4, items = a.rows * groups;
+  const int64_t items = a.rows * (a.f / 4);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = i / groups, col = (i % groups) * 4;
-    const T* h = static_cast<const T*>(a.h) + row * 2 * a.f;
-    const float4 g = load4<T>(h + col), u = load4<T>(h + a.f + col);
+    int64_t row, col;
+    float4 g, u;
+    load_item<T>(static_cast<const T*>(a.h), a.f, i, &row, &col, &g, &u);
     const float4 d = load4<T>(static_cast<const T*>(a.dout) + row * a.f + col);
     float4 dg, du;
     grads(g.x, u.x, d.x, &dg.x, &du.x);
