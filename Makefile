@@ -1,5 +1,5 @@
 # The README's commands. Each installs what it needs first (scripts/setup.sh, once).
-.PHONY: setup run test test-no-cuda test-gpu test-gpu-dist ddp bench bench-gpt gpt-curves gpt-trajectory bench-graphed bench-control bench-ddp
+.PHONY: setup run test test-no-cuda test-gpu test-gpu-dist ddp bench bench-gpt bench-llama gpt-curves llama-curves gpt-trajectory bench-graphed bench-control bench-ddp
 
 setup:
 	@bash scripts/setup.sh
@@ -48,10 +48,17 @@ bench: setup
 bench-gpt: setup
 	bash scripts/gpu.sh bench gpt
 
+bench-llama: setup
+	bash scripts/gpu.sh bench llama
+
 # The GPT example (as written and --fused) and PyTorch's same model trained on the same corpus
 # from five seeds each: the loss curves with their spread, one chart, the final losses compared.
 gpt-curves: setup
 	bash scripts/gpu.sh gpt-curves
+
+# The same for the Llama-style model (examples/gpt --arch llama, torch_gpt.py --arch llama).
+llama-curves: setup
+	TCG_GPT_ARCH=llama bash scripts/gpu.sh gpt-curves
 
 # The GPT example and PyTorch's same model from the same weights on the same batches, step for
 # step (fp32 and bf16 autocast, dropout 0): each step's loss and gradient norm side by side.

@@ -10,6 +10,9 @@
 //! `cargo bench --bench gpt -- [--iters N] [--rows NAME,...] [--no-torch] [--peak-tflops T]`
 //! (or `make bench-gpt`)
 
+mod kernel_profile;
+#[path = "../examples/gpt/lm.rs"]
+mod lm;
 #[path = "../examples/gpt/model.rs"]
 mod model;
 mod reference;
@@ -241,42 +244,8 @@ fn tables(args: &Args, ours: Vec<OursRow>, torch: &Torch) -> (String, String) {
     (table, memory)
 }
 
-/// The family of a kernel, by its name.
-fn family(name: &str) -> &'static str {
-    let n = name.to_lowercase();
-    let has = |keys: &[&str]| keys.iter().any(|k| n.contains(k));
-    if has(&["tcg_norm"]) {
-        "LayerNorm"
-    } else if has(&["tcg_ce_"]) {
-        "loss and embeddings"
-    } else if has(&["tcg_", "adam", "multi_tensor", "fused_sgd"]) {
-        "optimizer"
-    } else if has(&["sdpa", "flash", "fmha", "attention"]) {
-        "attention"
-    } else if has(&["bgrad"]) {
-        "bias gradients (cuBLASLt)"
-    } else if has(&["gemm", "nvjet", "cutlass", "xmma", "cublas"]) {
-        "GEMM"
-    } else if has(&["layer_norm", "layernorm", "gammabeta"]) {
-        "LayerNorm"
-    } else if has(&["dropout"]) {
-        "dropout"
-    } else if has(&["copy"]) {
-        "dtype casts and copies"
-    } else if has(&["reduce", "norm"]) {
-        "reductions"
-    } else if has(&["gelu"]) {
-        "GELU"
-    } else if has(&["softmax", "nll", "cross_entropy", "log_softmax", "embedding", "index"]) {
-        "loss and embeddings"
-    } else {
-        "other element-wise"
-    }
-}
-
 /// Kernel time of one replay of the captured step, grouped by family (10 replays profiled).
 fn profile(device: Device, (name, config, batch): (&str, model::Config, i64), fused: bool) -> Result<()> {
-    use tch_cuda_graphs::profiler::{EventKind, Profiler};
     let config = model::Config { fused, ..config };
     tch::manual_seed(0);
     let vs = nn::VarStore::new(device);
@@ -288,47 +257,10 @@ fn profile(device: Device, (name, config, batch): (&str, model::Config, i64), fu
     for _ in 0..10 {
         steps.train.run(&[&x, &y])?; // warmup, capture, replays
     }
-    synchronize(device)?;
-    let replays = 10;
-    let prof = Profiler::start()?;
-    for _ in 0..replays {
-        steps.train.replay()?;
-    }
-    synchronize(device)?;
-    let profile = prof.stop()?;
-    let mut by: std::collections::BTreeMap<&str, (usize, f64)> = Default::default();
-    let mut by_kernel: std::collections::BTreeMap<&str, (usize, f64)> = Default::default();
-    let mut total = (0usize, 0f64);
-    for e in profile.events().iter().filter(|e| e.kind == EventKind::Kernel) {
-        let us = (e.end_ns - e.start_ns) as f64 / 1e3 / replays as f64;
-        for f in [by.entry(family(&e.name)).or_default(), by_kernel.entry(&e.name).or_default()] {
-            f.0 += 1;
-            f.1 += us;
-        }
-        total.0 += 1;
-        total.1 += us;
-    }
     let what = if fused { "fused " } else { "" };
-    println!("{name}: kernel time of one replay of the {what}captured step, by family ({replays} replays profiled)\n");
-    println!("| family | kernels | µs per replay | share |\n|---|---:|---:|---:|");
-    let mut rows: Vec<_> = by.into_iter().collect();
-    rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
-    for (f, (k, us)) in rows {
-        println!("| {f} | {} | {us:.0} | {:.1}% |", k / replays, us / total.1 * 100.0);
-    }
-    println!("| all | {} | {:.0} | 100% |", total.0 / replays, total.1);
-    let mut kernels: Vec<_> = by_kernel.into_iter().collect();
-    kernels.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
-    println!("\nthe 12 kernels that take longest, per replay:\n\n| kernel | launches | µs |\n|---|---:|---:|");
-    for (k, (n, us)) in kernels.into_iter().take(12) {
-        let short: String = k.chars().take(100).collect();
-        println!("| `{short}` | {} | {us:.0} |", n / replays);
-    }
-    let s = profile.summary();
-    println!(
-        "\nGPU busy {:.0} µs of a {:.0} µs span per replay",
-        s.busy_us / replays as f64,
-        s.span_us / replays as f64
-    );
+    let times = kernel_profile::measure(device, 10, || steps.train.replay().map(drop))?;
+    println!("{name}: kernel time of one replay of the {what}captured step, by family (10 replays profiled)\n");
+    println!("{}", kernel_profile::report(&[(name, &times)], 12));
+    println!("GPU busy {:.0} µs of a {:.0} µs span per replay", times.busy_us, times.span_us);
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! Benchmark: a Llama-style training step (`examples/llama/model.rs`) captured by this crate, as
+//! Benchmark: a Llama-style training step (`examples/gpt/llama.rs`) captured by this crate, as
 //! written (ATen's operators: the plain graph a tch user gets) and on the crate's fused layers
 //! (RMSNorm with the residual add, rotary embeddings, SwiGLU, float32 weight gradients, the
 //! cross-entropy, weight shadows), beside PyTorch's eager, `torch.cuda.graph`, `torch.compile`
@@ -11,35 +11,55 @@
 //!
 //! `cargo bench --bench llama -- [--iters N] [--rows small,base] [--no-torch]`
 
-#[path = "../examples/llama/model.rs"]
+mod kernel_profile;
+#[path = "../examples/gpt/lm.rs"]
+mod lm;
+#[path = "../examples/gpt/llama.rs"]
 mod model;
 mod reference;
 mod timing;
 
 use std::fmt::Write as _;
 use tch::{nn, Device, Kind, Tensor};
+use tch_cuda_graphs::linear::WeightGrad;
 use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig, Optimizer};
 use tch_cuda_graphs::{amp, clip_grad_norm, empty_cache, memory_stats, reset_peak_stats, synchronize};
 use tch_cuda_graphs::{Result, StepOptions, TrainStep};
 
 const USAGE: &str = "\
-usage: llama [--iters N] [--rows small,base] [--no-torch]
+usage: llama [--iters N] [--rows small,base] [--no-torch] [--expand-kv] [--rounded-grads] [--profile]
 
 A Llama-style step captured by this crate (plain and fused) beside PyTorch's four modes.
   --iters N        timed iterations per row (default 200; a quarter for the base row)
   --rows NAME,...  small, base (default both)
   --no-torch       skip PyTorch's side (benches/torch_llama.py)
+  --expand-kv      this crate's rows with the key and value heads expanded to every query head
+                   before attention, instead of SDPA's enable_gqa
+  --rounded-grads  the fused rows' weight gradients in bf16, then cast (WeightGrad::Rounded),
+                   instead of float32 from the GEMM
+  --profile        only: kernel time of one replay of each row's step, as written and fused,
+                   grouped by kernel family (10 replays under the crate's profiler)
   -h, --help       this text";
 
 struct Args {
     iters: usize,
     rows: Vec<String>,
     torch: bool,
+    expand_kv: bool,
+    rounded_grads: bool,
+    profile: bool,
 }
 
 fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
     use lexopt::prelude::*;
-    let mut a = Args { iters: 200, rows: vec!["small".into(), "base".into()], torch: true };
+    let mut a = Args {
+        iters: 200,
+        rows: vec!["small".into(), "base".into()],
+        torch: true,
+        expand_kv: false,
+        rounded_grads: false,
+        profile: false,
+    };
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -51,6 +71,9 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
                 }
             }
             Long("no-torch") => a.torch = false,
+            Long("expand-kv") => a.expand_kv = true,
+            Long("rounded-grads") => a.rounded_grads = true,
+            Long("profile") => a.profile = true,
             Long("bench") => {}
             Short('h') | Long("help") => return Ok(None),
             _ => return Err(arg.unexpected()),
@@ -64,11 +87,14 @@ fn rows() -> [(&'static str, model::Config, i64); 2] {
     [("small", model::Config::small(96), 64), ("base", model::Config::base(32000), 12)]
 }
 
-/// The captured step of one row: ms per iteration, MiB reserved at peak.
-fn ours(device: Device, config: model::Config, batch: i64, iters: usize) -> Result<(f64, f64)> {
-    synchronize(device)?;
-    empty_cache()?;
-    reset_peak_stats(device)?;
+/// Builds the captured step of one row (its variables, optimizer, weight shadows when fused)
+/// and hands it to `f` with 8 batches of random tokens `[8, batch, block + 1]`.
+fn with_step<R>(
+    device: Device,
+    config: model::Config,
+    batch: i64,
+    f: impl FnOnce(&mut TrainStep<'_, Adam>, &Tensor) -> Result<R>,
+) -> Result<R> {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(device);
     let llama = model::Llama::new(&vs.root(), config);
@@ -87,23 +113,66 @@ fn ours(device: Device, config: model::Config, batch: i64, iters: usize) -> Resu
         Ok(vec![loss.detach()])
     })?;
     let data = Tensor::f_randint(config.vocab, [8, batch, config.block + 1], (Kind::Int64, device))?;
-    let ms = timing::median_ms(device, iters, |i| {
-        let w = data.f_get((i % 8) as i64)?;
-        step.run(&[&w.f_narrow(1, 0, config.block)?, &w.f_narrow(1, 1, config.block)?])?;
-        Ok(())
+    f(&mut step, &data)
+}
+
+/// The captured step of one row: ms per iteration, MiB reserved at peak.
+fn ours(device: Device, config: model::Config, batch: i64, iters: usize) -> Result<(f64, f64)> {
+    synchronize(device)?;
+    empty_cache()?;
+    reset_peak_stats(device)?;
+    let ms = with_step(device, config, batch, |step, data| {
+        timing::median_ms(device, iters, |i| {
+            let w = data.f_get((i % 8) as i64)?;
+            step.run(&[&w.f_narrow(1, 0, config.block)?, &w.f_narrow(1, 1, config.block)?])?;
+            Ok(())
+        })
     })?;
     Ok((ms, memory_stats(device)?.reserved_peak as f64 / (1u64 << 20) as f64))
+}
+
+/// Kernel time of one replay of a row's captured step, as written and fused, by family.
+fn profile(device: Device, name: &str, config: model::Config, batch: i64) -> Result<String> {
+    let mut times = Vec::new();
+    for fused in [false, true] {
+        let config = model::Config { fused, ..config };
+        times.push(with_step(device, config, batch, |step, data| {
+            let w = data.f_get(0)?;
+            let (x, y) = (w.f_narrow(1, 0, config.block)?, w.f_narrow(1, 1, config.block)?);
+            for _ in 0..10 {
+                step.run(&[&x, &y])?; // warmup, capture, replays
+            }
+            kernel_profile::measure(device, 10, || step.replay().map(drop))
+        })?);
+    }
+    let titled = [("graph", &times[0]), ("fused graph", &times[1])];
+    Ok(format!(
+        "{name}: kernel time of one replay, µs (10 replays profiled)\n\n{}",
+        kernel_profile::report(&titled, 40)
+    ))
 }
 
 fn main() {
     let args = reference::args_or_exit("llama", parse_args(), USAGE);
     reference::require_cuda("llama");
+    let device = Device::Cuda(0);
+    let chosen = || {
+        rows().into_iter().filter(|r| args.rows.iter().any(|n| n == r.0)).map(|(name, c, batch)| {
+            let weight_grad = if args.rounded_grads { WeightGrad::Rounded } else { WeightGrad::Float32 };
+            (name, model::Config { expand_kv: args.expand_kv, weight_grad, ..c }, batch)
+        })
+    };
+    if args.profile {
+        for (name, config, batch) in chosen() {
+            println!("{}", profile(device, name, config, batch).expect("the profile"));
+        }
+        return;
+    }
     if args.torch {
         reference::require_torch("llama");
     }
-    let device = Device::Cuda(0);
     let mut ours_rows = Vec::new();
-    for (name, config, batch) in rows().into_iter().filter(|r| args.rows.iter().any(|n| n == r.0)) {
+    for (name, config, batch) in chosen() {
         let iters = if name == "base" { args.iters / 4 } else { args.iters };
         let (ms, peak) = ours(device, config, batch, iters).expect("the captured step");
         println!("  {name:<6} this crate, graph       {ms:8.3} ms/iter, {peak:6.0} MiB reserved at peak");

@@ -12,7 +12,9 @@ Prints ROW,<row>,<mode>,<ms per iteration> and MEM,<row>,<mode>,<MiB reserved at
 With --train DIR it instead trains the character GPT on the corpus that examples/gpt prepared in
 DIR (train.bin, val.bin) as that example does (batch 64, warmup + cosine learning rate, an
 evaluation of 20 batches every 250 iterations), eagerly, and writes iter,train_loss,val_loss to
---csv: the reference loss curve.
+--csv: the reference loss curve. With --arch llama it trains torch_llama.py's Llama-style model
+of the same size instead (6 x 384, 6 heads / 2 KV heads, SwiGLU 1024, block 256), as
+`examples/gpt --arch llama` does.
 
 With --trajectory DIR it reads what `examples/gpt --trajectory DIR` wrote (the settings, the
 initial weights and the batches), trains PyTorch's same model from them step for step, writes
@@ -20,7 +22,7 @@ torch.safetensors beside them (every step's loss and gradient norm, the gradient
 parameters after steps 1, 10 and 100) and prints where the two runs part.
 
 python benches/torch_gpt.py [--rows NAME,...] [--iters N] [--modes M,...]
-python benches/torch_gpt.py --train target/gpt-data/DIR --iters 2000 --csv torch-loss.csv
+python benches/torch_gpt.py --train target/gpt-data/DIR [--arch llama] --iters 2000 --csv torch-loss.csv
 python benches/torch_gpt.py --trajectory target/gpt-trajectory [--device cpu]
 """
 import argparse
@@ -135,13 +137,18 @@ def lr_factor(t, warmup, total, min_factor):
     return (math.cos(p * math.pi) + 1.0) * 0.5 * (1.0 - min_factor) + min_factor
 
 
-def train(cache, iters, csv, seed=0, batch=64, eval_every=250, eval_iters=20):
+def train(cache, iters, csv, seed=0, batch=64, eval_every=250, eval_iters=20, arch="gpt"):
     dev = torch.device("cuda")
     torch.manual_seed(seed)
     load = lambda name: torch.frombuffer(bytearray(open(f"{cache}/{name}", "rb").read()), dtype=torch.uint8).to(dev)
     splits = {"train": load("train.bin"), "val": load("val.bin")}
     vocab, block, layers, heads, embd, dropout, _ = ROWS["char_b64"]
-    model = Gpt(vocab, block, layers, heads, embd, dropout).to(dev)
+    if arch == "llama":
+        from torch_llama import ROWS as LLAMA_ROWS, Llama
+        _, block, layers, heads, kv, embd, hidden, _ = LLAMA_ROWS["small"]
+        model = Llama(vocab, block, layers, heads, kv, embd, hidden).to(dev)
+    else:
+        model = Gpt(vocab, block, layers, heads, embd, dropout).to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -339,6 +346,7 @@ def main():
     ap.add_argument("--device", default="cuda", help="with --trajectory: cuda or cpu")
     ap.add_argument("--csv", default="torch-loss.csv")
     ap.add_argument("--seed", type=int, default=0, help="with --train: the random seed")
+    ap.add_argument("--arch", default="gpt", choices=["gpt", "llama"], help="with --train: the model")
     ap.add_argument("--eval-iters", type=int, default=20, help="with --train: validation batches per evaluation")
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--iters", type=int, default=200)
@@ -357,7 +365,7 @@ def main():
     dev = torch.device("cuda")
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}", flush=True)
     if a.train:
-        train(a.train, a.iters, a.csv, seed=a.seed, eval_iters=a.eval_iters)
+        train(a.train, a.iters, a.csv, seed=a.seed, eval_iters=a.eval_iters, arch=a.arch)
         return
     for name in a.rows.split(","):
         for mode in a.modes.split(","):

@@ -272,9 +272,10 @@ tcg_status tcg_linear_forward(const tcg_linear_inputs* in, tcg_weight_grad wgrad
 // The mean cross-entropy of logits [rows, classes] against int64 targets [rows] (rows whose
 // target is ignore_index not counted), as ATen's cross_entropy_loss with mean reduction; *out: a
 // new 0-d float32 tensor, differentiable in the logits. kernels: TCG_KERNELS_AUTO runs the crate's
-// fused kernels where they apply (contiguous CUDA float32/bfloat16/float16 logits: one pass
-// forward, one backward, in the logits' dtype, fp32 math; an out-of-range target gives a NaN
-// loss rather than a device assert), ATen's operators otherwise; TCG_KERNELS_PYTORCH always
+// fused kernels where they apply (contiguous CUDA float32/bfloat16/float16 logits: one read of
+// the logits, which in grad mode also writes their gradient for a loss gradient of 1, scaled on
+// the device by the backward where it is not 1 (a second backward is refused); the logits'
+// dtype, fp32 math; an out-of-range target gives a NaN loss rather than a device assert), ATen's operators otherwise; TCG_KERNELS_PYTORCH always
 // ATen's; TCG_KERNELS_OWN: TCG_UNSUPPORTED, with the reason, where the fused kernels do not
 // apply. *ran_own: whether they ran.
 tcg_status tcg_loss_cross_entropy(tcg_tensor logits, tcg_tensor targets, int64_t ignore_index, tcg_kernels kernels,

@@ -15,7 +15,8 @@
 #                         examples/gpt (as written and --fused) and benches/torch_gpt.py trained
 #                         on the same corpus from each seed (default 2000 iterations, seeds 1-5,
 #                         the three runs of a seed side by side on the GPU): the loss curves in
-#                         target/gpt-curves/, one chart with each side's spread, the summary
+#                         target/gpt-curves/ (target/llama-curves/ with TCG_GPT_ARCH=llama), one
+#                         chart with each side's spread, the summary
 #   gpt-trajectory [STEPS]
 #                         the step-for-step comparison: examples/gpt --trajectory (fp32, bf16
 #                         autocast, bf16 with dropout 0.2: the same seed on both sides, so the
@@ -38,6 +39,7 @@
 #   TCG_NPROC      ranks of the multi-GPU parts (default 2)
 #   TCG_GPT_DATA   the corpus folder of gpt-curves and gpt-trajectory (default .venv/torch)
 #   TCG_GPT_EVAL_ITERS  validation batches per evaluation in gpt-curves (default 200)
+#   TCG_GPT_ARCH   the model of gpt-curves: gpt (default) or llama
 #   NCCL_*         reach every rank, ours and PyTorch's alike
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -144,14 +146,15 @@ case $part in
     (( ${#seeds[@]} )) || seeds=(1 2 3 4 5)
     corpus=${TCG_GPT_DATA:-.venv/torch}
     cache=target/gpt-data/$(printf '%s' "$corpus" | sed 's/[^A-Za-z0-9.]/_/g')
-    dir=target/gpt-curves
+    arch=${TCG_GPT_ARCH:-gpt}
+    dir=target/$arch-curves
     mkdir -p "$dir"
-    common=(--iters "$iters" --eval-iters "${TCG_GPT_EVAL_ITERS:-200}")
+    common=(--iters "$iters" --eval-iters "${TCG_GPT_EVAL_ITERS:-200}" --arch "$arch")
     "$bins/example-gpt" --iters 1 --data-dir "$corpus" --out "$dir/prepare" --sample 1 > /dev/null || status=1 # the corpus cache
     for s in "${seeds[@]}"; do
-      "$bins/example-gpt" "${common[@]}" --seed "$s" --data-dir "$corpus" --out "$dir/crate-$s" --sample 100 > "$logs/gpt-$s.log" 2>&1 &
-      "$bins/example-gpt" "${common[@]}" --seed "$s" --data-dir "$corpus" --out "$dir/fused-$s" --sample 100 --fused > "$logs/gpt-fused-$s.log" 2>&1 &
-      "$py" benches/torch_gpt.py --train "$cache" "${common[@]}" --seed "$s" --csv "$dir/torch-$s.csv" > "$logs/torch_gpt-$s.log" 2>&1 &
+      "$bins/example-gpt" "${common[@]}" --seed "$s" --data-dir "$corpus" --out "$dir/crate-$s" --sample 100 > "$logs/$arch-$s.log" 2>&1 &
+      "$bins/example-gpt" "${common[@]}" --seed "$s" --data-dir "$corpus" --out "$dir/fused-$s" --sample 100 --fused > "$logs/$arch-fused-$s.log" 2>&1 &
+      "$py" benches/torch_gpt.py --train "$cache" "${common[@]}" --seed "$s" --csv "$dir/torch-$s.csv" > "$logs/torch_$arch-$s.log" 2>&1 &
       wait || status=1
       for f in "$dir/crate-$s/loss.csv" "$dir/fused-$s/loss.csv" "$dir/torch-$s.csv"; do
         [[ -s $f ]] && echo "seed $s: $f: $(tail -n 1 "$f")" || { echo "seed $s: no $f" >&2; status=1; }
@@ -164,7 +167,7 @@ case $part in
     done
     "$py" benches/plot_loss.py "$dir/loss.svg" "PyTorch=$(list "${torch[@]}")" "this crate=$(list "${crate[@]}")" \
       "this crate, --fused=$(list "${fused[@]}")" || status=1
-    echo "gpt-curves: $dir/loss.svg" ;;
+    echo "gpt-curves ($arch): $dir/loss.svg" ;;
   gpt-trajectory)
     steps=${1:-100}
     corpus=${TCG_GPT_DATA:-.venv/torch}

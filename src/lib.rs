@@ -30,7 +30,7 @@
 //!   step reads instead of casting each weight at each use.
 //! - [`linear`]: [`linear::Linear`], whose backward computes the bias gradient inside the
 //!   weight-gradient GEMM (cuBLASLt's epilogue) and can write float32 weight gradients directly;
-//!   [`loss`]: the cross-entropy of a language model's head in one pass over the logits each way.
+//!   [`loss`]: the cross-entropy of a language model's head in one read of the logits.
 //! - [`rotary`]: [`rotary::Rotary`], rotary position embeddings on q and k in one kernel each
 //!   way; [`swiglu`]: SwiGLU read from the fused `[gate | up]` projection in one pass each way.
 //! - [`transformer`]: [`transformer::TransformerLayer`], a pre-norm transformer layer on those

@@ -4,12 +4,16 @@
 //! Under bf16 autocast ATen's `cross_entropy` casts the logits to fp32, runs `log_softmax` and
 //! `nll_loss`, and its backward writes the fp32 gradient, the `log_softmax` gradient and the
 //! cast back to bf16: five passes over the largest tensor of a language model ([tokens,
-//! vocabulary]: 1.2 GB of bf16 logits for GPT-2 small at 12,288 tokens). The fused kernels read
-//! the logits once in the forward (log-sum-exp and the target's logit, fp32 math, in the logits'
-//! own dtype) and once in the backward, writing the gradient in the logits' dtype; the mean is
-//! summed in a fixed order (deterministic), and the backward reads the loss's gradient and the
-//! count on the device, so a captured step replays it. Against ATen the result differs by the
-//! rounding of a different summation order (`tests/gpu_loss.rs` states the figures).
+//! vocabulary]: 1.2 GB of bf16 logits for GPT-2 small at 12,288 tokens). The fused kernel reads
+//! the logits once from memory (log-sum-exp and the target's logit, fp32 math, in the logits'
+//! own dtype) and, where the loss will be differentiated (grad mode on, logits that require
+//! grad), writes the gradient as it goes, re-reading each row from the L2 cache: for a loss
+//! gradient of 1, which the backward scales on the device where it is not 1 (so a captured step
+//! replays it). The mean is summed in a fixed order (deterministic). Against ATen the result
+//! differs by the rounding of a different summation order (`tests/gpu_loss.rs` states the
+//! figures). Since the gradient is written by the forward, a second backward through one loss
+//! (`retain_graph`) is refused with an error, and a forward under grad mode that is never
+//! differentiated still writes it (compute such losses under `tch::no_grad`).
 //!
 //! The fused kernels run where they apply — contiguous CUDA float32 / bfloat16 / float16 logits —
 //! and ATen's `cross_entropy_loss` (mean reduction) elsewhere ([`CrossEntropyConfig::kernels`]).

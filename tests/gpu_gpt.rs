@@ -5,6 +5,10 @@
 //! bit for bit); at the example's full size a GPU rerun is not bit-identical (`docs/gpt.md`).
 //! Ignored without a GPU; fails loudly there.
 
+#[path = "../examples/gpt/llama.rs"]
+mod llama;
+#[path = "../examples/gpt/lm.rs"]
+mod lm;
 #[path = "../examples/gpt/model.rs"]
 mod model;
 #[path = "../examples/gpt/sample.rs"]
@@ -31,15 +35,41 @@ fn train_with(
     shadows: bool,
 ) -> (Vec<(String, Tensor)>, Vec<f64>) {
     let (weight_grad, fused) = (fused.unwrap_or_default(), fused.is_some());
+    let config = model::Config { vocab: 96, block: 64, layers: 2, heads: 4, embd: 128, dropout, fused, weight_grad };
+    train_model(eager, iters, shadows, |p| Box::new(model::Gpt::new(p, config)))
+}
+
+/// A small Llama-style model (2 × 128, 4 heads / 2 KV heads, SwiGLU 256, block 64), on the
+/// crate's fused layers or ATen's.
+fn small_llama(fused: bool) -> llama::Config {
+    llama::Config {
+        block: 64,
+        layers: 2,
+        heads: 4,
+        kv_heads: 2,
+        embd: 128,
+        hidden: 256,
+        fused,
+        ..llama::Config::small(96)
+    }
+}
+
+/// Trains the model `build` makes for `iters` iterations from seed 7 (batch 8, two micro-batches
+/// per step), captured or eager, with weight shadows or not.
+fn train_model(
+    eager: bool,
+    iters: usize,
+    shadows: bool,
+    build: impl Fn(&nn::Path) -> Box<dyn lm::LanguageModel>,
+) -> Run {
     let dev = Device::Cuda(0);
     assert!(tch_cuda_graphs::cuda_is_available(), "this test needs a CUDA device");
-    let config = model::Config { vocab: 96, block: 64, layers: 2, heads: 4, embd: 128, dropout, fused, weight_grad };
     tch::manual_seed(7);
     let vs = nn::VarStore::new(dev);
-    let gpt = model::Gpt::new(&vs.root(), config);
+    let model = build(&vs.root());
     let hyper =
         step::Hyper { batch: 8, accum: 2, iters: iters as u64, warmup: 10, eager, shadows, ..Default::default() };
-    let mut steps = step::build(&vs, &gpt, hyper).expect("the steps");
+    let mut steps = step::build(&vs, model.as_ref(), hyper).expect("the steps");
     if shadows {
         assert_eq!(steps.shadowed, vs.trainable_variables().len(), "every parameter shadowed");
     }
@@ -162,12 +192,55 @@ fn float32_weight_gradients_against_rounded_ones() {
     assert!(((f - r) / r).abs() < 0.005, "and train alike");
 }
 
+/// The Llama-style model (`--arch llama`): the captured step equals its eager twin bit for bit
+/// over 200 iterations, as written (ATen's operators) and fused (the crate's RMSNorm with the
+/// residual add, rotary, SwiGLU, float32 weight gradients, cross-entropy, weight shadows); and
+/// the fused step trains as the written one does: the mean loss of the last 20 within 1%.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn the_captured_llama_step_equals_the_eager_step_and_the_fused_one_trains_alike() {
+    let iters = 200;
+    let mut tails = Vec::new();
+    for fused in [false, true] {
+        let config = small_llama(fused);
+        let build = |p: &nn::Path| -> Box<dyn lm::LanguageModel> { Box::new(llama::Llama::new(p, config)) };
+        let graphed = train_model(false, iters, fused, build);
+        let (first, last) = (graphed.1[0], graphed.1[iters - 1]);
+        println!("Llama (fused: {fused}): loss {first:.4} -> {last:.4}");
+        assert!(last < first, "it trains");
+        let eager = train_model(true, iters, fused, build);
+        assert_bit_for_bit(
+            &format!("Llama (fused: {fused}), {iters} iterations, graphed against eager"),
+            &graphed,
+            &eager,
+        );
+        tails.push(graphed.1[iters - 20..].iter().sum::<f64>() / 20.0);
+    }
+    let (a, f) = (tails[0], tails[1]);
+    println!("Llama, mean loss of the last 20: fused {f:.5}, as written {a:.5} ({:+.3}%)", (f - a) / a * 100.0);
+    assert!(((f - a) / a).abs() < 0.01, "the fused Llama step trains like the written one");
+}
+
 /// The example's captured decode step (static shapes, a device-side position, Gumbel-max draws)
 /// replayed 299 times draws the tokens the same step draws eagerly from the same seed, through
 /// the shift of a full context (300 tokens into a block of 64).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn captured_sampling_draws_the_eager_tokens() {
+    for fused in [false, true] {
+        let config = small_llama(fused);
+        tch::manual_seed(11);
+        let vs = nn::VarStore::new(Device::Cuda(0));
+        let model = llama::Llama::new(&vs.root(), config);
+        let draw = |captured: bool| {
+            tch::manual_seed(5);
+            sample::sample(&model, Device::Cuda(0), 0, 300, captured).expect("sampling")
+        };
+        let (eager, replayed) = (draw(false), draw(true));
+        let same = eager.iter().zip(&replayed).take_while(|(a, b)| a == b).count();
+        println!("Llama (fused: {fused}), captured decoding: {} tokens, {same} equal to eager ones", replayed.len());
+        assert_eq!(same, 300, "Llama (fused: {fused}): captured and eager sampling differ from token {same}");
+    }
     let dev = Device::Cuda(0);
     assert!(tch_cuda_graphs::cuda_is_available(), "this test needs a CUDA device");
     let config = model::Config {

@@ -111,3 +111,40 @@ fn own_kernels_refuse_cpu_logits_and_auto_falls_back() {
     let short = Tensor::randint(10, [7], (Kind::Int64, Device::Cpu));
     assert!(matches!(cross_entropy_ran(&logits, &short, &own), Err(Error::Misuse(_))));
 }
+
+/// Where the loss will be differentiated, the fused forward writes the gradient as it reads the
+/// logits (for a loss gradient of 1) and the backward scales it on the device: with a gradient
+/// of 1 the result is the same as with a gradient of 0.5 doubled (a power of two: exact), the
+/// loss without grad mode is the same loss, and a second backward through the same loss
+/// (`retain_graph`) is refused with an error, not a gradient scaled twice.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn the_gradient_written_by_the_forward_is_scaled_once() {
+    let dev = cuda();
+    tch::manual_seed(9);
+    let logits = Tensor::randn([256, 1000], (Kind::Float, dev)).to_kind(Kind::BFloat16);
+    let targets = Tensor::randint(1000, [256], (Kind::Int64, dev));
+    let config = CrossEntropyConfig { kernels: Kernels::Own, ..Default::default() };
+    let grad_at = |scale: f64| {
+        let l = logits.detach().set_requires_grad(true);
+        let (loss, ran) = cross_entropy_ran(&l, &targets, &config).expect("fused");
+        assert!(ran, "the fused kernels ran");
+        (loss.shallow_clone() * scale).backward();
+        (loss, l.grad())
+    };
+    let (loss1, g1) = grad_at(1.0);
+    let (_, g_half) = grad_at(0.5);
+    let doubled = (&g_half.to_kind(Kind::Float) * 2.0).to_kind(Kind::BFloat16);
+    println!("gradient at 1 against the gradient at 0.5 doubled: equal {}", g1.equal(&doubled));
+    assert!(g1.equal(&doubled), "the scale is applied on the device, once");
+    let no_grad = tch::no_grad(|| cross_entropy_ran(&logits, &targets, &config).expect("no grad").0);
+    assert!(no_grad.equal(&loss1), "the same loss without grad mode");
+
+    let l = logits.detach().set_requires_grad(true);
+    let (loss, _) = cross_entropy_ran(&l, &targets, &config).expect("fused");
+    let first = Tensor::f_run_backward(&[&loss], &[&l], true, false).expect("the first backward");
+    let second = Tensor::f_run_backward(&[&loss], &[&l], true, false);
+    println!("a second backward through the fused loss: {:?}", second.as_ref().err());
+    assert!(first[0].equal(&g1), "the first backward's gradient");
+    assert!(second.is_err(), "a second backward is refused");
+}

@@ -10,6 +10,8 @@
 
 #[path = "../examples/gpt/data.rs"]
 mod data;
+#[path = "../examples/gpt/lm.rs"]
+mod lm;
 #[path = "../examples/gpt/model.rs"]
 mod model;
 #[path = "../examples/gpt/step.rs"]

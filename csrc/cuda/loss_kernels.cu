@@ -1,6 +1,9 @@
 // The crate's fused cross-entropy kernels: log-softmax, the negative log-likelihood and the mean
-// in one pass over the logits (forward), and the gradient in one more (backward), reading and
-// writing the logits in their own dtype (bf16, fp16 or fp32) with fp32 math. ATen's path under
+// in one pass over the logits, reading and writing the logits in their own dtype (bf16, fp16 or
+// fp32) with fp32 math. Where the loss will be differentiated, the forward also writes the
+// gradient (for a loss gradient of 1) from the row it has just read, which the L2 cache still
+// holds: one read of the logits from memory in all, and the backward only scales the gradient,
+// where the loss's gradient is not 1. ATen's path under
 // autocast casts the logits to fp32, runs log_softmax and nll_loss, and in the backward writes
 // the fp32 gradient, its log_softmax gradient and the cast back: five passes over the largest
 // tensor of a language model. One block per row (see loss_params.h for what each computes); the
@@ -20,8 +23,10 @@ namespace {
 
 using tcg::cuda::load1;
 using tcg::cuda::load4;
+using tcg::cuda::load4_last;
 using tcg::cuda::store1;
 using tcg::cuda::store4;
+using tcg::cuda::store4_streaming;
 
 // Running (max, Σ exp(x - max)) of one thread.
 struct MaxSum {
@@ -97,6 +102,31 @@ __device__ __forceinline__ void add4(MaxSum& v, float4 q) {
   if (v.m != -CUDART_INF_F) v.s += expf(q.x - v.m) + expf(q.y - v.m) + expf(q.z - v.m) + expf(q.w - v.m);
 }
 
+// One row's gradient, dx = (exp(x - lse) - [i == t]) * scale, this thread's share of it: the
+// row read for the last time (the forward has just read it, the L2 cache holds it) and the
+// gradient streamed out past the cache.
+template <typename T>
+__device__ __forceinline__ void grad_row(const T* x, T* dx, int64_t cols, int64_t t, float lse, float scale, bool vec,
+                                         const RowThread& rt) {
+  if (vec) {
+    for (int64_t i = 4 * static_cast<int64_t>(rt.tid); i < cols; i += 4 * static_cast<int64_t>(rt.n)) {
+      const float4 q = load4_last<T>(x + i);
+      const float4 d = make_float4(expf(q.x - lse) - (t == i ? 1.0f : 0.0f), expf(q.y - lse) - (t == i + 1 ? 1.0f : 0.0f),
+                                   expf(q.z - lse) - (t == i + 2 ? 1.0f : 0.0f), expf(q.w - lse) - (t == i + 3 ? 1.0f : 0.0f));
+      store4_streaming<T>(dx + i, make_float4(d.x * scale, d.y * scale, d.z * scale, d.w * scale));
+    }
+  } else {
+    for (int64_t i = rt.tid; i < cols; i += rt.n) {
+      const float p = expf(load1(x + i) - lse) - (i == t ? 1.0f : 0.0f);
+      store1(dx + i, p * scale);
+    }
+  }
+}
+
+__device__ __forceinline__ bool ignored(int64_t t, int64_t ignore_index, int64_t cols) {
+  return t == ignore_index || t < 0 || t >= cols;
+}
+
 template <typename T>
 __device__ void forward(const Forward& a) {
   const RowThread rt(a.warp_rows);
@@ -119,10 +149,14 @@ __device__ void forward(const Forward& a) {
   }
   v.merge(w.m, w.s);
   const MaxSum r = a.warp_rows ? warp_max_sum(v) : block_max_sum(v);
-  if (rt.tid == 0) {
-    const float lse = r.m + logf(r.s);
+  const float lse = r.m + logf(r.s);
+  if (a.dlogits != nullptr) {
     const int64_t t = a.targets[row];
-    a.lse[row] = lse;
+    const float scale = ignored(t, a.ignore_index, a.cols) ? 0.0f : *a.inv_count;
+    grad_row(x, static_cast<T*>(a.dlogits) + row * a.cols, a.cols, t, lse, scale, a.vec, rt);
+  }
+  if (rt.tid == 0) {
+    const int64_t t = a.targets[row];
     if (t == a.ignore_index) {
       a.row_loss[row] = 0.0f;
     } else if (t < 0 || t >= a.cols) {
@@ -133,28 +167,20 @@ __device__ void forward(const Forward& a) {
   }
 }
 
+// dx *= grad, four values at a time over a grid-stride loop (the last few one each), unless the
+// loss's gradient is 1: then every block returns at once.
 template <typename T>
-__device__ void backward(const Backward& a) {
-  const RowThread rt(a.warp_rows);
-  if (rt.row >= a.rows) return;
-  const int64_t row = rt.row;
-  const T* x = static_cast<const T*>(a.logits) + row * a.cols;
-  T* dx = static_cast<T*>(a.dlogits) + row * a.cols;
-  const int64_t t = a.targets[row];
-  const bool ignored = t == a.ignore_index || t < 0 || t >= a.cols;
-  const float scale = ignored ? 0.0f : *a.grad * *a.inv_count;
-  const float lse = a.lse[row];
-  if (a.vec) {
-    for (int64_t i = 4 * static_cast<int64_t>(rt.tid); i < a.cols; i += 4 * static_cast<int64_t>(rt.n)) {
-      const float4 q = load4<T>(x + i);
-      const float4 d = make_float4(expf(q.x - lse) - (t == i ? 1.0f : 0.0f), expf(q.y - lse) - (t == i + 1 ? 1.0f : 0.0f),
-                                   expf(q.z - lse) - (t == i + 2 ? 1.0f : 0.0f), expf(q.w - lse) - (t == i + 3 ? 1.0f : 0.0f));
-      store4<T>(dx + i, make_float4(d.x * scale, d.y * scale, d.z * scale, d.w * scale));
-    }
-  } else {
-    for (int64_t i = rt.tid; i < a.cols; i += rt.n) {
-      const float p = expf(load1(x + i) - lse) - (i == t ? 1.0f : 0.0f);
-      store1(dx + i, p * scale);
+__device__ void scale(const Scale& a) {
+  const float g = *a.grad;
+  if (g == 1.0f) return;
+  T* dx = static_cast<T*>(a.dlogits);
+  const int64_t stride = 4 * static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = 4 * (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x); i < a.n; i += stride) {
+    if (i + 3 < a.n) {
+      const float4 q = load4<T>(dx + i);
+      store4<T>(dx + i, make_float4(q.x * g, q.y * g, q.z * g, q.w * g));
+    } else {
+      for (int64_t j = i; j < a.n; ++j) store1(dx + j, load1(dx + j) * g);
     }
   }
 }
@@ -167,10 +193,24 @@ __device__ void backward(const Backward& a) {
   extern "C" __global__ void __launch_bounds__(tcg::loss::kMaxThreads) tcg_ce_fwd_##N(const tcg::loss::Forward a) { \
     tcg::loss::forward<TCG_CUDA_TYPE(N)>(a);                                                        \
   }                                                                                                 \
-  extern "C" __global__ void __launch_bounds__(tcg::loss::kMaxThreads) tcg_ce_bwd_##N(const tcg::loss::Backward a) { \
-    tcg::loss::backward<TCG_CUDA_TYPE(N)>(a);                                                       \
+  extern "C" __global__ void __launch_bounds__(tcg::loss::kScaleThreads) tcg_ce_scale_##N(const tcg::loss::Scale a) { \
+    tcg::loss::scale<TCG_CUDA_TYPE(N)>(a);                                                          \
   }
 TCG_LOSS_TYPES(TCG_LOSS_KERNELS)
+
+// One block: the rows not ignored counted, and the reciprocal of their count.
+extern "C" __global__ void __launch_bounds__(tcg::loss::kFinishThreads) tcg_ce_count(const tcg::loss::Count a) {
+  __shared__ float counts[tcg::loss::kFinishThreads];
+  float c = 0.0f;
+  for (int64_t r = threadIdx.x; r < a.rows; r += blockDim.x) c += a.targets[r] == a.ignore_index ? 0.0f : 1.0f;
+  counts[threadIdx.x] = c;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half >>= 1) {
+    if (threadIdx.x < half) counts[threadIdx.x] += counts[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *a.inv_count = 1.0f / counts[0];
+}
 
 // One block: the rows' losses summed in a fixed order (per thread strided, then a tree), the
 // count of rows not ignored, the mean and its reciprocal count.

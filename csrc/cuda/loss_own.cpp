@@ -1,7 +1,10 @@
 // The launcher of the crate's fused cross-entropy kernels (loss_kernels.cu, loaded by
-// own_kernels.cpp) and the autograd function around them: the forward saves the logits, the
-// targets, each row's log-sum-exp and the reciprocal count of the rows counted (on the device, so a
-// captured graph reads each replay's own); the backward writes the logits' gradient in one pass.
+// own_kernels.cpp) and the autograd function around them. Where the loss will be differentiated
+// (grad mode on, logits that require grad), the forward counts the rows first and writes the
+// gradient for a loss gradient of 1 as it reads each row, and saves only that gradient; the
+// backward scales it in place where the loss's gradient is not 1 (a device check: a captured
+// graph reads each replay's own) and hands it on, so a second backward through it is refused.
+// Where no backward can come, the forward writes no gradient.
 #include "../loss_own.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -42,10 +45,12 @@ Grid grid_for(int64_t rows, int64_t cols, bool vec) {
           false};
 }
 
-// The targets, passed as a plain value: not an autograd input.
+// The targets, passed as a plain value: not an autograd input; and whether the forward writes
+// the gradient.
 struct Targets {
   at::Tensor t;
   int64_t ignore_index;
+  bool write_grad;
 };
 
 struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
@@ -54,38 +59,42 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     const int64_t rows = logits.size(0), cols = logits.size(1);
     const auto f32 = logits.options().dtype(at::kFloat);
-    at::Tensor lse = at::empty({rows}, f32), row_loss = at::empty({rows}, f32);
-    at::Tensor loss = at::empty({}, f32), inv_count = at::empty({}, f32);
+    at::Tensor row_loss = at::empty({rows}, f32), loss = at::empty({}, f32), inv_count = at::empty({}, f32);
     const bool vec = vectorized(logits);
     const Grid g = grid_for(rows, cols, vec);
-    Forward p{logits.data_ptr(), targets.t.data_ptr<int64_t>(), lse.data_ptr<float>(), row_loss.data_ptr<float>(),
-              rows, cols, targets.ignore_index, vec ? 1 : 0, g.warp_rows ? 1 : 0};
+    at::Tensor dlogits;
+    if (targets.write_grad) {
+      dlogits = at::empty_like(logits);
+      Count c{targets.t.data_ptr<int64_t>(), inv_count.data_ptr<float>(), rows, targets.ignore_index};
+      own::launch("tcg_ce_count", device, 1, kFinishThreads, &c);
+    }
+    Forward p{logits.data_ptr(), targets.t.data_ptr<int64_t>(), row_loss.data_ptr<float>(), rows, cols,
+              targets.ignore_index, vec ? 1 : 0, g.warp_rows ? 1 : 0,
+              dlogits.defined() ? inv_count.data_ptr<float>() : nullptr, dlogits.defined() ? dlogits.data_ptr() : nullptr};
     own::launch(own::loss_kernel(own::Pass::Forward, logits.scalar_type()), device, g.blocks, g.threads, &p);
     Finish f{row_loss.data_ptr<float>(), targets.t.data_ptr<int64_t>(), loss.data_ptr<float>(),
              inv_count.data_ptr<float>(), rows, targets.ignore_index};
     own::launch("tcg_ce_finish", device, 1, kFinishThreads, &f);
-    ctx->save_for_backward({logits, targets.t, lse, inv_count});
-    ctx->saved_data["ignore_index"] = targets.ignore_index;
+    ctx->saved_data["dlogits"] = dlogits;  // undefined where no backward can come
     return {loss};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (at::GradMode::is_enabled()) misuse("cross_entropy: double backward (create_graph) is not supported");
-    auto saved = ctx->get_saved_variables();
-    const at::Tensor &logits = saved[0], &targets = saved[1], &lse = saved[2], &inv_count = saved[3];
     at::Tensor g = grads.at(0);
     if (!g.defined()) return {at::Tensor(), at::Tensor()};
-    const int device = logits.get_device();
+    c10::IValue& written = ctx->saved_data["dlogits"];
+    at::Tensor dlogits = written.isTensor() ? written.toTensor() : at::Tensor();
+    if (!dlogits.defined()) misuse("cross_entropy: a second backward through the fused loss is not supported");
+    written = at::Tensor();  // handed on: a second backward would scale it twice
+    const int device = dlogits.get_device();
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     g = g.to(at::kFloat).contiguous();
-    const int64_t rows = logits.size(0), cols = logits.size(1);
-    at::Tensor dlogits = at::empty_like(logits);
-    const bool vec = vectorized(logits);
-    const Grid grid = grid_for(rows, cols, vec);
-    Backward p{logits.data_ptr(), targets.data_ptr<int64_t>(), lse.data_ptr<float>(), g.data_ptr<float>(),
-               inv_count.data_ptr<float>(), dlogits.data_ptr(), rows, cols, ctx->saved_data.at("ignore_index").toInt(),
-               vec ? 1 : 0, grid.warp_rows ? 1 : 0};
-    own::launch(own::loss_kernel(own::Pass::Backward, logits.scalar_type()), device, grid.blocks, grid.threads, &p);
+    const int64_t n = dlogits.numel();
+    const int64_t blocks = std::min<int64_t>((n + 4 * kScaleThreads - 1) / (4 * kScaleThreads), kScaleBlocks);
+    Scale p{dlogits.data_ptr(), g.data_ptr<float>(), n};
+    own::launch(own::loss_kernel(own::Pass::Backward, dlogits.scalar_type()), device, static_cast<unsigned>(blocks),
+                kScaleThreads, &p);
     return {dlogits, at::Tensor()};
   }
 };
@@ -103,7 +112,8 @@ std::string unsupported(const at::Tensor& logits, const at::Tensor& targets) {
 }
 
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index) {
-  return FusedCrossEntropy::apply(logits, Targets{targets, ignore_index})[0];
+  const bool write_grad = at::GradMode::is_enabled() && logits.requires_grad();
+  return FusedCrossEntropy::apply(logits, Targets{targets, ignore_index, write_grad})[0];
 }
 
 }  // namespace tcg::loss

@@ -124,12 +124,18 @@ __device__ void forward(const Forward& a) {
 // and bias gradients in its own stretch of shared memory (a lane owns its columns there, so no
 // atomics and few registers), then the block adds its warps' sums in order.
 // One row's normalized input xh and weighted gradient g (the lane's VEC groups of 4), the
-// row's sums of g and g·xh for this lane, and the warp's weight and bias gradient sums (acc[0],
-// acc[1]) accumulated.
+// residual stream's gradient dres (loaded here, with the rest, so that all of the row's loads
+// are in flight before the row's sums wait on them), the row's sums of g and g·xh for this
+// lane, and the warp's weight and bias gradient sums (acc[0], acc[1]) accumulated.
 template <typename TY, int VEC>
 __device__ __forceinline__ void backward_load(const Backward& a, int64_t base, float mean, float rstd, int lane,
-                                              float4 (&xh)[VEC], float4 (&g)[VEC], float4 (*acc)[VEC * 32],
-                                              float* sum_g, float* sum_gx) {
+                                              float4 (&xh)[VEC], float4 (&g)[VEC], float4 (&dres)[VEC],
+                                              float4 (*acc)[VEC * 32], float* sum_g, float* sum_gx) {
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    const int c = (lane + 32 * i) * 4;
+    if (c < a.cols && a.dres != nullptr) dres[i] = load4<float>(a.dres + base + c);
+  }
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
     const int c = (lane + 32 * i) * 4;
@@ -153,18 +159,15 @@ __device__ __forceinline__ void backward_load(const Backward& a, int64_t base, f
 // the dropout mask), from the row's means mg of g and mgx of g·xh.
 template <typename TB, int VEC>
 __device__ __forceinline__ void backward_store(const Backward& a, int64_t base, float rstd, float mg, float mgx, int lane,
-                                               const float4 (&xh)[VEC], const float4 (&g)[VEC], uint64_t seed,
-                                               uint64_t offset) {
+                                               const float4 (&xh)[VEC], const float4 (&g)[VEC], const float4 (&dres)[VEC],
+                                               uint64_t seed, uint64_t offset) {
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
     const int c = (lane + 32 * i) * 4;
     if (c < a.cols) {
       float4 d = make_float4(rstd * (g[i].x - mg - xh[i].x * mgx), rstd * (g[i].y - mg - xh[i].y * mgx),
                              rstd * (g[i].z - mg - xh[i].z * mgx), rstd * (g[i].w - mg - xh[i].w * mgx));
-      if (a.dres != nullptr) {
-        const float4 r = load4<float>(a.dres + base + c);
-        d = make_float4(d.x + r.x, d.y + r.y, d.z + r.z, d.w + r.w);
-      }
+      if (a.dres != nullptr) d = make_float4(d.x + dres[i].x, d.y + dres[i].y, d.z + dres[i].z, d.w + dres[i].w);
       store4<float>(a.dx + base + c, d);
       if (a.dbranch != nullptr) {
         float4 db = d;
@@ -209,12 +212,12 @@ __device__ void backward(const Backward& a) {
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
     const int64_t base = row * a.cols;
     const float mean = a.mean[row], rstd = a.rstd[row];
-    float4 xh[VEC], g[VEC];
+    float4 xh[VEC], g[VEC], dres[VEC];
     float sum_g = 0.0f, sum_gx = 0.0f;
-    backward_load<TY, VEC>(a, base, mean, rstd, lane, xh, g, s_acc[warp], &sum_g, &sum_gx);
+    backward_load<TY, VEC>(a, base, mean, rstd, lane, xh, g, dres, s_acc[warp], &sum_g, &sum_gx);
     const float mg = a.rms ? 0.0f : warp_sum(sum_g) * inv;
     const float mgx = warp_sum(sum_gx) * inv;
-    backward_store<TB, VEC>(a, base, rstd, mg, mgx, lane, xh, g, seed, offset);
+    backward_store<TB, VEC>(a, base, rstd, mg, mgx, lane, xh, g, dres, seed, offset);
   }
   backward_partials<VEC>(a, s_acc);
 }

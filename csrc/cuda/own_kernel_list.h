@@ -22,7 +22,7 @@
   X(BFloat16, BFloat16) X(BFloat16, Half) X(Half, Float) X(Half, BFloat16) X(Half, Half)
 #define TCG_NORM_VECS(X, B, Y) X(B, Y, 4) X(B, Y, 8)
 
-// The fused cross-entropy (loss_kernels.cu), per logits dtype T: tcg_ce_<fwd|bwd>_<T>.
+// The fused cross-entropy (loss_kernels.cu), per logits dtype T: tcg_ce_<fwd|scale>_<T>.
 #define TCG_LOSS_TYPES(X) X(Float) X(BFloat16) X(Half)
 
 // Rotary embeddings (rotary_kernels.cu), per dtype T of q and k: tcg_rotary_<T>.
@@ -31,9 +31,9 @@
 // SwiGLU (swiglu_kernels.cu), per dtype T: tcg_swiglu_<fwd|bwd>_<T>.
 #define TCG_SWIGLU_TYPES(X) X(Float) X(BFloat16) X(Half)
 
-// Kernels of one instance each: the norms' and the loss's finishing kernels, and the conditional
-// nodes' setter (cond_kernels.cuh, built into optim_kernels.cu's binary).
-#define TCG_SINGLE_KERNELS(X) X(tcg_norm_finish) X(tcg_ce_finish) X(tcg_cond_set)
+// Kernels of one instance each: the norms' and the loss's finishing kernels, the loss's count, and
+// the conditional nodes' setter (cond_kernels.cuh, built into optim_kernels.cu's binary).
+#define TCG_SINGLE_KERNELS(X) X(tcg_norm_finish) X(tcg_ce_finish) X(tcg_ce_count) X(tcg_cond_set)
 
 // The CUDA type of a dtype name, for the kernels that read memory through vec_io.cuh.
 #define TCG_CUDA_TYPE(NAME) TCG_CUDA_TYPE_##NAME

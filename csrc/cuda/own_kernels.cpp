@@ -240,7 +240,7 @@ std::string norm_kernel(Pass pass, at::ScalarType branch, at::ScalarType out, in
 }
 
 std::string loss_kernel(Pass pass, at::ScalarType logits) {
-  return std::string(pass == Pass::Forward ? "tcg_ce_fwd_" : "tcg_ce_bwd_") + c10::toString(logits);
+  return std::string(pass == Pass::Forward ? "tcg_ce_fwd_" : "tcg_ce_scale_") + c10::toString(logits);
 }
 
 std::string rotary_kernel(at::ScalarType t) { return std::string("tcg_rotary_") + c10::toString(t); }

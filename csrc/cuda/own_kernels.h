@@ -34,6 +34,7 @@ std::string adam_kernel(at::ScalarType param, bool adamw, bool amsgrad);
 std::string sgd_kernel(at::ScalarType param, bool momentum);
 // `vec`: 4 for rows up to 512 wide, 8 up to 1024 (norm_params.h's kMaxCols).
 std::string norm_kernel(Pass pass, at::ScalarType branch, at::ScalarType out, int vec);
+// The loss's backward is the scale of the gradient its forward wrote (tcg_ce_scale_<T>).
 std::string loss_kernel(Pass pass, at::ScalarType logits);
 std::string rotary_kernel(at::ScalarType t);
 std::string swiglu_kernel(Pass pass, at::ScalarType t);

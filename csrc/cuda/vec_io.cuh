@@ -52,6 +52,39 @@ __device__ __forceinline__ void store4<__half>(__half* p, float4 v) {
   *reinterpret_cast<uint2*>(p) = u;
 }
 
+// Cache-hinted twins, for a kernel that reads its data twice and must keep it in L2 between the
+// reads: load4_last reads for the last time (ld.global.lu), store4_streaming writes what is not
+// read again soon (st.global.cs), so neither evicts the data still to be re-read.
+template <typename T>
+__device__ __forceinline__ float4 load4_last(const T* p);
+template <>
+__device__ __forceinline__ float4 load4_last<float>(const float* p) {
+  return __ldlu(reinterpret_cast<const float4*>(p));
+}
+template <>
+__device__ __forceinline__ float4 load4_last<__nv_bfloat16>(const __nv_bfloat16* p) {
+  const uint2 u = __ldlu(reinterpret_cast<const uint2*>(p));
+  return load4(reinterpret_cast<const __nv_bfloat16*>(&u));
+}
+template <>
+__device__ __forceinline__ float4 load4_last<__half>(const __half* p) {
+  const uint2 u = __ldlu(reinterpret_cast<const uint2*>(p));
+  return load4(reinterpret_cast<const __half*>(&u));
+}
+
+template <typename T>
+__device__ __forceinline__ void store4_streaming(T* p, float4 v);
+template <>
+__device__ __forceinline__ void store4_streaming<float>(float* p, float4 v) {
+  __stcs(reinterpret_cast<float4*>(p), v);
+}
+template <typename T>
+__device__ __forceinline__ void store4_streaming(T* p, float4 v) {  // the 16-bit types: 8 bytes
+  uint2 u;
+  store4(reinterpret_cast<T*>(&u), v);
+  __stcs(reinterpret_cast<uint2*>(p), u);
+}
+
 // One value of T at p, as a float; and one float stored as T.
 __device__ __forceinline__ float load1(const float* p) { return *p; }
 __device__ __forceinline__ float load1(const __nv_bfloat16* p) { return __bfloat162float(*p); }

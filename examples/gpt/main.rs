@@ -1,5 +1,7 @@
 //! nanoGPT's character GPT (`shakespeare_char`: 6 layers, 6 heads, 384 wide, block 256, batch
-//! 64, dropout 0.2, 10.77 M parameters) trained with the crate as a user would: the whole step
+//! 64, dropout 0.2, 10.77 M parameters), or with `--arch llama` a Llama-style model of the same
+//! size (6 × 384, 6 heads / 2 KV heads, rotary, SwiGLU 1024, RMSNorm, no biases, untied head,
+//! 9.5 M; `llama.rs`), trained with the crate as a user would: the whole step
 //! captured by `TrainStep` (bf16 autocast, gradient accumulation over `--accum` micro-batches
 //! inside the graph, clipping and the warmup + cosine learning rate on the device, fused AdamW
 //! with decay and no-decay groups on the crate's own kernels), an evaluation step sharing the
@@ -12,22 +14,26 @@
 //! folder), prepared once into `target/gpt-data/` (a folder per source). On a machine without a GPU it trains a tiny
 //! model eagerly (`--tiny` chooses it anywhere).
 //!
-//! `cargo run --release --example gpt -- [--iters N] [--batch B] [--accum K] [--tiny]`
+//! `cargo run --release --example gpt -- [--arch llama] [--fused] [--iters N] [--batch B] [--accum K] [--tiny]`
 //!
 //! `--ddp` under torchrun trains data-parallel: one process per GPU, the parameters broadcast
 //! from rank 0, each rank drawing its own batches, the gradients averaged in buckets inside the
 //! captured step (`GradAllReduce`); rank 0 evaluates, checkpoints, writes and samples:
 //! `.venv/bin/python -m torch.distributed.run --nproc-per-node 2 --no-python target/release/examples/gpt --ddp`
 
+mod arch;
 #[path = "../common/cli.rs"]
 mod cli;
 mod data;
+mod llama;
+mod lm;
 mod model;
 mod sample;
 mod step;
 mod trajectory;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
+use arch::Arch;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
 use std::path::PathBuf;
@@ -38,7 +44,15 @@ use tch_cuda_graphs::dist::{broadcast_parameters, ProcessGroup};
 use tch_cuda_graphs::feed::DeviceMeter;
 use tch_cuda_graphs::{checkpoint, cuda_is_available, synchronize};
 
+/// Which model `--arch` chose.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum ArchName {
+    Gpt,
+    Llama,
+}
+
 struct Args {
+    arch: ArchName,
     iters: u64,
     batch: i64,
     accum: i64,
@@ -60,11 +74,14 @@ struct Args {
 }
 
 const USAGE: &str = "\
-usage: gpt [--iters N] [--batch B] [--accum K] [--eval-every N] [--eval-iters N] [--tiny] [--fp32]
+usage: gpt [--arch gpt|llama] [--iters N] [--batch B] [--accum K] [--eval-every N] [--eval-iters N] [--tiny] [--fp32]
            [--resume] [--stop-at N] [--sample CHARS] [--seed S] [--peak-tflops T] [--data-dir DIR]
            [--out DIR] [--ddp] [--fused] [--dropout P] [--trajectory DIR]
 
-Trains nanoGPT's character GPT on the torch package's Python sources with a captured step.
+Trains nanoGPT's character GPT (or a Llama-style model) on the torch package's Python sources
+with a captured step.
+  --arch A           gpt (nanoGPT's, the default) or llama (RMSNorm, rotary, grouped-query
+                     attention, SwiGLU, no biases, untied head; no dropout)
   --iters N          optimizer steps (default 2000; the cosine schedule ends there)
   --batch B          sequences per micro-batch (default 64)
   --accum K          micro-batches per step, accumulated inside the captured step (default 1)
@@ -81,12 +98,12 @@ Trains nanoGPT's character GPT on the torch package's Python sources with a capt
   --data-dir DIR     the folder of .py files (default .venv/torch)
   --out DIR          loss.csv, the checkpoint and sample.txt (default target/gpt)
   --ddp              data-parallel under torchrun, one GPU per process (batch is per GPU)
-  --fused            LayerNorms with the residual adds and dropouts folded in, on the crate's
-                     fused kernels (ATen's where they do not apply), linear layers whose bias
-                     gradients come out of the weight-gradient GEMM, in float32 with the weight
-                     gradients, and bf16 weight shadows
+  --fused            the crate's fused layers: norms with the residual adds and dropouts folded
+                     in (ATen's where they do not apply), linear layers whose weight (and bias)
+                     gradients come out of the GEMM in float32, the fused cross-entropy, with
+                     --arch llama the rotary and SwiGLU kernels; and bf16 weight shadows
   --dropout P        the dropout probability (default 0.2; 0 with --trajectory)
-  --trajectory DIR   the step-for-step comparison with PyTorch: write the initial weights and
+  --trajectory DIR   (--arch gpt) the step-for-step comparison with PyTorch: write the initial weights and
                      --iters batches into DIR, train on them (no evaluation), write every step's
                      loss and gradient norm and the variables after steps 1, 10 and 100; then
                      `python benches/torch_gpt.py --trajectory DIR` trains PyTorch's same model
@@ -97,6 +114,7 @@ Trains nanoGPT's character GPT on the torch package's Python sources with a capt
 fn parse_args() -> Result<Option<Args>, lexopt::Error> {
     use lexopt::prelude::*;
     let mut a = Args {
+        arch: ArchName::Gpt,
         iters: 2000,
         batch: 64,
         accum: 1,
@@ -119,6 +137,13 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
+            Long("arch") => {
+                a.arch = match parser.value()?.string()?.as_str() {
+                    "gpt" => ArchName::Gpt,
+                    "llama" => ArchName::Llama,
+                    other => return Err(format!("--arch: no architecture {other:?} (gpt, llama)").into()),
+                }
+            }
             Long("iters") => a.iters = parser.value()?.parse()?,
             Long("batch") => a.batch = parser.value()?.parse()?,
             Long("accum") => a.accum = parser.value()?.parse()?,
@@ -149,6 +174,9 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
     }
     if a.trajectory.is_some() && (a.ddp || a.accum != 1) {
         return Err("--trajectory runs on one device with one micro-batch per step".into());
+    }
+    if a.arch == ArchName::Llama && (a.trajectory.is_some() || a.dropout.is_some()) {
+        return Err("--arch llama has no dropout and no --trajectory".into());
     }
     Ok(Some(a))
 }
@@ -183,7 +211,7 @@ struct Run {
     seed: i64,
     device: Device,
     corpus: data::Corpus,
-    config: model::Config,
+    config: Arch,
     hyper: step::Hyper,
 }
 
@@ -208,9 +236,18 @@ impl Run {
         let corpus = data::Corpus::prepare(&args.data_dir, &data::cache_dir(&args.data_dir))
             .with_context(|| format!("preparing the corpus from {}", args.data_dir.display()))?;
         let corpus = data::to_device(&corpus, device)?;
-        let config = if tiny { model::Config::tiny(data::VOCAB) } else { model::Config::shakespeare_char(data::VOCAB) };
-        let dropout = args.dropout.unwrap_or(if args.trajectory.is_some() { 0.0 } else { config.dropout });
-        let config = model::Config { fused: args.fused, dropout, ..config };
+        let config = match args.arch {
+            ArchName::Gpt => {
+                let c =
+                    if tiny { model::Config::tiny(data::VOCAB) } else { model::Config::shakespeare_char(data::VOCAB) };
+                let dropout = args.dropout.unwrap_or(if args.trajectory.is_some() { 0.0 } else { c.dropout });
+                Arch::Gpt(model::Config { fused: args.fused, dropout, ..c })
+            }
+            ArchName::Llama => {
+                let c = if tiny { llama::Config::tiny(data::VOCAB) } else { llama::Config::small(data::VOCAB) };
+                Arch::Llama(llama::Config { fused: args.fused, ..c })
+            }
+        };
         let hyper = step::Hyper {
             batch: if tiny { args.batch.min(8) } else { args.batch },
             accum: args.accum,
@@ -231,7 +268,7 @@ impl Run {
 
     /// Tokens of one iteration over every rank: the figures printed are for the whole group.
     fn tokens_per_iter(&self) -> f64 {
-        (self.hyper.batch * self.config.block * self.hyper.accum) as f64 * self.world as f64
+        (self.hyper.batch * self.config.block() * self.hyper.accum) as f64 * self.world as f64
     }
 
     /// The line that says what runs.
@@ -245,20 +282,17 @@ impl Run {
             (None, _) => "CUDA device: captured steps".to_string(),
         };
         format!(
-            "{}{mode}: GPT {} layers × {} wide, {} heads, block {}, {:.2} M parameters; {} train / {} validation tokens; \
+            "{}{mode}: {}, {:.2} M parameters; {} train / {} validation tokens; \
              batch {} × {} micro-batches, {}{}",
             if self.pg.is_some() { format!("rank {}: ", self.rank) } else { String::new() },
-            c.layers,
-            c.embd,
-            c.heads,
-            c.block,
+            c.describe(),
             params as f64 / 1e6,
             self.corpus.train.size()[0],
             self.corpus.val.size()[0],
             h.batch,
             h.accum,
             if h.autocast.is_some() { "bf16 autocast" } else { "fp32" },
-            if c.fused { ", fused norms and linear layers, weight shadows" } else { "" },
+            if c.fused() { ", fused layers, weight shadows" } else { "" },
         )
     }
 
@@ -288,23 +322,23 @@ fn main() -> Result<()> {
     let run = Run::new(cli::args_or_exit("gpt", USAGE, parse_args()))?;
     let (args, device) = (&run.args, run.device);
     if let Some(dir) = &args.trajectory {
-        let spec =
-            trajectory::Spec { config: run.config, hyper: run.hyper, steps: args.iters as usize, seed: args.seed };
+        let Arch::Gpt(config) = run.config else { bail!("--trajectory trains the GPT") };
+        let spec = trajectory::Spec { config, hyper: run.hyper, steps: args.iters as usize, seed: args.seed };
         let t = trajectory::run(dir, &spec, &run.corpus.train, Some(&run.corpus.val), device)?;
         println!("trajectory in {}: {t}", dir.display());
         return Ok(());
     }
     tch::manual_seed(args.seed);
     let vs = nn::VarStore::new(device);
-    let gpt = model::Gpt::new(&vs.root(), run.config);
+    let model = run.config.build(&vs.root());
     if let Some(pg) = &run.pg {
         broadcast_parameters(pg, &vs)?;
         tch::manual_seed(run.seed); // each rank its own batches and dropout masks
     }
-    let params = model::Gpt::param_count(&vs);
+    let params = Arch::param_count(&vs);
     let mut steps = match &run.pg {
-        Some(pg) => step::build_ddp(&vs, &gpt, run.hyper, pg)?,
-        None => step::build(&vs, &gpt, run.hyper)?,
+        Some(pg) => step::build_ddp(&vs, model.as_ref(), run.hyper, pg)?,
+        None => step::build(&vs, model.as_ref(), run.hyper)?,
     };
     println!("{}", run.describe(params));
     let timing = train(&run, &vs, &mut steps, params)?;
@@ -316,7 +350,7 @@ fn main() -> Result<()> {
         synchronize(device)?;
     }
     if run.lead() {
-        report(&run, &gpt, &timing, params)?;
+        report(&run, model.as_ref(), &timing, params)?;
     }
     Ok(())
 }
@@ -325,7 +359,7 @@ fn main() -> Result<()> {
 /// tokens/s and MFU, and every `--eval-every` iterations an evaluation, a row of the curve and a
 /// checkpoint (rank 0), then a reseed from (seed, iteration) on every rank.
 fn train(run: &Run, vs: &nn::VarStore, steps: &mut step::Steps<'_>, params: i64) -> Result<Timing> {
-    let (args, (batch, block)) = (&run.args, (run.hyper.batch, run.config.block));
+    let (args, (batch, block)) = (&run.args, (run.hyper.batch, run.config.block()));
     let ckpt = args.out.join("ckpt.safetensors");
     let first = if args.resume { resume(run, vs, steps, &ckpt)? } else { 0 };
     let mut csv = run.csv()?;
@@ -392,7 +426,7 @@ fn resume(run: &Run, vs: &nn::VarStore, steps: &mut step::Steps<'_>, ckpt: &std:
 
 /// Rank 0's last words: the speed, and text sampled by a captured decode step on a GPU (static
 /// shapes, a device-side position), eagerly on the CPU.
-fn report(run: &Run, gpt: &model::Gpt, timing: &Timing, params: i64) -> Result<()> {
+fn report(run: &Run, model: &dyn lm::LanguageModel, timing: &Timing, params: i64) -> Result<()> {
     let args = &run.args;
     if timing.iters > 0 {
         let per_iter = timing.secs / timing.iters as f64;
@@ -407,7 +441,7 @@ fn report(run: &Run, gpt: &model::Gpt, timing: &Timing, params: i64) -> Result<(
         );
     }
     let device = run.device;
-    let tokens = sample::sample(gpt, device, 0, args.sample as i64, device != Device::Cpu)?;
+    let tokens = sample::sample(model, device, 0, args.sample as i64, device != Device::Cpu)?;
     let text: String = tokens.into_iter().map(data::decode).collect();
     std::fs::write(args.out.join("sample.txt"), &text)?;
     let ckpt = args.out.join("ckpt.safetensors");

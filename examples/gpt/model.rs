@@ -8,8 +8,8 @@
 //! step run with them: `at::linear` by default, and with `fused` a backward that computes each
 //! bias gradient inside the weight-gradient GEMM ([`Config::weight_grad`]). Its loss is the
 //! crate's cross-entropy: ATen's by default, the fused kernels with `fused`.
-//! Shared by `examples/gpt/main.rs` and `benches/gpt.rs`, and built the same way by
-//! `benches/torch_gpt.py`.
+//! Shared by `examples/gpt/main.rs` (`--arch gpt`) and `benches/gpt.rs`, and built the same way
+//! by `benches/torch_gpt.py`.
 #![allow(dead_code)]
 
 use std::cell::Cell;
@@ -163,7 +163,7 @@ impl Gpt {
     }
 
     /// Mean cross-entropy of the next-token predictions (with `fused`, on the crate's fused
-    /// kernels: one pass over the logits each way, in bf16 under autocast).
+    /// kernels: one read of the logits, the gradient written with the loss, in bf16 under autocast).
     pub fn loss(&self, idx: &Tensor, targets: &Tensor) -> Result<Tensor, tch::TchError> {
         let logits = self.logits(idx)?;
         let config = CrossEntropyConfig { kernels: self.config.kernels(), ..Default::default() };
@@ -173,5 +173,23 @@ impl Gpt {
     /// Parameters as nanoGPT counts them (without the position embedding).
     pub fn param_count(vs: &nn::VarStore) -> i64 {
         vs.variables().iter().filter(|(n, _)| !n.ends_with("wpe.weight")).map(|(_, t)| t.numel() as i64).sum()
+    }
+}
+
+impl crate::lm::LanguageModel for Gpt {
+    fn logits(&self, idx: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
+        Ok(Gpt::logits(self, idx)?)
+    }
+
+    fn loss(&self, idx: &Tensor, targets: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
+        Ok(Gpt::loss(self, idx, targets)?)
+    }
+
+    fn block(&self) -> i64 {
+        self.config.block
+    }
+
+    fn set_train(&self, on: bool) {
+        Gpt::set_train(self, on)
     }
 }

@@ -7,7 +7,7 @@
 //! which samples the softmax's distribution with device ops only.
 #![allow(dead_code)]
 
-use crate::model::Gpt;
+use crate::lm::LanguageModel;
 use tch::{Device, Kind, Tensor};
 use tch_cuda_graphs::{capture_with_warmup, CaptureOptions, Result};
 
@@ -25,8 +25,8 @@ pub struct Decoder {
 
 impl Decoder {
     /// A decoder for `n` tokens after the token `first`.
-    pub fn new(model: &Gpt, device: Device, first: i64, n: i64, temperature: f64) -> Result<Decoder> {
-        let block = model.config.block;
+    pub fn new(model: &dyn LanguageModel, device: Device, first: i64, n: i64, temperature: f64) -> Result<Decoder> {
+        let block = model.block();
         let ctx = Tensor::f_zeros([1, block], (Kind::Int64, device))?.f_fill_(first)?;
         let zero = || Tensor::f_zeros([], (Kind::Int64, device));
         let out = Tensor::f_zeros([n.max(1)], (Kind::Int64, device))?;
@@ -35,9 +35,9 @@ impl Decoder {
 
     /// One token: drawn from the logits at `pos`, written after it (the context shifted left
     /// when full), `pos` moved on, the token appended to the output. Device ops only.
-    pub fn step(&mut self, model: &Gpt) -> Result<()> {
+    pub fn step(&mut self, model: &dyn LanguageModel) -> Result<()> {
         let _no_grad = tch::no_grad_guard();
-        let block = model.config.block;
+        let block = model.block();
         let logits = model.logits(&self.ctx)?; // [1, block, vocab]
         let at = logits.f_index_select(1, &self.pos.f_view([1])?)?.f_view([-1])?.f_to_kind(Kind::Float)?;
         let u = at.f_rand_like()?.f_clamp_min(1e-20)?;
@@ -65,7 +65,7 @@ impl Decoder {
 
 /// `n` tokens after `first`, with the decode step run eagerly, or (`captured`, on a GPU) once
 /// eagerly, captured, and replayed for the rest.
-pub fn sample(model: &Gpt, device: Device, first: i64, n: i64, captured: bool) -> Result<Vec<i64>> {
+pub fn sample(model: &dyn LanguageModel, device: Device, first: i64, n: i64, captured: bool) -> Result<Vec<i64>> {
     model.set_train(false);
     let mut dec = Decoder::new(model, device, first, n, 0.8)?;
     let result = if captured && n > 1 {

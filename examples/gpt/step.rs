@@ -7,7 +7,7 @@
 //! `benches/gpt.rs`.
 #![allow(dead_code)]
 
-use crate::model::Gpt;
+use crate::lm::LanguageModel;
 use tch::{nn, Kind, Tensor};
 use tch_cuda_graphs::dist::{GradAllReduce, ProcessGroup, ReduceOp};
 use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig, Optimizer};
@@ -80,20 +80,30 @@ pub struct Steps<'a> {
 }
 
 /// Builds both steps for `model`, whose variables are in `vs`, on `vs`'s device.
-pub fn build<'a>(vs: &nn::VarStore, model: &'a Gpt, h: Hyper) -> Result<Steps<'a>> {
+pub fn build<'a>(vs: &nn::VarStore, model: &'a dyn LanguageModel, h: Hyper) -> Result<Steps<'a>> {
     build_on(vs, model, h, None)
 }
 
 /// [`build`], data-parallel over `pg`: the gradients of the last micro-batch's backward are
 /// all-reduced (averaged) in buckets while backward runs (the earlier micro-batches only
 /// accumulate, as DDP's `no_sync`), inside the captured step; the loss is averaged too.
-pub fn build_ddp<'a>(vs: &nn::VarStore, model: &'a Gpt, h: Hyper, pg: &ProcessGroup) -> Result<Steps<'a>> {
+pub fn build_ddp<'a>(
+    vs: &nn::VarStore,
+    model: &'a dyn LanguageModel,
+    h: Hyper,
+    pg: &ProcessGroup,
+) -> Result<Steps<'a>> {
     build_on(vs, model, h, Some(pg))
 }
 
-fn build_on<'a>(vs: &nn::VarStore, model: &'a Gpt, h: Hyper, pg: Option<&ProcessGroup>) -> Result<Steps<'a>> {
+fn build_on<'a>(
+    vs: &nn::VarStore,
+    model: &'a dyn LanguageModel,
+    h: Hyper,
+    pg: Option<&ProcessGroup>,
+) -> Result<Steps<'a>> {
     let dev = vs.device();
-    let block = model.config.block;
+    let block = model.block();
     let cfg = AdamConfig::adamw().lr(h.lr).betas(BETA1, BETA2).eps(EPS).weight_decay(h.weight_decay);
     let opt = Adam::with_groups(decay_groups(vs, cfg, cfg.weight_decay(0.0)))?;
     let schedule = WarmupCosine { warmup: h.warmup, total: h.iters, min_factor: h.min_lr / h.lr };
@@ -145,7 +155,7 @@ fn build_on<'a>(vs: &nn::VarStore, model: &'a Gpt, h: Hyper, pg: Option<&Process
 /// The evaluation step: the loss on `[batch, block]` inputs, dropout off, in `train`'s pool. The
 /// shadows are the training step's: evaluation casts each weight where it reads it.
 fn eval_step<'a>(
-    model: &'a Gpt,
+    model: &'a dyn LanguageModel,
     train: &TrainStep<'a, Adam>,
     options: StepOptions,
     batch: i64,
@@ -156,7 +166,7 @@ fn eval_step<'a>(
         Some(pool) => options.pool(pool).warmup(1),
         None => options,
     };
-    let x = Tensor::zeros([batch, model.config.block], (Kind::Int64, dev));
+    let x = Tensor::zeros([batch, model.block()], (Kind::Int64, dev));
     TrainStep::new(&[("x", &x), ("y", &x)], options, move |inp| {
         let _no_grad = tch::no_grad_guard();
         model.set_train(false); // captured without dropout

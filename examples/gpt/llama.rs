@@ -1,17 +1,18 @@
 //! A Llama-style model in tch on the crate's drop-in layers: token embedding; per block RMSNorm,
-//! q from `wq` and k, v from one `wkv` projection (grouped-query attention: fewer KV heads),
+//! q, k and v from one `wqkv` projection (grouped-query attention: fewer KV heads),
 //! rotary embeddings on q and k, causal `scaled_dot_product_attention` (`enable_gqa`), `wo`;
 //! RMSNorm, one `w13` projection read as [gate | up] by SwiGLU, `w2`; no biases; a final RMSNorm
 //! and an untied head; the crate's cross-entropy. One [`ResidualStream`] runs through the blocks,
 //! so each RMSNorm also takes the residual add before it. `fused` ([`Config::fused`]) runs the
 //! crate's kernels (norms, rotary, SwiGLU, float32 weight gradients, loss); without it ATen's
-//! operators run the same model (the plain graph a tch user gets). Shared by `benches/llama.rs`
-//! and built the same way by `benches/torch_llama.py`.
+//! operators run the same model (the plain graph a tch user gets). Shared by
+//! `examples/gpt/main.rs` (`--arch llama`) and `benches/llama.rs`, and built the same way by
+//! `benches/torch_llama.py`.
 #![allow(dead_code)]
 
 use tch::{nn, nn::Module, Tensor};
 use tch_cuda_graphs::kernels::Kernels;
-use tch_cuda_graphs::linear::{linear, Linear, LinearConfig};
+use tch_cuda_graphs::linear::{linear, Linear, LinearConfig, WeightGrad};
 use tch_cuda_graphs::loss::{f_cross_entropy, CrossEntropyConfig};
 use tch_cuda_graphs::norm::{rms_norm, LayerNorm, NormConfig};
 use tch_cuda_graphs::rotary::{Rotary, RotaryConfig};
@@ -36,6 +37,11 @@ pub struct Config {
     pub rope_base: f64,
     /// The crate's kernels (else ATen's operators).
     pub fused: bool,
+    /// Key and value heads repeated to every query head before attention (else SDPA's
+    /// `enable_gqa` reads the grouped heads as they are).
+    pub expand_kv: bool,
+    /// With `fused`: how the linear layers' weight gradients reach the float32 parameters.
+    pub weight_grad: WeightGrad,
 }
 
 impl Config {
@@ -52,6 +58,8 @@ impl Config {
             eps: 1e-6,
             rope_base: 10_000.0,
             fused: false,
+            expand_kv: false,
+            weight_grad: WeightGrad::Float32,
         }
     }
 
@@ -68,6 +76,8 @@ impl Config {
             eps: 1e-6,
             rope_base: 10_000.0,
             fused: false,
+            expand_kv: false,
+            weight_grad: WeightGrad::Float32,
         }
     }
 
@@ -79,6 +89,16 @@ impl Config {
         }
     }
 
+    /// A tiny model for CPU runs and tests: 2 × 32, 4 heads / 2 KV, SwiGLU 64, block 32.
+    pub fn tiny(vocab: i64) -> Config {
+        Config { block: 32, layers: 2, heads: 4, kv_heads: 2, embd: 32, hidden: 64, ..Config::small(vocab) }
+    }
+
+    /// FLOPs of one forward and backward per token (nanoGPT's `estimate_mfu`: 6N + 12·L·H·Q·T).
+    pub fn flops_per_token(&self, params: i64) -> f64 {
+        6.0 * params as f64 + 12.0 * (self.layers * self.embd * self.block) as f64
+    }
+
     fn head_dim(&self) -> i64 {
         self.embd / self.heads
     }
@@ -87,8 +107,7 @@ impl Config {
 #[derive(Debug)]
 struct Block {
     attn_norm: LayerNorm,
-    wq: Linear,
-    wkv: Linear,
+    wqkv: Linear,
     wo: Linear,
     mlp_norm: LayerNorm,
     w13: Linear,
@@ -112,8 +131,13 @@ impl Llama {
     /// 0.02 / sqrt(2 · layers), norms at one.
     pub fn new(p: &nn::Path, c: Config) -> Llama {
         let normal = |stdev| nn::Init::Randn { mean: 0.0, stdev };
-        let lin =
-            |init| LinearConfig { ws_init: normal(init), bias: false, kernels: c.kernels(), ..Default::default() };
+        let lin = |init| LinearConfig {
+            ws_init: normal(init),
+            bias: false,
+            weight_grad: c.weight_grad,
+            kernels: c.kernels(),
+            ..Default::default()
+        };
         let (inner, out) = (lin(0.02), lin(0.02 / (2.0 * c.layers as f64).sqrt()));
         let norm = NormConfig { eps: c.eps, kernels: c.kernels(), ..Default::default() };
         let (e, d) = (c.embd, c.head_dim());
@@ -122,8 +146,7 @@ impl Llama {
                 let b = p / "layers" / l;
                 Block {
                     attn_norm: rms_norm(&b / "attn_norm", vec![e], norm),
-                    wq: linear(&b / "wq", e, c.heads * d, inner),
-                    wkv: linear(&b / "wkv", e, 2 * c.kv_heads * d, inner),
+                    wqkv: linear(&b / "wqkv", e, (c.heads + 2 * c.kv_heads) * d, inner),
                     wo: linear(&b / "wo", c.heads * d, e, out),
                     mlp_norm: rms_norm(&b / "mlp_norm", vec![e], norm),
                     w13: linear(&b / "w13", e, 2 * c.hidden, inner),
@@ -151,12 +174,20 @@ impl Llama {
     fn attention(&self, b: &Block, h: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
         let c = &self.config;
         let (bsz, t, d) = (h.size()[0], h.size()[1], c.head_dim());
-        let q = b.wq.f_forward(h)?.f_view([bsz, t, c.heads, d])?;
-        let kv = b.wkv.f_forward(h)?.f_view([bsz, t, 2 * c.kv_heads, d])?;
-        let (k, v) = (kv.f_narrow(2, 0, c.kv_heads)?, kv.f_narrow(2, c.kv_heads, c.kv_heads)?);
-        let (q, k) = self.rope.f_forward(&q, &k, 0)?;
-        let (q, k, v) = (q.f_transpose(1, 2)?, k.f_transpose(1, 2)?, v.f_transpose(1, 2)?);
-        let y = Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, 0.0, true, None, true)?;
+        // one projection split into heads: its backward is one concatenation of dq, dk and dv
+        // (separate projections would add their input gradients, narrows would zero-fill)
+        let qkv = b.wqkv.f_forward(h)?.f_view([bsz, t, c.heads + 2 * c.kv_heads, d])?;
+        let parts = qkv.f_split_with_sizes([c.heads, c.kv_heads, c.kv_heads], 2)?;
+        let (q, k) = self.rope.f_forward(&parts[0], &parts[1], 0)?;
+        let v = &parts[2];
+        let (q, mut k, mut v) = (q.f_transpose(1, 2)?, k.f_transpose(1, 2)?, v.f_transpose(1, 2)?);
+        let group = c.heads / c.kv_heads;
+        if c.expand_kv && group > 1 {
+            k = k.f_repeat_interleave_self_int(group, 1, None)?;
+            v = v.f_repeat_interleave_self_int(group, 1, None)?;
+        }
+        let gqa = !c.expand_kv && group > 1;
+        let y = Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, 0.0, true, None, gqa)?;
         b.wo.f_forward(&y.f_transpose(1, 2)?.f_reshape([bsz, t, c.heads * d])?)
     }
 
@@ -177,4 +208,21 @@ impl Llama {
         let config = CrossEntropyConfig { kernels: self.config.kernels(), ..Default::default() };
         f_cross_entropy(&logits.f_view([-1, self.config.vocab])?, &targets.f_reshape([-1])?, &config)
     }
+}
+
+impl crate::lm::LanguageModel for Llama {
+    fn logits(&self, idx: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
+        Llama::logits(self, idx)
+    }
+
+    fn loss(&self, idx: &Tensor, targets: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
+        Llama::loss(self, idx, targets)
+    }
+
+    fn block(&self) -> i64 {
+        self.config.block
+    }
+
+    /// No dropout: nothing changes between training and evaluation.
+    fn set_train(&self, _on: bool) {}
 }
