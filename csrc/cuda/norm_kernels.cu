@@ -123,10 +123,15 @@ __device__ void forward(const Forward& a) {
 // One warp per row, the rows of a block strided over the grid. Each warp sums its rows' weight
 // and bias gradients in its own stretch of shared memory (a lane owns its columns there, so no
 // atomics and few registers), then the block adds its warps' sums in order.
-// One row's normalized input xh and weighted gradient g (the lane's VEC groups of 4), the
-// residual stream's gradient dres (loaded here, with the rest, so that all of the row's loads
-// are in flight before the row's sums wait on them), the row's sums of g and g·xh for this
-// lane, and the warp's weight and bias gradient sums (acc[0], acc[1]) accumulated.
+// One row's normalized input xh and weighted gradient g (the lane's VEC groups of 4), for rows
+// up to 512 wide (VEC 4) the residual stream's gradient dres too (loaded with the rest, so that
+// all of the row's loads are in flight before the row's sums wait on them; wider rows load it
+// in backward_store, as three arrays of 8 would cost occupancy: measured slower on an H200), the
+// row's sums of g and g·xh for this lane, and the warp's weight and bias gradient sums (acc[0],
+// acc[1]) accumulated.
+template <int VEC>
+constexpr bool kPrefetchDres = VEC <= 4;
+
 template <typename TY, int VEC>
 __device__ __forceinline__ void backward_load(const Backward& a, int64_t base, float mean, float rstd, int lane,
                                               float4 (&xh)[VEC], float4 (&g)[VEC], float4 (&dres)[VEC],
@@ -134,7 +139,7 @@ __device__ __forceinline__ void backward_load(const Backward& a, int64_t base, f
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
     const int c = (lane + 32 * i) * 4;
-    if (c < a.cols && a.dres != nullptr) dres[i] = load4<float>(a.dres + base + c);
+    if (kPrefetchDres<VEC> && c < a.cols && a.dres != nullptr) dres[i] = load4<float>(a.dres + base + c);
   }
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
@@ -167,7 +172,10 @@ __device__ __forceinline__ void backward_store(const Backward& a, int64_t base, 
     if (c < a.cols) {
       float4 d = make_float4(rstd * (g[i].x - mg - xh[i].x * mgx), rstd * (g[i].y - mg - xh[i].y * mgx),
                              rstd * (g[i].z - mg - xh[i].z * mgx), rstd * (g[i].w - mg - xh[i].w * mgx));
-      if (a.dres != nullptr) d = make_float4(d.x + dres[i].x, d.y + dres[i].y, d.z + dres[i].z, d.w + dres[i].w);
+      if (a.dres != nullptr) {
+        const float4 r = kPrefetchDres<VEC> ? dres[i] : load4<float>(a.dres + base + c);
+        d = make_float4(d.x + r.x, d.y + r.y, d.z + r.z, d.w + r.w);
+      }
       store4<float>(a.dx + base + c, d);
       if (a.dbranch != nullptr) {
         float4 db = d;

@@ -166,6 +166,12 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
             _ => return Err(arg.unexpected()),
         }
     }
+    check(&a)?;
+    Ok(Some(a))
+}
+
+/// The combinations of settings the example refuses.
+fn check(a: &Args) -> Result<(), lexopt::Error> {
     if a.batch < 1 || a.accum < 1 || a.iters < 1 || a.eval_every < 1 || a.eval_iters < 1 {
         return Err("--batch, --accum, --iters, --eval-every and --eval-iters must be at least 1".into());
     }
@@ -178,7 +184,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
     if a.arch == ArchName::Llama && (a.trajectory.is_some() || a.dropout.is_some()) {
         return Err("--arch llama has no dropout and no --trajectory".into());
     }
-    Ok(Some(a))
+    Ok(())
 }
 
 /// Mean loss over `n` random batches of `split`, with the evaluation step, and the standard
