@@ -123,10 +123,32 @@ fn gpt_ddp_outside_torchrun_says_it_needs_torchrun() {
 /// as the run that went on. The corpus is this repository's own Python files.
 #[test]
 fn gpt_trains_a_tiny_model_and_resumes_bit_for_bit() {
-    let base = std::env::temp_dir().join(format!("tcg-gpt-{}", std::process::id()));
+    trains_a_tiny_model_and_resumes_bit_for_bit("gpt");
+}
+
+/// The same for the Llama-style model (`--arch llama`).
+#[test]
+fn llama_trains_a_tiny_model_and_resumes_bit_for_bit() {
+    trains_a_tiny_model_and_resumes_bit_for_bit("llama");
+}
+
+fn trains_a_tiny_model_and_resumes_bit_for_bit(arch: &str) {
+    let base = std::env::temp_dir().join(format!("tcg-{arch}-{}", std::process::id()));
     let run = |out: &std::path::Path, extra: &[&str]| {
         let o = Command::new(example("gpt"))
-            .args(["--tiny", "--iters", "40", "--eval-every", "10", "--eval-iters", "2", "--sample", "40"])
+            .args([
+                "--arch",
+                arch,
+                "--tiny",
+                "--iters",
+                "40",
+                "--eval-every",
+                "10",
+                "--eval-iters",
+                "2",
+                "--sample",
+                "40",
+            ])
             .args(["--data-dir", "benches", "--out"])
             .arg(out)
             .args(extra)
@@ -144,8 +166,8 @@ fn gpt_trains_a_tiny_model_and_resumes_bit_for_bit() {
         csv.lines().skip(1).map(|l| l.split(',').map(|v| v.parse().expect("a number")).collect()).collect();
     assert_eq!(rows.len(), 4, "{csv}");
     let uniform = (96f64).ln();
-    println!("tiny GPT: val loss {:.4} after 40 iterations (uniform guess {uniform:.4})", rows[3][2]);
-    assert!(rows[3][2] < uniform - 0.3, "the tiny GPT learns: {csv}");
+    println!("tiny {arch}: val loss {:.4} after 40 iterations (uniform guess {uniform:.4})", rows[3][2]);
+    assert!(rows[3][2] < uniform - 0.3, "the tiny {arch} learns: {csv}");
 
     let stopped = run(&resumed, &["--stop-at", "20"]);
     assert!(stopped.contains("stopped after iteration 20"), "{stopped}");
@@ -156,7 +178,10 @@ fn gpt_trains_a_tiny_model_and_resumes_bit_for_bit() {
     let (a, b) = (std::fs::read(straight.join("ckpt.safetensors")), std::fs::read(resumed.join("ckpt.safetensors")));
     let (a, b) = (a.expect("a checkpoint"), b.expect("a checkpoint"));
     let differing = a.iter().zip(&b).filter(|(x, y)| x != y).count() + a.len().abs_diff(b.len());
-    println!("checkpoints after 40 iterations, straight and resumed at 20: {} bytes, {differing} differ", a.len());
+    println!(
+        "{arch}: checkpoints after 40 iterations, straight and resumed at 20: {} bytes, {differing} differ",
+        a.len()
+    );
     assert_eq!(differing, 0, "the same checkpoint byte for byte");
     let _ = std::fs::remove_dir_all(&base);
 }
