@@ -35,13 +35,15 @@ __device__ void rotary(const Params& a) {
        item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const bool is_q = item < q_items;
     const Part& part = is_q ? a.q : a.k;
-    int64_t r = is_q ? item : item - q_items;
-    const int g = static_cast<int>(r % groups);
-    r /= groups;
-    const int h = static_cast<int>(r % part.heads);
-    r /= part.heads;
-    const int t = static_cast<int>(r % a.seq);
-    const int b = static_cast<int>(r / a.seq);
+    // 32-bit unsigned division (q and k hold at most INT32_MAX values each: the launcher's
+    // check), several times cheaper than 64-bit
+    uint32_t r = static_cast<uint32_t>(is_q ? item : item - q_items);
+    const int g = static_cast<int>(r % static_cast<uint32_t>(groups));
+    r /= static_cast<uint32_t>(groups);
+    const int h = static_cast<int>(r % static_cast<uint32_t>(part.heads));
+    r /= static_cast<uint32_t>(part.heads);
+    const int t = static_cast<int>(r % static_cast<uint32_t>(a.seq));
+    const int b = static_cast<int>(r / static_cast<uint32_t>(a.seq));
     const int64_t in = b * part.stride_b + t * part.stride_t + h * part.stride_h;
     const int64_t out = ((static_cast<int64_t>(b) * a.seq + t) * part.heads + h) * a.dim;
     const int64_t pos = offset + t;

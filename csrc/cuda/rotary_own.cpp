@@ -103,7 +103,9 @@ std::string unsupported(const Inputs& in) {
   if (!in.cos.is_contiguous() || !in.sin.is_contiguous() || !aligned16(in.cos) || !aligned16(in.sin)) {
     return "the tables are not contiguous and 16-byte aligned";
   }
-  if (in.q.numel() > INT32_MAX || in.q.size(1) > INT32_MAX) return "more elements than the kernel indexes";
+  if (in.q.numel() > INT32_MAX || in.k.numel() > INT32_MAX || in.q.size(1) > INT32_MAX) {
+    return "more elements than the kernel indexes";
+  }
   return kernels::unavailable(in.q.get_device());
 }
 
