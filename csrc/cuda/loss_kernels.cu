@@ -3,7 +3,10 @@
 // fp32) with fp32 math. Where the loss will be differentiated, the forward also writes the
 // gradient (for a loss gradient of 1) from the row it has just read, which the L2 cache still
 // holds: one read of the logits from memory in all, and the backward only scales the gradient,
-// where the loss's gradient is not 1. ATen's path under
+// where the loss's gradient is not 1. The kernel is bound by its arithmetic, not by memory (ncu
+// on an H200: 83% of the SMs' throughput, 35% of DRAM's at [12288, 32000] bf16), so the
+// exponentials are the hardware's (`__expf`: ex2.approx of x·log2 e; a few ulp, far below a bf16
+// rounding of the gradient, and the sums they feed are of terms at most 1). ATen's path under
 // autocast casts the logits to fp32, runs log_softmax and nll_loss, and in the backward writes
 // the fp32 gradient, its log_softmax gradient and the cast back: five passes over the largest
 // tensor of a language model. One block per row (see loss_params.h for what each computes); the
@@ -34,16 +37,16 @@ struct MaxSum {
   float s = 0.0f;
   __device__ __forceinline__ void add(float x) {
     if (x > m) {
-      s = s * expf(m - x) + 1.0f;
+      s = s * __expf(m - x) + 1.0f;
       m = x;
     } else if (m != -CUDART_INF_F) {  // (x and m both -inf: nothing to add)
-      s += expf(x - m);
+      s += __expf(x - m);
     }
   }
   __device__ __forceinline__ void merge(float m2, float s2) {
     const float mm = fmaxf(m, m2);
     if (mm == -CUDART_INF_F) return;  // both empty (or all -inf)
-    s = s * expf(m - mm) + s2 * expf(m2 - mm);
+    s = s * __expf(m - mm) + s2 * __expf(m2 - mm);
     m = mm;
   }
 };
@@ -96,10 +99,10 @@ struct RowThread {
 __device__ __forceinline__ void add4(MaxSum& v, float4 q) {
   const float mx = fmaxf(fmaxf(q.x, q.y), fmaxf(q.z, q.w));
   if (mx > v.m) {
-    v.s *= expf(v.m - mx);
+    v.s *= __expf(v.m - mx);
     v.m = mx;
   }
-  if (v.m != -CUDART_INF_F) v.s += expf(q.x - v.m) + expf(q.y - v.m) + expf(q.z - v.m) + expf(q.w - v.m);
+  if (v.m != -CUDART_INF_F) v.s += __expf(q.x - v.m) + __expf(q.y - v.m) + __expf(q.z - v.m) + __expf(q.w - v.m);
 }
 
 // One row's gradient, dx = (exp(x - lse) - [i == t]) * scale, this thread's share of it: the
@@ -111,13 +114,13 @@ __device__ __forceinline__ void grad_row(const T* x, T* dx, int64_t cols, int64_
   if (vec) {
     for (int64_t i = 4 * static_cast<int64_t>(rt.tid); i < cols; i += 4 * static_cast<int64_t>(rt.n)) {
       const float4 q = load4_last<T>(x + i);
-      const float4 d = make_float4(expf(q.x - lse) - (t == i ? 1.0f : 0.0f), expf(q.y - lse) - (t == i + 1 ? 1.0f : 0.0f),
-                                   expf(q.z - lse) - (t == i + 2 ? 1.0f : 0.0f), expf(q.w - lse) - (t == i + 3 ? 1.0f : 0.0f));
+      const float4 d = make_float4(__expf(q.x - lse) - (t == i ? 1.0f : 0.0f), __expf(q.y - lse) - (t == i + 1 ? 1.0f : 0.0f),
+                                   __expf(q.z - lse) - (t == i + 2 ? 1.0f : 0.0f), __expf(q.w - lse) - (t == i + 3 ? 1.0f : 0.0f));
       store4_streaming<T>(dx + i, make_float4(d.x * scale, d.y * scale, d.z * scale, d.w * scale));
     }
   } else {
     for (int64_t i = rt.tid; i < cols; i += rt.n) {
-      const float p = expf(load1(x + i) - lse) - (i == t ? 1.0f : 0.0f);
+      const float p = __expf(load1(x + i) - lse) - (i == t ? 1.0f : 0.0f);
       store1(dx + i, p * scale);
     }
   }
