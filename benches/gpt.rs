@@ -60,18 +60,14 @@ struct Args {
 /// The command line: `None` when it asked for the usage.
 fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
     use lexopt::prelude::*;
-    let all: Vec<String> = rows().iter().map(|r| r.0.to_owned()).collect();
-    let mut a = Args { profile: false, fused: false, iters: 200, rows: all.clone(), torch: true, peak_tflops: 989.0 };
+    let all: Vec<&str> = rows().iter().map(|r| r.0).collect();
+    let rows = all.iter().map(|r| r.to_string()).collect();
+    let mut a = Args { profile: false, fused: false, iters: 200, rows, torch: true, peak_tflops: 989.0 };
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
             Long("iters") => a.iters = parser.value()?.parse()?,
-            Long("rows") => {
-                a.rows = parser.value()?.string()?.split(',').map(str::to_owned).collect();
-                if let Some(bad) = a.rows.iter().find(|r| !all.contains(r)) {
-                    return Err(format!("--rows: no row {bad:?} (rows: {})", all.join(", ")).into());
-                }
-            }
+            Long("rows") => a.rows = reference::parse_rows(&parser.value()?.string()?, &all)?,
             Long("no-torch") => a.torch = false,
             Long("peak-tflops") => a.peak_tflops = parser.value()?.parse()?,
             Long("profile") => a.profile = true,
@@ -183,14 +179,7 @@ impl Torch {
 /// benches/torch_gpt.py on the same rows, same GPU, same run.
 fn measure_torch(args: &Args) -> Torch {
     println!("PyTorch (benches/torch_gpt.py), same GPU, same run:");
-    let out = reference::run(
-        "benches/torch_gpt.py",
-        &["--rows".into(), args.rows.join(","), "--iters".into(), args.iters.to_string()],
-    )
-    .unwrap_or_else(|e| {
-        eprintln!("bench gpt: PyTorch's side failed: {e}");
-        std::process::exit(1)
-    });
+    let out = reference::run_rows_or_exit("gpt", "benches/torch_gpt.py", &args.rows, args.iters);
     let mut torch = Torch::default();
     for line in out.lines() {
         let f: Vec<&str> = line.split(',').collect();

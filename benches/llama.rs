@@ -64,12 +64,7 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
     while let Some(arg) = parser.next()? {
         match arg {
             Long("iters") => a.iters = parser.value()?.parse()?,
-            Long("rows") => {
-                a.rows = parser.value()?.string()?.split(',').map(str::to_owned).collect();
-                if let Some(bad) = a.rows.iter().find(|r| !["small", "base"].contains(&r.as_str())) {
-                    return Err(format!("--rows: no row {bad:?} (rows: small, base)").into());
-                }
-            }
+            Long("rows") => a.rows = reference::parse_rows(&parser.value()?.string()?, &["small", "base"])?,
             Long("no-torch") => a.torch = false,
             Long("expand-kv") => a.expand_kv = true,
             Long("rounded-grads") => a.rounded_grads = true,
@@ -183,14 +178,7 @@ fn main() {
     let mut torch: Vec<(String, String, f64, f64)> = Vec::new();
     if args.torch {
         println!("PyTorch (benches/torch_llama.py), same GPU, same run:");
-        let out = reference::run(
-            "benches/torch_llama.py",
-            &["--rows".into(), args.rows.join(","), "--iters".into(), args.iters.to_string()],
-        )
-        .unwrap_or_else(|e| {
-            eprintln!("bench llama: PyTorch's side failed: {e}");
-            std::process::exit(1)
-        });
+        let out = reference::run_rows_or_exit("llama", "benches/torch_llama.py", &args.rows, args.iters);
         for line in out.lines() {
             let f: Vec<&str> = line.split(',').collect();
             match (f.first(), f.len()) {

@@ -61,6 +61,24 @@ pub fn require_torch(bench: &str) {
     }
 }
 
+/// A `--rows` value: the names, each one of `all` (else the error names them).
+pub fn parse_rows(value: &str, all: &[&str]) -> Result<Vec<String>, lexopt::Error> {
+    let rows: Vec<String> = value.split(',').map(str::to_owned).collect();
+    match rows.iter().find(|r| !all.contains(&r.as_str())) {
+        Some(bad) => Err(format!("--rows: no row {bad:?} (rows: {})", all.join(", ")).into()),
+        None => Ok(rows),
+    }
+}
+
+/// PyTorch's side of a language model's bench: `script --rows ROWS --iters N` under [`python`],
+/// its standard output; exits 1 with the reason when it fails (rather than printing half a table).
+pub fn run_rows_or_exit(bench: &str, script: &str, rows: &[String], iters: usize) -> String {
+    run(script, &["--rows".into(), rows.join(","), "--iters".into(), iters.to_string()]).unwrap_or_else(|e| {
+        eprintln!("bench {bench}: PyTorch's side failed: {e}");
+        std::process::exit(1)
+    })
+}
+
 /// Exits 1 with a message when there is no CUDA device: every benchmark compares GPU modes.
 pub fn require_cuda(bench: &str) {
     if !tch_cuda_graphs::cuda_is_available() {

@@ -34,7 +34,7 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch_timing import time_step
+from torch_timing import cuda_device, decay_groups, each_row, time_training
 
 ROWS = {  # name: (vocab, block, layers, heads, embd, dropout, batch)
     "char_b64": (96, 256, 6, 6, 384, 0.2, 64),
@@ -95,36 +95,8 @@ def bench(name, mode, iters, dev):
     vocab, block, layers, heads, embd, dropout, batch = ROWS[name]
     torch.manual_seed(0)
     model = Gpt(vocab, block, layers, heads, embd, dropout).to(dev)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=torch.tensor(1e-3, device=dev), betas=(0.9, 0.99), fused=True, capturable=True)
-    loss_fn = torch.compile(model.loss) if mode.startswith("compile") else model.loss
-    lr_value = torch.tensor(1e-3, device=dev)
-    data = torch.randint(vocab, (8, batch, block + 1), device=dev)
-    sx, sy = data[0, :, :-1].clone(), data[0, :, 1:].clone()
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
-            loss = loss_fn(sx, sy)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
-        for g in opt.param_groups:
-            g["lr"].copy_(lr_value)
-        opt.step()
-        return loss.detach()
-
-    i = [0]
-
-    def feed():
-        x = data[i[0] % 8]
-        i[0] += 1
-        sx.copy_(x[:, :-1])
-        sy.copy_(x[:, 1:])
-
-    ms, mem = time_step(step, feed, mode.endswith("graph"), opt, iters)
-    del opt, model
+    ms, mem = time_training(model, vocab, batch, block, mode, iters, lr=1e-3, betas=(0.9, 0.99), write_lr=True)
+    del model
     torch.cuda.empty_cache()
     return ms, mem
 
@@ -149,10 +121,7 @@ def train(cache, iters, csv, seed=0, batch=64, eval_every=250, eval_iters=20, ar
         model = Llama(vocab, block, layers, heads, kv, embd, hidden).to(dev)
     else:
         model = Gpt(vocab, block, layers, heads, embd, dropout).to(dev)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.99), fused=True)
+    opt = torch.optim.AdamW(decay_groups(model.parameters(), 0.1), lr=1e-3, betas=(0.9, 0.99), fused=True)
 
     def get(split, n):
         data = splits[split]
@@ -259,11 +228,8 @@ def run_trajectory(d, dev):
     batches = read_safetensors(f"{d}/batches.safetensors")
     xs, ys = batches["x"].to(dev).long(), batches["y"].to(dev).long()
     named = dict(model.named_parameters())
-    decay = [p for p in named.values() if p.dim() >= 2]
-    no_decay = [p for p in named.values() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": m["weight_decay"]},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=m["lr"], betas=tuple(m["betas"]), eps=m["eps"], fused=True)
+    opt = torch.optim.AdamW(decay_groups(named.values(), m["weight_decay"]), lr=m["lr"], betas=tuple(m["betas"]),
+                            eps=m["eps"], fused=True)
     crate_names = {torch_name(k): k for k in init}
     rec, losses, norms = {}, [], []
     bf16 = m["autocast"] == "bf16"
@@ -358,25 +324,13 @@ def main():
         dev = torch.device(a.device if torch.cuda.is_available() else "cpu")
         compare_trajectories(a.trajectory, *run_trajectory(a.trajectory, dev))
         return
-    if not torch.cuda.is_available():
-        raise SystemExit("torch_gpt.py: no CUDA device")
-    torch.backends.cuda.matmul.allow_tf32 = False  # libtorch's default, as on the Rust side
-    torch.backends.cudnn.allow_tf32 = False
-    dev = torch.device("cuda")
-    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}", flush=True)
+    dev = cuda_device("torch_gpt.py")
     if a.train:
         train(a.train, a.iters, a.csv, seed=a.seed, eval_iters=a.eval_iters, arch=a.arch)
         return
-    for name in a.rows.split(","):
-        for mode in a.modes.split(","):
-            iters = a.iters if not name.startswith("gpt2") else max(20, a.iters // 4)
-            try:
-                ms, mem = bench(name, mode, iters, dev)
-            except Exception as e:  # a mode that cannot run is reported, not fatal
-                print(f"{name} {mode} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
-                continue
-            print(f"ROW,{name},{mode},{ms:.3f}", flush=True)
-            print(f"MEM,{name},{mode},{mem:.0f}", flush=True)
+    for name, mode, ms, mem in each_row(a.rows, a.modes, a.iters, bench, lambda n: n.startswith("gpt2"), dev):
+        print(f"ROW,{name},{mode},{ms:.3f}", flush=True)
+        print(f"MEM,{name},{mode},{mem:.0f}", flush=True)
 
 
 if __name__ == "__main__":

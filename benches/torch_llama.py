@@ -1,10 +1,12 @@
-"""PyTorch reference for benches/llama.rs: the Llama-style model of examples/llama/model.rs
-(RMSNorm in fp32 inside, eps 1e-6; q from wq, k and v from one wkv projection, grouped-query
-attention; rotary embeddings on interleaved pairs, base 10000, as slices, multiplies and a
+"""PyTorch reference for benches/llama.rs: the Llama-style model of examples/gpt/llama.rs
+(RMSNorm in fp32 inside, eps 1e-6; q from wq, k and v from one wkv projection, where the crate's
+model has one wqkv: the same function; grouped-query attention; rotary embeddings on interleaved pairs, base 10000, as slices, multiplies and a
 stack; SDPA causal with enable_gqa; one w13 projection split into gate and up, silu(gate) * up,
 w2; no biases; a final RMSNorm and an untied head) and the same training step (bf16 autocast
 with the cache off, backward outside autocast, clipping at 1.0, fused capturable AdamW, betas
-0.9/0.95, decay 0.1 on matrices), on random tokens, timed like the Rust side.
+0.9/0.95, decay 0.1 on matrices), on random tokens, timed like the Rust side
+(torch_timing.time_training). With torch_gpt.py --train --arch llama the same model trains on the
+character corpus.
 
 Modes: eager, graph (torch.cuda.graph of the whole step), compile (torch.compile of the loss,
 eager step), compile_graph (the compiled loss inside the whole-step graph).
@@ -18,7 +20,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch_timing import time_step
+from torch_timing import cuda_device, each_row, time_training
 
 ROWS = {  # name: (vocab, block, layers, heads, kv_heads, embd, hidden, batch)
     "small": (96, 256, 6, 6, 2, 384, 1024, 64),
@@ -102,33 +104,8 @@ def bench(name, mode, iters, dev):
     vocab, block, layers, heads, kv, embd, hidden, batch = ROWS[name]
     torch.manual_seed(0)
     model = Llama(vocab, block, layers, heads, kv, embd, hidden).to(dev)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=torch.tensor(3e-4, device=dev), betas=(0.9, 0.95), fused=True, capturable=True)
-    loss_fn = torch.compile(model.loss) if mode.startswith("compile") else model.loss
-    data = torch.randint(vocab, (8, batch, block + 1), device=dev)
-    sx, sy = data[0, :, :-1].clone(), data[0, :, 1:].clone()
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
-            loss = loss_fn(sx, sy)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
-        opt.step()
-        return loss.detach()
-
-    i = [0]
-
-    def feed():
-        x = data[i[0] % 8]
-        i[0] += 1
-        sx.copy_(x[:, :-1])
-        sy.copy_(x[:, 1:])
-
-    ms, mem = time_step(step, feed, mode.endswith("graph"), opt, iters)
-    del opt, model
+    ms, mem = time_training(model, vocab, batch, block, mode, iters, lr=3e-4, betas=(0.9, 0.95))
+    del model
     torch.cuda.empty_cache()
     return ms, mem
 
@@ -139,21 +116,9 @@ def main():
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--modes", default="eager,graph,compile,compile_graph")
     a = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("torch_llama.py: no CUDA device")
-    torch.backends.cuda.matmul.allow_tf32 = False  # libtorch's default, as on the Rust side
-    torch.backends.cudnn.allow_tf32 = False
-    dev = torch.device("cuda")
-    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}", flush=True)
-    for name in a.rows.split(","):
-        for mode in a.modes.split(","):
-            iters = a.iters if name != "base" else max(20, a.iters // 4)
-            try:
-                ms, mem = bench(name, mode, iters, dev)
-            except Exception as e:  # a mode that cannot run is reported, not fatal
-                print(f"{name} {mode} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
-                continue
-            print(f"ROW,{name},{mode},{ms:.3f},{mem:.0f}", flush=True)
+    dev = cuda_device("torch_llama.py")
+    for name, mode, ms, mem in each_row(a.rows, a.modes, a.iters, bench, lambda n: n == "base", dev):
+        print(f"ROW,{name},{mode},{ms:.3f},{mem:.0f}", flush=True)
 
 
 if __name__ == "__main__":

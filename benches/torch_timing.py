@@ -1,6 +1,7 @@
-"""Timing shared by the language models' PyTorch references (torch_gpt.py, torch_llama.py): the
-median over blocks of iterations, and a whole training step run eagerly or replayed from one
-torch.cuda.graph, fed by a copy into its static inputs."""
+"""What the language models' PyTorch references (torch_gpt.py, torch_llama.py) share: the median
+over blocks of iterations, a whole training step run eagerly or replayed from one
+torch.cuda.graph, fed by a copy into its static inputs, AdamW's decay groups, and the timed
+training step of a model in each mode."""
 import time
 
 import torch
@@ -47,3 +48,76 @@ def time_step(step, feed, graphed, opt, iters):
         run_one()
     ms = median_ms(run, iters)
     return ms, torch.cuda.max_memory_reserved() / 2**20
+
+
+def decay_groups(params, weight_decay):
+    """AdamW's parameter groups as the crate's optim::decay_groups: decay on every tensor of two or
+    more dimensions (matrices, embeddings), none on the rest (biases, norm weights)."""
+    params = list(params)
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def time_training(model, vocab, batch, block, mode, iters, lr, betas, write_lr=False):
+    """ms per iteration and MiB reserved at peak of model's training step on random tokens: bf16
+    autocast with the cache off, backward outside it, clipping at 1.0, fused capturable AdamW
+    (decay 0.1 on matrices) at lr with betas; `mode` eager, graph, compile (torch.compile of
+    model.loss) or compile_graph. write_lr: the step also writes the learning rate into the
+    optimizer's tensor, as the crate's device schedule does each step."""
+    dev = next(model.parameters()).device
+    opt = torch.optim.AdamW(decay_groups(model.parameters(), 0.1), lr=torch.tensor(lr, device=dev), betas=betas,
+                            fused=True, capturable=True)
+    loss_fn = torch.compile(model.loss) if mode.startswith("compile") else model.loss
+    lr_value = torch.tensor(lr, device=dev)
+    data = torch.randint(vocab, (8, batch, block + 1), device=dev)
+    sx, sy = data[0, :, :-1].clone(), data[0, :, 1:].clone()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            loss = loss_fn(sx, sy)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        if write_lr:
+            for g in opt.param_groups:
+                g["lr"].copy_(lr_value)
+        opt.step()
+        return loss.detach()
+
+    i = [0]
+
+    def feed():
+        x = data[i[0] % 8]
+        i[0] += 1
+        sx.copy_(x[:, :-1])
+        sy.copy_(x[:, 1:])
+
+    ms, mem = time_step(step, feed, mode.endswith("graph"), opt, iters)
+    del opt
+    return ms, mem
+
+
+def cuda_device(script):
+    """The CUDA device, TF32 off (libtorch's default, as on the Rust side), its name printed;
+    exits when there is none."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{script}: no CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}", flush=True)
+    return torch.device("cuda")
+
+
+def each_row(rows, modes, iters, bench, large, dev):
+    """(row, mode, ms, MiB) of bench(row, mode, iters, dev) for every row and mode (comma-separated
+    names), a quarter of the iterations (at least 20) for the rows `large` says are large; a mode
+    that cannot run is reported and passed over, not fatal."""
+    for name in rows.split(","):
+        for mode in modes.split(","):
+            n = max(20, iters // 4) if large(name) else iters
+            try:
+                ms, mem = bench(name, mode, n, dev)
+            except Exception as e:
+                print(f"{name} {mode} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+                continue
+            yield name, mode, ms, mem

@@ -201,42 +201,45 @@ __device__ void scale(const Scale& a) {
   }
 TCG_LOSS_TYPES(TCG_LOSS_KERNELS)
 
-// One block: the rows not ignored counted, and the reciprocal of their count.
-extern "C" __global__ void __launch_bounds__(tcg::loss::kFinishThreads) tcg_ce_count(const tcg::loss::Count a) {
-  __shared__ float counts[tcg::loss::kFinishThreads];
+namespace tcg::loss {
+namespace {
+
+// This thread's share of the rows not ignored (strided over the block).
+__device__ float rows_counted(const int64_t* targets, int64_t rows, int64_t ignore_index) {
   float c = 0.0f;
-  for (int64_t r = threadIdx.x; r < a.rows; r += blockDim.x) c += a.targets[r] == a.ignore_index ? 0.0f : 1.0f;
-  counts[threadIdx.x] = c;
-  __syncthreads();
-  for (int half = blockDim.x / 2; half > 0; half >>= 1) {
-    if (threadIdx.x < half) counts[threadIdx.x] += counts[threadIdx.x + half];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *a.inv_count = 1.0f / counts[0];
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) c += targets[r] == ignore_index ? 0.0f : 1.0f;
+  return c;
 }
 
-// One block: the rows' losses summed in a fixed order (per thread strided, then a tree), the
-// count of rows not ignored, the mean and its reciprocal count.
-extern "C" __global__ void __launch_bounds__(tcg::loss::kFinishThreads) tcg_ce_finish(const tcg::loss::Finish a) {
-  __shared__ float sums[tcg::loss::kFinishThreads];
-  __shared__ float counts[tcg::loss::kFinishThreads];
-  float s = 0.0f, c = 0.0f;
-  for (int64_t r = threadIdx.x; r < a.rows; r += blockDim.x) {
-    s += a.row_loss[r];
-    c += a.targets[r] == a.ignore_index ? 0.0f : 1.0f;
-  }
-  sums[threadIdx.x] = s;
-  counts[threadIdx.x] = c;
+// The block's sum of v, in a fixed order (a tree over the threads: deterministic), in every thread.
+__device__ float block_sum_fixed(float v) {
+  __shared__ float s[kFinishThreads];
+  s[threadIdx.x] = v;
   __syncthreads();
   for (int half = blockDim.x / 2; half > 0; half >>= 1) {
-    if (threadIdx.x < half) {
-      sums[threadIdx.x] += sums[threadIdx.x + half];
-      counts[threadIdx.x] += counts[threadIdx.x + half];
-    }
+    if (threadIdx.x < half) s[threadIdx.x] += s[threadIdx.x + half];
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    *a.loss = sums[0] / counts[0];  // no row counted: 0 / 0, NaN (as ATen's mean)
-    *a.inv_count = 1.0f / counts[0];
-  }
+  const float r = s[0];
+  __syncthreads();  // s is free for the next sum
+  return r;
+}
+
+}  // namespace
+}  // namespace tcg::loss
+
+// One block: the reciprocal of the count of rows not ignored.
+extern "C" __global__ void __launch_bounds__(tcg::loss::kFinishThreads) tcg_ce_count(const tcg::loss::Count a) {
+  const float count = tcg::loss::block_sum_fixed(tcg::loss::rows_counted(a.targets, a.rows, a.ignore_index));
+  if (threadIdx.x == 0) *a.inv_count = 1.0f / count;
+}
+
+// One block: the rows' losses summed in a fixed order (per thread strided, then a tree) over the
+// count of rows not ignored: the mean.
+extern "C" __global__ void __launch_bounds__(tcg::loss::kFinishThreads) tcg_ce_finish(const tcg::loss::Finish a) {
+  float s = 0.0f;
+  for (int64_t r = threadIdx.x; r < a.rows; r += blockDim.x) s += a.row_loss[r];
+  const float sum = tcg::loss::block_sum_fixed(s);
+  const float count = tcg::loss::block_sum_fixed(tcg::loss::rows_counted(a.targets, a.rows, a.ignore_index));
+  if (threadIdx.x == 0) *a.loss = sum / count;  // no row counted: 0 / 0, NaN (as ATen's mean)
 }

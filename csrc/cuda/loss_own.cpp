@@ -59,12 +59,13 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     const int64_t rows = logits.size(0), cols = logits.size(1);
     const auto f32 = logits.options().dtype(at::kFloat);
-    at::Tensor row_loss = at::empty({rows}, f32), loss = at::empty({}, f32), inv_count = at::empty({}, f32);
+    at::Tensor row_loss = at::empty({rows}, f32), loss = at::empty({}, f32);
     const bool vec = vectorized(logits);
     const Grid g = grid_for(rows, cols, vec);
-    at::Tensor dlogits;
+    at::Tensor dlogits, inv_count;
     if (targets.write_grad) {
       dlogits = at::empty_like(logits);
+      inv_count = at::empty({}, f32);
       Count c{targets.t.data_ptr<int64_t>(), inv_count.data_ptr<float>(), rows, targets.ignore_index};
       own::launch("tcg_ce_count", device, 1, kFinishThreads, &c);
     }
@@ -72,8 +73,8 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
               targets.ignore_index, vec ? 1 : 0, g.warp_rows ? 1 : 0,
               dlogits.defined() ? inv_count.data_ptr<float>() : nullptr, dlogits.defined() ? dlogits.data_ptr() : nullptr};
     own::launch(own::loss_kernel(own::Pass::Forward, logits.scalar_type()), device, g.blocks, g.threads, &p);
-    Finish f{row_loss.data_ptr<float>(), targets.t.data_ptr<int64_t>(), loss.data_ptr<float>(),
-             inv_count.data_ptr<float>(), rows, targets.ignore_index};
+    Finish f{row_loss.data_ptr<float>(), targets.t.data_ptr<int64_t>(), loss.data_ptr<float>(), rows,
+             targets.ignore_index};
     own::launch("tcg_ce_finish", device, 1, kFinishThreads, &f);
     ctx->saved_data["dlogits"] = dlogits;  // undefined where no backward can come
     return {loss};

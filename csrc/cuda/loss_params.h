@@ -10,8 +10,8 @@
 //             NaN where the target is out of range); with `dlogits` (the forward that also writes
 //             the gradient, after count) also dx = (exp(x - lse) - [i == target]) * inv_count
 //             (0 on ignored rows), the gradient for a loss gradient of 1, in the logits' dtype
-//   finish:   loss = Σ row_loss / count, inv_count = 1 / count (count: rows not ignored), the
-//             sum in a fixed order (deterministic)
+//   finish:   loss = Σ row_loss / count (count: rows not ignored), the sum in a fixed order
+//             (deterministic)
 //   scale:    dx *= grad where the loss's gradient is not 1 (after the forward that wrote dx;
 //             where it is 1, as when backward starts from the loss, nothing is written)
 #pragma once
@@ -60,7 +60,6 @@ struct Finish {
   const float* row_loss;   // [rows]
   const int64_t* targets;  // [rows]
   float* loss;             // 0-d: the mean
-  float* inv_count;        // 0-d: 1 / the rows counted
   int64_t rows;
   int64_t ignore_index;
 };
