@@ -23,7 +23,7 @@ use std::fmt::Write as _;
 use tch::{nn, Device, Kind, Tensor};
 use tch_cuda_graphs::linear::WeightGrad;
 use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig, Optimizer};
-use tch_cuda_graphs::{amp, clip_grad_norm, empty_cache, memory_stats, reset_peak_stats, synchronize};
+use tch_cuda_graphs::{amp, empty_cache, memory_stats, reset_peak_stats, synchronize};
 use tch_cuda_graphs::{Result, StepOptions, TrainStep};
 
 const USAGE: &str = "\
@@ -95,7 +95,6 @@ fn with_step<R>(
     let llama = model::Llama::new(&vs.root(), config);
     let cfg = AdamConfig::adamw().lr(3e-4).betas(0.9, 0.95).weight_decay(0.1);
     let opt = Adam::with_groups(decay_groups(&vs, cfg, cfg.weight_decay(0.0)))?;
-    let params: Vec<Tensor> = opt.params().iter().map(Tensor::shallow_clone).collect();
     let options = StepOptions::default().autocast(Kind::BFloat16).weight_shadows(config.fused);
     let tokens = Tensor::zeros([batch, config.block], (Kind::Int64, device));
     let llama = &llama;
@@ -103,8 +102,7 @@ fn with_step<R>(
         opt.zero_grad()?;
         let loss = llama.loss(&inp[0], &inp[1])?;
         amp::backward(&loss)?;
-        let _norm = clip_grad_norm(&params, 1.0, 2.0)?;
-        opt.step()?;
+        let _norm = opt.step_clipped(1.0)?; // clip_grad_norm_(1.0), then step
         Ok(vec![loss.detach()])
     })?;
     let data = Tensor::f_randint(config.vocab, [8, batch, config.block + 1], (Kind::Int64, device))?;

@@ -111,6 +111,7 @@ size_t tcg_layout(tcg_layout_struct s, size_t* size, size_t* align, size_t* offs
       set(sizeof(tcg_amp_scaling), alignof(tcg_amp_scaling));
       TCG_FIELD(tcg_amp_scaling, grad_scale);
       TCG_FIELD(tcg_amp_scaling, found_inf);
+      TCG_FIELD(tcg_amp_scaling, clip_coef);
       break;
     case TCG_LAYOUT_SGD_HYPER:
       set(sizeof(tcg_sgd_hyper), alignof(tcg_sgd_hyper));

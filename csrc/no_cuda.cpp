@@ -96,7 +96,8 @@ bool adam(bool, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
           const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
           const std::vector<at::Tensor>&, const std::vector<at::Tensor>&, const at::Tensor&,
           double, double, double, double, bool, bool, const std::optional<at::Tensor>&,
-          const std::optional<at::Tensor>&, const at::Tensor&, const size_t*, std::string* why) {
+          const std::optional<at::Tensor>&, const at::Tensor&, const size_t*, const AdamExtras&,
+          std::string* why) {
   *why = "this binary was built without CUDA";
   return false;
 }

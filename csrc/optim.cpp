@@ -1,6 +1,7 @@
 // Fused optimizer kernels and gradient helpers (ATen has CPU and CUDA kernels for all of them).
 #include "kernels.h"
 #include "optim_own.h"
+#include "shadow.h"
 #include "shim.h"
 
 #include <mutex>
@@ -47,10 +48,31 @@ std::optional<at::Tensor> optional_tensor(tcg_tensor t) {
   return tensor_ref(t);
 }
 
+// An in-place update counts as ATen's in-place ops count: one new version of each tensor it
+// wrote (what weight shadows and autograd's saved-tensor checks go by). The own kernels need it,
+// and so do ATen's fused optimizers: `_fused_adam(w)_` and `_fused_sgd_` leave the versions as
+// they were (seen on PyTorch 2.11).
+void bump_versions(std::initializer_list<const std::vector<at::Tensor>*> lists) {
+  for (const auto* list : lists) {
+    for (const auto& t : *list) {
+      if (t.defined() && !t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+    }
+  }
+}
+
 // What an attempt of the own kernels tells tcg::kernels::own: "" when they ran, else why not.
 std::string why_not(bool ran, const std::string& why) {
   if (ran) return std::string();
   return why.empty() ? std::string("they did not run") : why;
+}
+
+// Global-norm clipping's total norm and factor, min(1, max_norm / (total + 1e-6)), both on the
+// device (no host sync), as PyTorch's clip_grad_norm_ computes them.
+std::pair<at::Tensor, at::Tensor> clip_factor(const std::vector<at::Tensor>& g, double max_norm, double norm_type) {
+  auto norms = at::_foreach_norm(g, norm_type);
+  at::Tensor total = at::linalg_vector_norm(at::stack(norms), norm_type);
+  at::Tensor coef = at::clamp_max(at::reciprocal(total + 1e-6) * max_norm, 1.0);
+  return {std::move(total), std::move(coef)};
 }
 
 }  // namespace
@@ -71,6 +93,7 @@ tcg_status tcg_optim_sgd(const tcg_sgd_tensors* t, tcg_tensor lr, const tcg_sgd_
     auto b = tensor_list(t->momentum_buffers);
     auto scale = optional_tensor(amp.grad_scale);
     auto found = optional_tensor(amp.found_inf);
+    if (amp.clip_coef != nullptr) misuse("sgd: a clipping factor is not taken (clip the gradients first)");
     // the attempt runs the own kernels where they apply, else says why not
     if (tcg::kernels::own(kernels, "sgd", [&] {
           std::string why;
@@ -78,11 +101,13 @@ tcg_status tcg_optim_sgd(const tcg_sgd_tensors* t, tcg_tensor lr, const tcg_sgd_
                                            h->nesterov, h->maximize, is_first_step, scale, found, &why);
           return why_not(ran, why);
         })) {
+      bump_versions({&p, &b});
       *ran_own = true;
       return;
     }
     at::_fused_sgd_(p, g, b, h->weight_decay, h->momentum, tensor_ref(lr), h->dampening, h->nesterov,
                     h->maximize, is_first_step, scale, found);
+    bump_versions({&p, &b});
   });
 }
 
@@ -106,17 +131,25 @@ tcg_status tcg_optim_adam(const tcg_adam_tensors* t, tcg_tensor lr, const tcg_ad
     auto s = tensor_list(t->steps);
     auto scale = optional_tensor(amp.grad_scale);
     auto found = optional_tensor(amp.found_inf);
+    auto clip = optional_tensor(amp.clip_coef);
+    if (clip && scale) misuse("adam: a clipping factor and a grad scale together (unscale, then clip)");
+    // The own kernel also writes the shadows of the set read on this thread, if it has any.
+    tcg::optim::AdamExtras extras{clip, tcg::shadow::of(p)};
     if (tcg::kernels::own(kernels, "adam", [&] {
           if (arrivals == nullptr || slots == nullptr) return std::string("no arrival counters given");
           std::string why;
           const bool ran = tcg::optim::adam(h->adamw, p, g, m, v, vmax, s, tensor_ref(lr), h->beta1, h->beta2,
                                             h->weight_decay, h->eps, h->amsgrad, h->maximize, scale, found,
-                                            tensor_ref(arrivals), slots, &why);
+                                            tensor_ref(arrivals), slots, extras, &why);
           return why_not(ran, why);
         })) {
+      bump_versions({&p, &m, &v, &vmax});
+      if (!extras.shadows.empty()) tcg::shadow::written(p);
       *ran_own = true;
       return;
     }
+    // ATen's kernels take no clipping factor: they read clipped copies (the gradients stay).
+    if (clip) g = at::_foreach_mul(g, *clip);
     // PyTorch's _fused_adam: the per-parameter step counts go up first, in one kernel.
     at::_foreach_add_(s, 1);
     if (h->adamw) {
@@ -128,6 +161,7 @@ tcg_status tcg_optim_adam(const tcg_adam_tensors* t, tcg_tensor lr, const tcg_ad
     }
     // a skipped step (inf/NaN grads) does not count (PyTorch's _fused_adam does the same)
     if (found.has_value()) at::_foreach_sub_(s, std::vector<at::Tensor>(s.size(), *found));
+    bump_versions({&p, &m, &v, &vmax});
   });
 }
 
@@ -161,12 +195,22 @@ tcg_status tcg_grads_clip_norm(tcg_tensors grads, double max_norm, double norm_t
   return guard([&] {
     auto g = tensor_list(grads);
     if (g.empty()) misuse("clip_grad_norm: no gradients (call backward first)");
-    auto norms = at::_foreach_norm(g, norm_type);
-    at::Tensor total = at::linalg_vector_norm(at::stack(norms), norm_type);
-    // clamp(max_norm / (total + 1e-6), max=1): stays on the device, no host sync.
-    at::Tensor coef = at::clamp_max(at::reciprocal(total + 1e-6) * max_norm, 1.0);
+    auto [total, coef] = clip_factor(g, max_norm, norm_type);
     at::_foreach_mul_(g, coef);
     *total_out = new at::Tensor(std::move(total));
+  });
+}
+
+tcg_status tcg_grads_clip_coef(tcg_tensors grads, double max_norm, double norm_type, tcg_tensor* total_out,
+                               tcg_tensor* coef_out) {
+  return guard([&] {
+    *total_out = nullptr;
+    *coef_out = nullptr;
+    auto g = tensor_list(grads);
+    if (g.empty()) misuse("clip_grad_norm: no gradients (call backward first)");
+    auto [total, coef] = clip_factor(g, max_norm, norm_type);
+    *total_out = new at::Tensor(std::move(total));
+    *coef_out = new at::Tensor(std::move(coef));
   });
 }
 

@@ -9,6 +9,14 @@
 
 namespace tcg::optim {
 
+// What an Adam update may do besides PyTorch's: multiply each gradient by a clipping factor as it
+// reads it (0-d float32 on the device; the gradients are not written), and store each updated
+// float32 parameter to its 16-bit shadow too (one per parameter, undefined where none).
+struct AdamExtras {
+  std::optional<at::Tensor> clip_coef;
+  std::vector<at::Tensor> shadows;
+};
+
 // The own kernels' Adam / AdamW over these lists, on the current stream: returns false, having
 // done nothing, with the reason in *why, where they do not apply (CPU tensors, a dtype other
 // than float32/64/16/bfloat16, non-contiguous tensors, grads unlike their params, ...).
@@ -20,7 +28,7 @@ bool adam(bool adamw, const std::vector<at::Tensor>& params, const std::vector<a
           const at::Tensor& lr, double beta1, double beta2, double weight_decay, double eps,
           bool amsgrad, bool maximize, const std::optional<at::Tensor>& grad_scale,
           const std::optional<at::Tensor>& found_inf, const at::Tensor& arrivals,
-          const size_t* slots, std::string* why);
+          const size_t* slots, const AdamExtras& extras, std::string* why);
 
 // The own kernels' SGD (momentum buffers empty: no momentum), as above.
 bool sgd(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,

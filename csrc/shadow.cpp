@@ -1,6 +1,6 @@
 // Weight shadows (CPU and CUDA builds): sets of low-precision copies of float32 CUDA parameters,
 // each set owned by its handle (no registry), refreshed by one multi-tensor copy
-// (`_foreach_copy_`) at the start of each step that holds one, and read by the linear layer
+// (`_foreach_copy_`) of the parameters whose shadow is stale, and read by the linear layer
 // (linear.cpp) instead of autocast's per-use cast while the set is active on the thread. libtorch's own
 // autocast cache cannot be filled from outside (its map is private), and it must be off inside a
 // captured graph; a shadow is a cast cache that lives across replays. The shadow of a parameter
@@ -33,18 +33,25 @@ struct Set {
   at::ScalarType dtype;
   std::vector<at::Tensor> params, shadows;                // in the order given
   std::unordered_map<const c10::TensorImpl*, size_t> index;  // parameter -> its place
+  // What each shadow holds: its parameter's version and data pointer then (`set_data` replaces
+  // the data without a new version).
+  std::vector<std::pair<int64_t, const void*>> held;
 };
+
+std::pair<int64_t, const void*> version_of(const at::Tensor& t) {
+  return {static_cast<int64_t>(t._version()), t.const_data_ptr()};
+}
 
 }  // namespace
 
 struct tcg_shadows {
-  std::shared_ptr<const Set> set;
+  std::shared_ptr<Set> set;
 };
 
 namespace {
 
 // The set tcg_linear_forward reads on this thread (none: null).
-thread_local std::shared_ptr<const Set> active;
+thread_local std::shared_ptr<Set> active;
 
 // The shadow of `param` in the active set, if it has one; a set of another dtype than autocast's
 // is refused rather than passed over.
@@ -93,6 +100,27 @@ at::Tensor read(const at::Tensor& param) {
   return ShadowFunction::apply(param, ShadowRef{s})[0];
 }
 
+std::vector<at::Tensor> of(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> out;
+  if (!active) return out;
+  bool any = false;
+  for (const auto& p : params) {
+    auto it = p.defined() ? active->index.find(p.unsafeGetTensorImpl()) : active->index.end();
+    out.push_back(it == active->index.end() ? at::Tensor() : active->shadows[it->second]);
+    any = any || out.back().defined();
+  }
+  if (!any) out.clear();
+  return out;
+}
+
+void written(const std::vector<at::Tensor>& params) {
+  if (!active) return;
+  for (const auto& p : params) {
+    auto it = p.defined() ? active->index.find(p.unsafeGetTensorImpl()) : active->index.end();
+    if (it != active->index.end()) active->held[it->second] = version_of(p);
+  }
+}
+
 }  // namespace tcg::shadow
 
 extern "C" {
@@ -110,10 +138,11 @@ tcg_status tcg_shadows_new(tcg_tensors params, tcg_dtype dtype, tcg_shadows** ou
     }
     at::NoGradGuard no_grad;
     for (const auto& p : ps) {
-      if (!p.defined() || !p.is_cuda() || p.scalar_type() != at::kFloat) continue;
+      if (!p.defined() || !p.is_cuda() || p.scalar_type() != at::kFloat || p.is_inference()) continue;
       if (!set->index.emplace(p.unsafeGetTensorImpl(), set->params.size()).second) continue;  // given twice
       set->params.push_back(p);  // the parameter itself: a later set_data is followed
       set->shadows.push_back(p.detach().to(set->dtype).contiguous().view(p.sizes()));
+      set->held.push_back(version_of(p));
     }
     *count = set->params.size();
     *out = new tcg_shadows{std::move(set)};
@@ -125,15 +154,28 @@ void tcg_shadows_free(tcg_shadows* s) { delete s; }
 tcg_status tcg_shadows_refresh(tcg_shadows* s) {
   return guard([&] {
     if (s == nullptr) misuse("weight shadows: null handle");
-    const Set& set = *s->set;
+    Set& set = *s->set;
     std::map<int, std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>>> by_device;
+    std::vector<size_t> copied;
     for (size_t k = 0; k < set.params.size(); ++k) {
+      if (version_of(set.params[k]) == set.held[k]) continue;
       auto& [dst, src] = by_device[set.params[k].get_device()];
       dst.push_back(set.shadows[k]);
       src.push_back(set.params[k].detach());
+      copied.push_back(k);
     }
     at::NoGradGuard no_grad;
     for (auto& [device, lists] : by_device) at::_foreach_copy_(lists.first, lists.second);
+    for (size_t k : copied) set.held[k] = version_of(set.params[k]);
+  });
+}
+
+tcg_status tcg_shadows_stale(tcg_shadows* s, size_t* count) {
+  return guard([&] {
+    *count = 0;
+    if (s == nullptr) misuse("weight shadows: null handle");
+    const Set& set = *s->set;
+    for (size_t k = 0; k < set.params.size(); ++k) *count += version_of(set.params[k]) != set.held[k] ? 1 : 0;
   });
 }
 

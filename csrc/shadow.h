@@ -14,4 +14,12 @@ at::Tensor lookup(const at::Tensor& param);
 // parameter itself when it has no shadow to read (autocast then casts it).
 at::Tensor read(const at::Tensor& param);
 
+// The shadows of `params` in the set read on this thread, one per parameter (undefined where it
+// has none); empty when none has one or no set is read.
+std::vector<at::Tensor> of(const std::vector<at::Tensor>& params);
+
+// Records that the shadows of `params` (in the set read on this thread) now hold the parameters'
+// current versions: an update wrote both.
+void written(const std::vector<at::Tensor>& params);
+
 }  // namespace tcg::shadow

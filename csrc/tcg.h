@@ -149,11 +149,14 @@ tcg_status tcg_kernels_check(int device);
 // ---------------------------------------------------------------- optim.cpp (CPU and CUDA)
 // The own kernels apply to CUDA tensors of float32/64/16/bfloat16, contiguous, grads like their
 // params, the kernels loadable on the device.
-// AMP inputs of an optimizer step: NULL, or 0-d tensors the kernel divides the grads by
-// (grad_scale) and skips the step on (found_inf, non-zero: inf/NaN seen).
+// How an optimizer step scales the gradients it reads: NULL, or 0-d float32 tensors the kernel
+// divides the grads by (grad_scale, AMP) and skips the step on (found_inf, non-zero: inf/NaN
+// seen), or multiplies them by as it reads them (clip_coef: global-norm clipping folded into the
+// update; Adam only, not with grad_scale; the gradients in memory are left as they are).
 typedef struct {
   tcg_tensor grad_scale;
   tcg_tensor found_inf;
+  tcg_tensor clip_coef;
 } tcg_amp_scaling;
 // PyTorch's torch.optim.SGD hyper-parameters (the learning rate is a tensor, passed apart).
 typedef struct {
@@ -184,7 +187,9 @@ tcg_status tcg_optim_sgd(const tcg_sgd_tensors* t, tcg_tensor lr, const tcg_sgd_
 // one _foreach_add_ before, one _foreach_sub_ of found_inf after; the own kernel in place).
 // arrivals: an int32 tensor of zeros on the device (NULL: own kernels not tried) and slots[k]
 // its element for parameter k, the own kernel's per-tensor counters (back to zero after each
-// launch).
+// launch). While a set of weight shadows is read on this thread (tcg_shadows_activate), the own
+// kernel stores each updated float32 parameter to its shadow too. The own kernels bump the
+// versions of the tensors they update, as ATen's in-place ops do.
 tcg_status tcg_optim_adam(const tcg_adam_tensors* t, tcg_tensor lr, const tcg_adam_hyper* h,
                           tcg_amp_scaling amp, tcg_kernels kernels, tcg_tensor arrivals,
                           const size_t* slots, bool* ran_own);
@@ -196,6 +201,9 @@ tcg_status tcg_grads_zero(tcg_tensors params);
 // Global-norm clipping on the device: total = ||(||g_i||_p)_i||_p; g_i *= min(1, max/(total+1e-6)).
 // Returns the total norm as a new 0-d tensor; no host sync.
 tcg_status tcg_grads_clip_norm(tcg_tensors grads, double max_norm, double norm_type, tcg_tensor* total_out);
+// The same norm and factor, min(1, max/(total+1e-6)), without clipping: for clip_coef above.
+tcg_status tcg_grads_clip_coef(tcg_tensors grads, double max_norm, double norm_type, tcg_tensor* total_out,
+                               tcg_tensor* coef_out);
 // Value clipping in place: each g_i clamped to [-clip, clip] (PyTorch's clip_grad_value_, foreach).
 tcg_status tcg_grads_clip_value(tcg_tensors grads, double clip);
 
@@ -229,7 +237,8 @@ tcg_status tcg_norm_forward(const tcg_norm_inputs* in, const tcg_norm_options* o
                             tcg_tensor* out_res, tcg_tensor* out_y, bool* ran_own);
 
 // ---------------------------------------------------------------- shadow.cpp (CPU and CUDA)
-// Weight shadows: a low-precision copy of float32 CUDA parameters, refreshed once per step and
+// Weight shadows: a low-precision copy of float32 CUDA parameters, written by the own Adam kernel
+// as it updates them or copied where stale, and
 // read instead of autocast's cast at each use (autocast's own cache must be off in a graph).
 // A set of shadows is owned by its handle (there is no registry): tcg_linear_forward reads the
 // set active on its thread.
@@ -239,9 +248,13 @@ typedef struct tcg_shadows tcg_shadows;
 // the parameters. *count: how many got one.
 tcg_status tcg_shadows_new(tcg_tensors params, tcg_dtype dtype, tcg_shadows** out, size_t* count);
 void tcg_shadows_free(tcg_shadows* s);
-// Copies each parameter of `s` into its shadow: one multi-tensor copy per device, on the current
-// stream (capturable).
+// Copies each parameter of `s` whose shadow is stale into it: one multi-tensor copy per device, on
+// the current stream (capturable: a capture copies on every replay what was stale at capture).
+// A shadow is stale when its parameter's version (or data pointer) is not the one it was last
+// copied or written at.
 tcg_status tcg_shadows_refresh(tcg_shadows* s);
+// *count: how many shadows of `s` are stale now (what tcg_shadows_refresh would copy).
+tcg_status tcg_shadows_stale(tcg_shadows* s, size_t* count);
 // Makes `s` (NULL: none) the set tcg_linear_forward reads on this thread; *previous: the set it
 // replaces, as a new handle the caller owns (NULL: none). While a set is active and CUDA autocast
 // is on, tcg_linear_forward reads the shadows of weight and bias instead of casting them (on

@@ -17,11 +17,25 @@ use tch::Tensor;
 /// # let _ = total_norm; Ok(()) }
 /// ```
 pub fn clip_grad_norm(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<Tensor> {
+    check_norm_args(max_norm, norm_type)?;
+    let grads = defined_grads(params)?;
+    sys::clip_norm(&grads, max_norm, norm_type)
+}
+
+/// [`clip_grad_norm`]'s norm and factor `min(1, max_norm / (norm + 1e-6))`, both 0-d on the
+/// device, with the gradients left as they are: for an update that multiplies by the factor as
+/// it reads them ([`crate::optim::Optimizer::step_clipped`]).
+pub(crate) fn clip_factor(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<(Tensor, Tensor)> {
+    check_norm_args(max_norm, norm_type)?;
+    let grads = defined_grads(params)?;
+    sys::clip_coef(&grads, max_norm, norm_type)
+}
+
+fn check_norm_args(max_norm: f64, norm_type: f64) -> Result<()> {
     if !(max_norm.is_finite() && max_norm >= 0.0 && norm_type.is_finite() && norm_type > 0.0) {
         return Err(Error::Misuse(format!("clip_grad_norm: invalid max_norm {max_norm} or norm_type {norm_type}")));
     }
-    let grads = defined_grads(params)?;
-    sys::clip_norm(&grads, max_norm, norm_type)
+    Ok(())
 }
 
 /// Clamps every gradient of `params` to `[-clip_value, clip_value]` in place (PyTorch's

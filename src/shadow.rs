@@ -5,8 +5,10 @@
 //! does this crate), so every forward casts every fp32 weight and bias to bf16 again: one small
 //! kernel per use, mostly launch latency inside the graph. [`WeightShadows`] keeps a bf16 copy of
 //! the parameters it is given; a step run with [`crate::StepOptions::weight_shadows`] holds one
-//! ([`crate::TrainStep::shadow_parameters`]: its optimizer's parameters), refreshes it with one
-//! multi-tensor copy before its body, and the crate's linear layers ([`crate::linear`],
+//! ([`crate::TrainStep::shadow_parameters`]: its optimizer's parameters); the crate's Adam
+//! writes each shadow as it updates its parameter, in the same kernel (no second pass over the
+//! weights), the step copies any parameter changed otherwise ([`WeightShadows::f_refresh`]:
+//! before each run and at the end of its body), and the crate's linear layers ([`crate::linear`],
 //! [`linear`]) read it while autocast is on. A set is read only while its owner says so (the
 //! step, or [`WeightShadows::f_read`]): there is no process-wide registry, and two models'
 //! steps each refresh their own. The shadow is the same rounding the cast makes, and its gradient reaches the fp32
@@ -78,10 +80,27 @@ impl WeightShadows {
         self.dtype
     }
 
-    /// Refreshes the shadows from the parameters (one multi-tensor copy per device, on the
-    /// current stream: capturable) and has this thread's linear layers read them while the guard
-    /// lives, for code that runs outside a [`crate::TrainStep`]. Under CUDA autocast of another
-    /// dtype than the shadows', a linear layer fails with [`crate::Error::Misuse`].
+    /// Copies each parameter whose shadow is stale into it (one multi-tensor copy per device,
+    /// on the current stream; nothing where none is). A shadow is stale when its parameter
+    /// changed since it was last copied or written: a new version (every in-place op, the
+    /// crate's optimizers included, counts one) or new data (`set_data`). The crate's Adam
+    /// writes the shadows of the set being read as it updates the parameters, so after its step
+    /// nothing is stale. A graph replay counts no version: call this between replays of a graph
+    /// that does not hold the set and something else changed the parameters. Inside a capture
+    /// it records the copy of what is stale at capture, which every replay then makes.
+    pub fn f_refresh(&self) -> Result<()> {
+        self.handle.refresh()
+    }
+
+    /// How many shadows are stale now: what [`f_refresh`](Self::f_refresh) would copy.
+    pub fn f_stale(&self) -> Result<usize> {
+        self.handle.stale()
+    }
+
+    /// Refreshes the stale shadows ([`f_refresh`](Self::f_refresh)) and has this thread's
+    /// linear layers read them while the guard lives, for code that runs outside a
+    /// [`crate::TrainStep`]. Under CUDA autocast of another dtype than the shadows', a linear
+    /// layer fails with [`crate::Error::Misuse`].
     pub fn f_read(&self) -> Result<ReadShadows<'_>> {
         self.handle.refresh()?;
         let previous = self.handle.activate()?;

@@ -373,6 +373,46 @@ fn clip_grad_norm_matches_a_manual_computation() {
     assert!(matches!(clip_grad_norm(&params, -1.0, 2.0), Err(Error::Misuse(_))));
 }
 
+/// `step_clipped` (the clip folded into Adam's update; on the CPU ATen's kernel reads clipped
+/// copies) equals `clip_grad_norm` then `step` bit for bit, leaves the gradients as backward
+/// wrote them, and refuses a bad `max_norm`; SGD's default clips in place and steps.
+#[test]
+fn step_clipped_equals_clip_then_step() {
+    use tch_cuda_graphs::optim::{Adam, AdamConfig, Sgd, SgdConfig};
+    tch::manual_seed(2);
+    let (vs_a, model_a, vs_b, model_b) = common::twin_mlps(Device::Cpu, 4, 8, 2);
+    let (x, y) = batch(Device::Cpu, 16, 4, 2);
+    let config = AdamConfig::adamw().lr(1e-2);
+    let mut a = Adam::new(&vs_a, config).unwrap();
+    let mut b = Adam::new(&vs_b, config).unwrap();
+    for step in 0..6 {
+        let scale = if step % 2 == 0 { 100.0 } else { 1e-3 }; // the clip on, then off
+        a.zero_grad().unwrap();
+        b.zero_grad().unwrap();
+        (mse(&model_a, &x, &y) * scale).backward();
+        (mse(&model_b, &x, &y) * scale).backward();
+        let grads: Vec<Tensor> = vs_b.trainable_variables().iter().map(|p| p.grad().copy()).collect();
+        let norm_a = clip_grad_norm(&vs_a.trainable_variables(), 0.5, 2.0).unwrap();
+        a.step().unwrap();
+        let norm_b = b.step_clipped(0.5).unwrap();
+        assert!(norm_a.equal(&norm_b), "step {step}: norms {norm_a:?} {norm_b:?}");
+        for (p, g) in vs_b.trainable_variables().iter().zip(&grads) {
+            assert!(p.grad().equal(g), "step {step}: the gradient left as backward wrote it");
+        }
+        for (pa, pb) in vs_a.trainable_variables().iter().zip(vs_b.trainable_variables()) {
+            assert!(pa.equal(&pb), "step {step}: parameters bit for bit");
+        }
+    }
+    assert!(matches!(b.step_clipped(-1.0), Err(Error::Misuse(_))));
+    let mut sgd = Sgd::new(&vs_b, SgdConfig::default().lr(0.1)).unwrap();
+    let before: Vec<Tensor> = vs_b.trainable_variables().iter().map(|p| p.grad().copy()).collect();
+    let norm = f64::try_from(sgd.step_clipped(1e-3).unwrap()).unwrap();
+    let clipped = f64::try_from(vs_b.trainable_variables()[0].grad().norm()).unwrap();
+    let was = f64::try_from(before[0].norm()).unwrap();
+    println!("sgd: norm {norm:e}; first gradient {was:e} -> {clipped:e}");
+    assert!(clipped < was, "SGD's default clips in place");
+}
+
 /// A TrainStep over an MLP with Adam on `device`, returning the step and its VarStore.
 fn mlp_step(device: Device, options: StepOptions) -> (TrainStep<'static>, nn::VarStore, Tensor, Tensor) {
     tch::manual_seed(3);

@@ -397,3 +397,51 @@ fn auto_runs_own_kernels_and_falls_back_where_they_do_not_apply() {
     assert_eq!(opt.last_path(), Some(KernelPath::PyTorch));
     assert!(!t.equal(&before));
 }
+
+/// Clipping folded into Adam (`step_clipped`) is `clip_grad_norm` then `step`, bit for bit, on
+/// the own kernel (which multiplies as it reads) and on PyTorch's (which reads clipped copies),
+/// with the clip on and off (large and small gradients in turn): the same norms, parameters and
+/// state at every step, and the gradients left as backward wrote them.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn step_clipped_equals_clip_grad_norm_then_step() {
+    let device = cuda();
+    let config = AdamConfig::adamw().lr(1e-2).weight_decay(0.1);
+    for kernels in [Kernels::Own, Kernels::PyTorch] {
+        let (a, b) = (side(device, Kind::Float), side(device, Kind::Float));
+        let shallow = |s: &Side| s.params.iter().map(Tensor::shallow_clone).collect::<Vec<_>>();
+        let mut reference = Adam::from_params(shallow(&a), config).unwrap();
+        let mut folded = Adam::from_params(shallow(&b), config).unwrap();
+        reference.set_kernels(kernels).unwrap();
+        folded.set_kernels(kernels).unwrap();
+        let mut worst = 0f64;
+        for step in 0..200 {
+            let mut given = Vec::new();
+            for (i, (pa, pb)) in a.params.iter().zip(&b.params).enumerate() {
+                if i == FROZEN || (i == LATE && step < late_from()) {
+                    continue;
+                }
+                let g = Tensor::randn(pa.size(), (Kind::Float, device)) * if step % 2 == 0 { 1.0 } else { 1e-4 };
+                grad_of(pa).copy_(&g);
+                grad_of(pb).copy_(&g);
+                given.push((i, g));
+            }
+            let norm_a = tch_cuda_graphs::clip_grad_norm(&a.params, 1.0, 2.0).unwrap();
+            reference.step().unwrap();
+            let norm_b = folded.step_clipped(1.0).unwrap();
+            assert!(norm_a.equal(&norm_b), "step {step}: the norms");
+            assert_eq!(folded.last_path(), reference.last_path());
+            for (i, g) in &given {
+                assert!(b.params[*i].grad().equal(g), "step {step}: grad {i} left as backward wrote it");
+            }
+            let (ea, eb) = (everything(&reference, &a), everything(&folded, &b));
+            for ((na, ta), (_, tb)) in ea.iter().zip(&eb) {
+                if !na.starts_with("grad") {
+                    worst = worst.max(ulps(ta, tb));
+                }
+            }
+        }
+        println!("{kernels:?}: step_clipped against clip_grad_norm + step, 200 steps: worst {worst} ulps");
+        assert_eq!(worst, 0.0, "{kernels:?}: bit for bit");
+    }
+}

@@ -124,13 +124,13 @@ __device__ void forward(const Forward& a) {
 // and bias gradients in its own stretch of shared memory (a lane owns its columns there, so no
 // atomics and few registers), then the block adds its warps' sums in order.
 // One row's normalized input xh and weighted gradient g (the lane's VEC groups of 4), for rows
-// up to 512 wide (VEC 4) the residual stream's gradient dres too (loaded with the rest, so that
-// all of the row's loads are in flight before the row's sums wait on them; wider rows load it
-// in backward_store, as three arrays of 8 would cost occupancy: measured slower on an H200), the
-// row's sums of g and g·xh for this lane, and the warp's weight and bias gradient sums (acc[0],
-// acc[1]) accumulated.
+// up to 768 wide (VEC 6) the residual stream's gradient dres too (loaded with the rest, so that
+// all of the row's loads are in flight before the row's sums wait on them; the widest rows load
+// it in backward_store, as three arrays of 8 would cost occupancy: measured slower on an H200),
+// the row's sums of g and g·xh for this lane, and the warp's weight and bias gradient sums
+// (acc[0], acc[1]; the bias's only where there is a bias) accumulated.
 template <int VEC>
-constexpr bool kPrefetchDres = VEC <= 4;
+constexpr bool kPrefetchDres = VEC <= 6;
 
 template <typename TY, int VEC>
 __device__ __forceinline__ void backward_load(const Backward& a, int64_t base, float mean, float rstd, int lane,
@@ -151,9 +151,11 @@ __device__ __forceinline__ void backward_load(const Backward& a, int64_t base, f
       const float4 w = a.gamma ? load4<float>(a.gamma + c) : make_float4(1.f, 1.f, 1.f, 1.f);
       g[i] = make_float4(dy.x * w.x, dy.y * w.y, dy.z * w.z, dy.w * w.w);
       float4& ag = acc[0][lane + 32 * i];
-      float4& ab = acc[1][lane + 32 * i];
       ag = make_float4(ag.x + dy.x * xh[i].x, ag.y + dy.y * xh[i].y, ag.z + dy.z * xh[i].z, ag.w + dy.w * xh[i].w);
-      ab = make_float4(ab.x + dy.x, ab.y + dy.y, ab.z + dy.z, ab.w + dy.w);
+      if (a.part_beta != nullptr) {
+        float4& ab = acc[1][lane + 32 * i];
+        ab = make_float4(ab.x + dy.x, ab.y + dy.y, ab.z + dy.z, ab.w + dy.w);
+      }
       *sum_g += (g[i].x + g[i].y) + (g[i].z + g[i].w);
       *sum_gx += (g[i].x * xh[i].x + g[i].y * xh[i].y) + (g[i].z * xh[i].z + g[i].w * xh[i].w);
     }

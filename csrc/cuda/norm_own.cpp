@@ -17,6 +17,7 @@
 #include "cuda_shim.h"
 #include "norm_params.h"
 #include "../kernels.h"
+#include "own_kernel_list.h"
 #include "own_kernels.h"
 
 using torch::autograd::AutogradContext;
@@ -25,8 +26,18 @@ using torch::autograd::variable_list;
 namespace tcg::norm {
 namespace {
 
-// The kernel variant for rows `cols` wide: 4 or 8 groups of 4 values per lane (TCG_NORM_VECS).
-int vec(int64_t cols) { return cols <= 32 * 4 * 4 ? 4 : 8; }
+// The kernel variant for rows `cols` wide: the fewest groups of 4 values per lane that hold the
+// row (TCG_NORM_VECS, in increasing order): each group held costs registers for the whole row,
+// and registers cost occupancy.
+#define TCG_VEC(B, Y, V) V,
+constexpr int kVecs[] = {TCG_NORM_VECS(TCG_VEC, Float, Float)};
+#undef TCG_VEC
+int vec(int64_t cols) {
+  for (int v : kVecs) {
+    if (cols <= 32 * 4 * v) return v;
+  }
+  return kMaxVec;
+}
 
 bool aligned16(const at::Tensor& t) { return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 

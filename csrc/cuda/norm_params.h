@@ -19,7 +19,7 @@
 namespace tcg::norm {
 
 // Rows per block (one warp per row) and the widest row: every lane holds up to kMaxVec groups of
-// 4 values (kernels for 4 and 8), so cols must be a multiple of 4 and at most 32 * 4 * kMaxVec.
+// 4 values (kernels for 3, 4, 6 and 8 groups: own_kernel_list.h), so cols must be a multiple of 4 and at most 32 * 4 * kMaxVec.
 constexpr int kWarps = 4;
 constexpr int kMaxVec = 8;
 constexpr int kMaxCols = 32 * 4 * kMaxVec;

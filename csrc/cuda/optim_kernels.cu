@@ -6,12 +6,16 @@
 //
 // Numerics: Adam calls PyTorch's own `adam_math` from the 2.11 header
 // `ATen/native/cuda/fused_adam_utils.cuh`, with the scalars computed as its
-// `FusedAdamMathFunctor` computes them; SGD's `sgd_math` below does the arithmetic of PyTorch
+// `FusedAdamMathFunctor` computes them (a clipping factor, when given, multiplies each gradient
+// first, as clipping's own `_foreach_mul_` would; a float32 parameter's 16-bit shadow, when
+// given, gets the new value rounded as a cast rounds it); SGD's `sgd_math` below does the arithmetic of PyTorch
 // 2.11's binary (float opmath, every multiply-add fused; see its comment). Each element's
 // result depends only on its own values and those scalars, so the launch geometry does not
 // change a bit. tests/gpu_optim.rs compares against `at::_fused_adam_` / `_fused_adamw_` /
 // `_fused_sgd_` and states where the two differ (a compiler's rounding choices, not semantics).
 #include <ATen/native/cuda/fused_adam_utils.cuh>
+
+#include <type_traits>
 
 #include "optim_table.h"
 #include "own_kernel_list.h"
@@ -35,13 +39,19 @@ __device__ __forceinline__ int tensor_of(const int32_t* chunk_end, int n, int bl
   return lo;
 }
 
+// Where block `blockIdx.x`'s chunk of tensor `i` starts, in elements.
+template <int table_depth>
+__device__ __forceinline__ int64_t chunk_start(const Table<table_depth>& t, int i) {
+  const int64_t first_block = i == 0 ? 0 : t.chunk_end[i - 1];
+  return (blockIdx.x - first_block) * t.chunk;
+}
+
 // This block's chunk of tensor `i`: the first `depth` lists' pointers at its start, its length,
 // and whether every one of them allows 4-element vector loads.
 template <typename T, int depth, int table_depth>
 __device__ __forceinline__ bool chunk_args(const Table<table_depth>& t, int i, T* args[depth],
                                            int64_t* len) {
-  const int64_t first_block = i == 0 ? 0 : t.chunk_end[i - 1];
-  const int64_t start = (blockIdx.x - first_block) * t.chunk;
+  const int64_t start = chunk_start(t, i);
   *len = t.numel[i] - start < t.chunk ? t.numel[i] - start : t.chunk;
   bool aligned = true;
 #pragma unroll
@@ -52,12 +62,35 @@ __device__ __forceinline__ bool chunk_args(const Table<table_depth>& t, int i, T
   return aligned;
 }
 
+// Where an update also stores each new parameter value: nowhere (NoShadow), or a 16-bit shadow
+// (ShadowOut: bfloat16 or float16, rounded to nearest even as ATen's cast rounds).
+struct NoShadow {
+  __device__ bool aligned() const { return true; }
+  template <typename T>
+  __device__ void vec(const T (&)[kIlp], int64_t) const {}
+  template <typename T>
+  __device__ void one(T, int64_t) const {}
+};
+
+template <typename S>
+struct ShadowOut {
+  S* out;  // at the chunk's start
+  __device__ bool aligned() const { return reinterpret_cast<uint64_t>(out) % (kIlp * sizeof(S)) == 0; }
+  __device__ void vec(const float (&p)[kIlp], int64_t v) const {
+    S s[kIlp];
+#pragma unroll
+    for (int ii = 0; ii < kIlp; ++ii) s[ii] = static_cast<S>(p[ii]);
+    at::native::load_store(out, s, v, 0);
+  }
+  __device__ void one(float p, int64_t e) const { out[e] = static_cast<S>(p); }
+};
+
 // Runs `math` over elements [begin, len) of the chunk, kIlp per thread and iteration, with
 // bounds checks (the path for misaligned views and tails). Stores every list but the gradient,
 // which is stored only when `store_grad` (it was unscaled).
-template <typename T, int depth, class Math>
+template <typename T, int depth, class Math, class Out>
 __device__ __forceinline__ void scalar_loop(T* args[depth], int64_t begin, int64_t len,
-                                            bool store_grad, Math& math) {
+                                            bool store_grad, Math& math, const Out& out) {
   T r[depth][kIlp];
   for (int64_t base = begin; base < len; base += static_cast<int64_t>(blockDim.x) * kIlp) {
 #pragma unroll
@@ -75,18 +108,20 @@ __device__ __forceinline__ void scalar_loop(T* args[depth], int64_t begin, int64
         for (int d = 0; d < depth; ++d) {
           if (d != kGrad || store_grad) args[d][e] = r[d][ii];
         }
+        out.one(r[kParam][ii], e);
       }
     }
   }
 }
 
 // Runs `math` over the whole chunk: one vector load and store per list and kIlp elements where
-// all lists are aligned, then the tail (len % kIlp elements) element by element.
-template <typename T, int depth, class Math>
+// all lists are aligned, then the tail (len % kIlp elements) element by element. `out` stores
+// each new parameter value once more (a shadow), or nowhere.
+template <typename T, int depth, class Math, class Out = NoShadow>
 __device__ __forceinline__ void chunk_loop(T* args[depth], int64_t len, bool aligned,
-                                           bool store_grad, Math& math) {
+                                           bool store_grad, Math& math, const Out& out = Out{}) {
   int64_t begin = 0;
-  if (aligned) {
+  if (aligned && out.aligned()) {
     const int64_t nvec = len / kIlp;
     T r[depth][kIlp];
     for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
@@ -97,10 +132,11 @@ __device__ __forceinline__ void chunk_loop(T* args[depth], int64_t len, bool ali
       for (int d = 0; d < depth; ++d) {
         if (d != kGrad || store_grad) at::native::load_store(args[d], r[d], v, 0);
       }
+      out.vec(r[kParam], v);
     }
     begin = nvec * kIlp;
   }
-  if (begin < len) scalar_loop<T, depth>(args, begin, len, store_grad, math);
+  if (begin < len) scalar_loop<T, depth>(args, begin, len, store_grad, math, out);
 }
 
 template <typename T, ADAM_MODE mode, bool amsgrad>
@@ -124,15 +160,38 @@ __device__ __forceinline__ void adam(const Table<5>& t) {
   const opmath_t bias_correction2 = 1 - at::native::pow_(beta2, step_count);
   const opmath_t bias_correction2_sqrt = std::sqrt(bias_correction2);
 
+  // Clipping folded in: each gradient times the factor, rounded to its dtype, as the separate
+  // `_foreach_mul_` computes it; the gradients in memory stay as they are.
+  const bool clip = t.clip_coef != nullptr;
+  const opmath_t coef = clip ? static_cast<opmath_t>(*t.clip_coef) : opmath_t(1);
+
   T* args[depth];
   int64_t len;
   const bool aligned = chunk_args<T, depth>(t, i, args, &len);
   auto math = [&](T (&r)[depth][kIlp]) {
+    if (clip) {
+#pragma unroll
+      for (int ii = 0; ii < kIlp; ++ii) r[kGrad][ii] = static_cast<T>(static_cast<opmath_t>(r[kGrad][ii]) * coef);
+    }
     at::native::adam_math<T, opmath_t, depth, mode, amsgrad>(
         r, lr, beta1, beta2, weight_decay, eps, maximize, t.grad_scale, t.found_inf,
         bias_correction1, bias_correction2_sqrt);
   };
-  chunk_loop<T, depth>(args, len, aligned, t.grad_scale != nullptr, math);
+  const bool store_grad = t.grad_scale != nullptr;
+  bool done = false;
+  if constexpr (std::is_same_v<T, float>) {
+    if (t.shadow[i] != nullptr) {
+      const int64_t start = chunk_start(t, i);
+      if (t.shadow_is_half) {
+        chunk_loop<T, depth>(args, len, aligned, store_grad, math, ShadowOut<at::Half>{static_cast<at::Half*>(t.shadow[i]) + start});
+      } else {
+        chunk_loop<T, depth>(args, len, aligned, store_grad, math,
+                             ShadowOut<at::BFloat16>{static_cast<at::BFloat16*>(t.shadow[i]) + start});
+      }
+      done = true;
+    }
+  }
+  if (!done) chunk_loop<T, depth>(args, len, aligned, store_grad, math);
 
   // The last block of this tensor to finish writes its step count and re-arms the counter. No
   // fence is needed before the count: every thread of every block has consumed the step count

@@ -46,6 +46,28 @@ std::string check_scalar(const char* what, const at::Tensor& t, const at::Device
   return "";
 }
 
+// Why the own Adam cannot store these shadows (none, or one per parameter: undefined, or a
+// contiguous float16/bfloat16 tensor of its float32 parameter's size on its device, all of one
+// dtype), or "".
+std::string check_shadows(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& shadows) {
+  if (shadows.empty()) return "";
+  if (shadows.size() != params.size()) return "one shadow (or none) per parameter needed";
+  std::optional<at::ScalarType> dtype;
+  for (size_t k = 0; k < params.size(); ++k) {
+    const auto& s = shadows[k];
+    if (!s.defined()) continue;
+    const auto where = "the shadow of param #" + std::to_string(k);
+    if (params[k].scalar_type() != at::kFloat) return where + ": the parameter is not float32";
+    if (s.scalar_type() != at::kHalf && s.scalar_type() != at::kBFloat16) return where + " is not 16-bit";
+    if (dtype && *dtype != s.scalar_type()) return where + " has another dtype than the others";
+    dtype = s.scalar_type();
+    if (s.device() != params[k].device() || !s.is_contiguous() || s.numel() != params[k].numel()) {
+      return where + " is not a contiguous tensor of its size on its device";
+    }
+  }
+  return "";
+}
+
 const float* opt_ptr(const std::optional<at::Tensor>& t) {
   return t.has_value() ? t->data_ptr<float>() : nullptr;
 }
@@ -91,7 +113,8 @@ std::vector<const std::vector<at::Tensor>*> rows(
 template <int depth>
 void launch(const std::string& name, const std::vector<const std::vector<at::Tensor>*>& lists,
             const Table<depth>& proto, const std::vector<at::Tensor>* steps,
-            const at::Tensor* arrivals, const size_t* slots) {
+            const at::Tensor* arrivals, const size_t* slots,
+            const std::vector<at::Tensor>* shadows = nullptr) {
   const auto& params = *lists[0];
   const auto device = params[0].device().index();
   cudaKernel_t k = own::kernel(name.c_str(), static_cast<int>(device));
@@ -121,6 +144,10 @@ void launch(const std::string& name, const std::vector<const std::vector<at::Ten
         t.step[nt] = (*steps)[i].data_ptr<float>();
         t.arrivals[nt] = counters + slots[i];
       }
+      if (shadows != nullptr && !shadows->empty() && (*shadows)[i].defined()) {
+        t.shadow[nt] = (*shadows)[i].data_ptr();
+        t.shadow_is_half = (*shadows)[i].scalar_type() == at::kHalf ? 1 : 0;
+      }
     }
     t.n_tensors = nt;
     void* args[] = {&t};
@@ -138,7 +165,7 @@ bool adam(bool adamw, const std::vector<at::Tensor>& params, const std::vector<a
           const at::Tensor& lr, double beta1, double beta2, double weight_decay, double eps,
           bool amsgrad, bool maximize, const std::optional<at::Tensor>& grad_scale,
           const std::optional<at::Tensor>& found_inf, const at::Tensor& arrivals,
-          const size_t* slots, std::string* why) {
+          const size_t* slots, const AdamExtras& extras, std::string* why) {
   std::vector<std::pair<const char*, const std::vector<at::Tensor>*>> lists = {
       {"param", &params}, {"grad", &grads}, {"exp_avg", &exp_avgs}, {"exp_avg_sq", &exp_avg_sqs}};
   if (amsgrad) lists.push_back({"max_exp_avg_sq", &max_exp_avg_sqs});
@@ -154,6 +181,8 @@ bool adam(bool adamw, const std::vector<at::Tensor>& params, const std::vector<a
   for (size_t k = 0; k < params.size() && why->empty(); ++k) {
     if (slots[k] >= static_cast<size_t>(arrivals.numel())) *why = "arrival slot out of range";
   }
+  if (why->empty() && extras.clip_coef) *why = check_scalar("the clipping factor", *extras.clip_coef, device);
+  if (why->empty()) *why = check_shadows(params, extras.shadows);
   if (!why->empty()) return false;
 
   c10::cuda::CUDAGuard guard(device);
@@ -162,8 +191,9 @@ bool adam(bool adamw, const std::vector<at::Tensor>& params, const std::vector<a
   t.beta2 = beta2;
   t.weight_decay = weight_decay;
   t.eps = eps;
+  t.clip_coef = opt_ptr(extras.clip_coef);
   const std::string name = own::adam_kernel(params[0].scalar_type(), adamw, amsgrad);
-  launch<5>(name, rows(lists, 5), t, &steps, &arrivals, slots);
+  launch<5>(name, rows(lists, 5), t, &steps, &arrivals, slots, &extras.shadows);
   return true;
 }
 

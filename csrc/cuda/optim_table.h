@@ -39,6 +39,12 @@ struct Table {
   const float* lr;
   const float* grad_scale;
   const float* found_inf;
+  // Adam, float32 parameters: the clipping factor the gradients are multiplied by as they are
+  // read (null: none; the gradients are not written), and each tensor's 16-bit shadow
+  // (shadow.cpp; null: none) that the updated parameter is also stored to, rounded as a cast.
+  const float* clip_coef;
+  void* shadow[kMaxTensors];
+  int32_t shadow_is_half;  // the shadows' dtype: float16 (1) or bfloat16 (0)
   // Hyper-parameters, as PyTorch passes them (double; the kernels convert as PyTorch does).
   double beta1, beta2, weight_decay, eps;  // Adam
   double momentum, dampening;              // SGD

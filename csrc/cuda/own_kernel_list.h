@@ -20,7 +20,7 @@
 #define TCG_NORM_TYPES(X)                                                           \
   X(Float, Float) X(Float, BFloat16) X(Float, Half) X(BFloat16, Float)              \
   X(BFloat16, BFloat16) X(BFloat16, Half) X(Half, Float) X(Half, BFloat16) X(Half, Half)
-#define TCG_NORM_VECS(X, B, Y) X(B, Y, 4) X(B, Y, 8)
+#define TCG_NORM_VECS(X, B, Y) X(B, Y, 3) X(B, Y, 4) X(B, Y, 6) X(B, Y, 8)
 
 // The fused cross-entropy (loss_kernels.cu), per logits dtype T: tcg_ce_<fwd|scale>_<T>.
 #define TCG_LOSS_TYPES(X) X(Float) X(BFloat16) X(Half)

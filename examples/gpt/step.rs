@@ -12,7 +12,7 @@ use tch::{nn, Kind, Tensor};
 use tch_cuda_graphs::dist::{GradAllReduce, ProcessGroup, ReduceOp};
 use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig, Optimizer};
 use tch_cuda_graphs::schedule::{DeviceLrScheduler, WarmupCosine};
-use tch_cuda_graphs::{amp, clip_grad_norm, Result, StepOptions, TrainStep};
+use tch_cuda_graphs::{amp, Result, StepOptions, TrainStep};
 
 /// AdamW's betas and epsilon (nanoGPT's `shakespeare_char`; epsilon PyTorch's default).
 pub const BETA1: f64 = 0.9;
@@ -141,9 +141,8 @@ fn build_on<'a>(
             reduce.all_reduce()?; // what is left, then the step waits for every bucket
             pg.all_reduce(&total, ReduceOp::Avg)?;
         }
-        let norm = clip_grad_norm(&params, h.clip, 2.0)?;
         sched.step()?; // this step's learning rate, computed on the device
-        opt.step()?;
+        let norm = opt.step_clipped(h.clip)?; // clip_grad_norm_ then step, in one pass over the grads
         Ok(vec![total, norm])
     })?;
     // with `shadows` (under autocast) the step shadows its optimizer's parameters itself

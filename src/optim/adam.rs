@@ -209,8 +209,7 @@ impl Adam {
 
 impl Adam {
     /// One update of the parameters that have a gradient (those in `only`, when given).
-    fn run(&mut self, only: Option<&[usize]>, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
-        let amp = Scaling { grad_scale, found_inf };
+    fn run(&mut self, only: Option<&[usize]>, amp: Scaling<'_>) -> Result<()> {
         self.core.begin_step();
         for launch in self.core.launches(only)? {
             let core = &self.core;
@@ -246,11 +245,20 @@ impl Adam {
 
 impl Optimizer for Adam {
     fn step_scaled(&mut self, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
-        self.run(None, grad_scale, found_inf)
+        self.run(None, Scaling { grad_scale, found_inf, clip_coef: None })
     }
 
     fn step_only(&mut self, params: &[usize]) -> Result<()> {
-        self.run(Some(params), None, None)
+        self.run(Some(params), Scaling::default())
+    }
+
+    /// The clipping folded into the update: the factor multiplies each gradient as the kernel
+    /// reads it (PyTorch's `clip_grad_norm_` then `step`, bit for bit), and the gradients in
+    /// memory are left as backward wrote them (one pass over them fewer).
+    fn step_clipped(&mut self, max_norm: f64) -> Result<Tensor> {
+        let (norm, coef) = crate::clip::clip_factor(&self.core.groups.params, max_norm, 2.0)?;
+        self.run(None, Scaling { clip_coef: Some(&coef), ..Scaling::default() })?;
+        Ok(norm)
     }
 
     delegate_to_core!();

@@ -117,12 +117,35 @@ pub trait Optimizer {
         self.step()
     }
     /// tch's `backward_step_clip_norm`: [`backward_step`](Self::backward_step) with the
-    /// gradients scaled to a global L2 norm of at most `max` ([`crate::clip_grad_norm`]).
+    /// gradients scaled to a global L2 norm of at most `max`
+    /// ([`step_clipped`](Self::step_clipped)).
     fn backward_step_clip_norm(&mut self, loss: &Tensor, max: f64) -> Result<()> {
         self.zero_grad()?;
         backward_outside_autocast(loss)?;
-        let _total_norm = crate::clip::clip_grad_norm(self.params(), max, 2.0)?;
-        self.step()
+        self.step_clipped(max).map(drop)
+    }
+    /// [`crate::clip_grad_norm`] to a global L2 norm of at most `max_norm`, then
+    /// [`step`](Self::step); returns the norm before clipping (0-d, on the parameters' device;
+    /// no host sync, capturable). The update is PyTorch's `clip_grad_norm_(params, max_norm)`
+    /// then `step()`, bit for bit. [`Adam`] folds the clipping into its update kernel and leaves
+    /// the gradients in memory as backward wrote them; the default (used by [`Sgd`]) clips
+    /// them in place first. Not for a [`crate::amp::GradScaler`] step (unscale, clip, then
+    /// step scaled).
+    ///
+    /// ```no_run
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// # use tch::{nn, Device};
+    /// # use tch_cuda_graphs::optim::{Adam, AdamConfig, Optimizer};
+    /// # let vs = nn::VarStore::new(Device::Cuda(0));
+    /// let mut opt = Adam::new(&vs, AdamConfig::adamw().lr(3e-4))?;
+    /// // ... loss.backward() ...
+    /// let grad_norm = opt.step_clipped(1.0)?; // was: clip_grad_norm(&params, 1.0, 2.0)?; opt.step()?;
+    /// # let _ = grad_norm; Ok(()) }
+    /// ```
+    fn step_clipped(&mut self, max_norm: f64) -> Result<Tensor> {
+        let norm = crate::clip::clip_grad_norm(self.params(), max_norm, 2.0)?;
+        self.step()?;
+        Ok(norm)
     }
     /// Zeroes the parameters' gradients in place instead (PyTorch's
     /// `zero_grad(set_to_none=False)`; one `_foreach_zero_` launch): gradients keep their
@@ -186,6 +209,9 @@ impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
     }
     fn step_only(&mut self, params: &[usize]) -> Result<()> {
         (**self).step_only(params)
+    }
+    fn step_clipped(&mut self, max_norm: f64) -> Result<Tensor> {
+        (**self).step_clipped(max_norm)
     }
     fn zero_grad(&mut self) -> Result<()> {
         (**self).zero_grad()

@@ -196,7 +196,7 @@ impl Sgd {
 
     /// One update of the parameters that have a gradient (those in `only`, when given).
     fn run(&mut self, only: Option<&[usize]>, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
-        let amp = Scaling { grad_scale, found_inf };
+        let amp = Scaling { grad_scale, found_inf, clip_coef: None };
         self.core.begin_step();
         for launch in self.core.launches(only)? {
             self.step_launch(&launch, amp)?;

@@ -51,7 +51,7 @@ mod tests {
         );
         same_layout!(TCG_LAYOUT_PROF_EVENT, ffi::tcg_prof_event, [start_ns, end_ns, stream, device, kind]);
         same_layout!(TCG_LAYOUT_TENSORS, ffi::tcg_tensors, [data, len]);
-        same_layout!(TCG_LAYOUT_AMP_SCALING, ffi::tcg_amp_scaling, [grad_scale, found_inf]);
+        same_layout!(TCG_LAYOUT_AMP_SCALING, ffi::tcg_amp_scaling, [grad_scale, found_inf, clip_coef]);
         same_layout!(TCG_LAYOUT_SGD_HYPER, ffi::tcg_sgd_hyper, [weight_decay, momentum, dampening, nesterov, maximize]);
         same_layout!(TCG_LAYOUT_SGD_TENSORS, ffi::tcg_sgd_tensors, [params, grads, momentum_buffers]);
         same_layout!(

@@ -11,16 +11,22 @@ pub(crate) type SgdHyper = ffi::tcg_sgd_hyper;
 /// Adam's and AdamW's, likewise.
 pub(crate) type AdamHyper = ffi::tcg_adam_hyper;
 
-/// AMP inputs of a step: the scale to divide the grads by, the flag to skip the step on.
+/// How a step scales the gradients it reads: AMP's scale to divide them by and flag to skip the
+/// step on, or global-norm clipping's factor to multiply them by (Adam only; not with a scale).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Scaling<'a> {
     pub(crate) grad_scale: Option<&'a Tensor>,
     pub(crate) found_inf: Option<&'a Tensor>,
+    pub(crate) clip_coef: Option<&'a Tensor>,
 }
 
 impl Scaling<'_> {
     fn raw(self) -> ffi::tcg_amp_scaling {
-        ffi::tcg_amp_scaling { grad_scale: opt_tensor_ptr(self.grad_scale), found_inf: opt_tensor_ptr(self.found_inf) }
+        ffi::tcg_amp_scaling {
+            grad_scale: opt_tensor_ptr(self.grad_scale),
+            found_inf: opt_tensor_ptr(self.found_inf),
+            clip_coef: opt_tensor_ptr(self.clip_coef),
+        }
     }
 }
 
@@ -134,6 +140,20 @@ pub(crate) fn grads_reset(params: &[Tensor], how: GradReset) -> Result<()> {
             GradReset::Zero => ffi::tcg_grads_zero(list),
         }
     })
+}
+
+/// Global-norm clipping's norm and factor for `grads`, on the device; the gradients unchanged.
+pub(crate) fn clip_coef(grads: &[Tensor], max_norm: f64, norm_type: f64) -> Result<(Tensor, Tensor)> {
+    let g = tensor_ptrs(grads);
+    let (mut total, mut coef): (ffi::tcg_tensor, ffi::tcg_tensor) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: the list points into `g`, live tensor handles for the call; both out slots are
+    // valid.
+    check(unsafe { ffi::tcg_grads_clip_coef(ffi::tcg_tensors::of(&g), max_norm, norm_type, &mut total, &mut coef) })?;
+    // SAFETY: on success each is a new heap at::Tensor that nobody else owns.
+    let total = unsafe { adopt_some(total, "clip_grad_norm") }?;
+    // SAFETY: as above.
+    let coef = unsafe { adopt_some(coef, "clip_grad_norm") }?;
+    Ok((total, coef))
 }
 
 /// Value clipping of `grads` in place, on their device.

@@ -23,11 +23,19 @@ impl ShadowsHandle {
         Ok((ShadowsHandle(non_null(raw, "weight shadows")?), count))
     }
 
-    /// Copies every parameter of the set into its shadow, on the current stream.
+    /// Copies each parameter of the set whose shadow is stale into it, on the current stream.
     pub(crate) fn refresh(&self) -> Result<()> {
         // SAFETY: the handle is live; the shim only reads the set's tensors and writes the
         // shadows' data.
         check(unsafe { ffi::tcg_shadows_refresh(self.0.as_ptr()) })
+    }
+
+    /// How many shadows are stale now.
+    pub(crate) fn stale(&self) -> Result<usize> {
+        let mut count = 0usize;
+        // SAFETY: the handle is live and `count` a valid out pointer; the shim only reads.
+        check(unsafe { ffi::tcg_shadows_stale(self.0.as_ptr(), &mut count) })?;
+        Ok(count)
     }
 
     /// Makes this set the one this thread reads; the set it replaces.

@@ -351,6 +351,9 @@ impl<'a, S: 'a> TrainStep<'a, S> {
             if entry.graph.is_none() {
                 i = self.capture_evicting(i)?;
             }
+            if let Some(set) = &self.shadows {
+                set.f_refresh()?; // parameters changed since the last run (a replay counts no version)
+            }
             if let Some(g) = &mut self.shapes[i].graph {
                 g.replay()?;
             }
@@ -408,6 +411,9 @@ impl<'a, S: 'a> TrainStep<'a, S> {
         };
         let capture = if keep { capture.keep_graph(true) } else { capture };
         let mut graph = CudaGraph::with_keep_graph(capture.get_keep_graph())?;
+        if let Some(set) = &self.shadows {
+            set.f_refresh()?; // now, so the capture records no copy of what is stale only now
+        }
         let TrainStep { shapes, step_fn, state, options, shadows, captures, .. } = self;
         let (inputs, shadows) = (&shapes[j].inputs, shadows.as_ref());
         let outputs = graph.capture(capture, || compact(call_step(step_fn, state, options, shadows, inputs)?))?;

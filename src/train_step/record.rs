@@ -22,7 +22,7 @@ pub(super) fn call_step<S>(
     inputs: &[Tensor],
 ) -> Result<Vec<Tensor>> {
     let cuda = inputs.first().is_some_and(|t| t.device().is_cuda());
-    let _shadows = match (options.shadows, shadows) {
+    let reading = match (options.shadows, shadows) {
         (true, Some(set)) => Some(set.f_read()?),
         (true, None) if cuda => {
             return Err(Error::Misuse(
@@ -34,7 +34,13 @@ pub(super) fn call_step<S>(
         _ => None,
     };
     let _autocast = options.autocast.map(|dtype| Autocast::new(dtype, false)).transpose()?;
-    step_fn(state, inputs)
+    let outputs = step_fn(state, inputs)?;
+    if let (Some(set), Some(_)) = (shadows, &reading) {
+        // What the body changed without writing the shadow (an update other than the crate's
+        // Adam): copied now, and in a capture on every replay.
+        set.f_refresh()?;
+    }
+    Ok(outputs)
 }
 
 /// The outputs of a captured call, each a tensor of its own: an output that views a larger

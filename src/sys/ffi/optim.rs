@@ -7,6 +7,7 @@ use std::os::raw::c_double;
 pub struct tcg_amp_scaling {
     pub grad_scale: tcg_tensor,
     pub found_inf: tcg_tensor,
+    pub clip_coef: tcg_tensor,
 }
 
 #[repr(C)]
@@ -77,6 +78,13 @@ extern "C" {
         max_norm: c_double,
         norm_type: c_double,
         total_out: *mut tcg_tensor,
+    ) -> tcg_status;
+    pub fn tcg_grads_clip_coef(
+        grads: tcg_tensors,
+        max_norm: c_double,
+        norm_type: c_double,
+        total_out: *mut tcg_tensor,
+        coef_out: *mut tcg_tensor,
     ) -> tcg_status;
     pub fn tcg_grads_clip_value(grads: tcg_tensors, clip: c_double) -> tcg_status;
 }

@@ -15,5 +15,6 @@ extern "C" {
     ) -> tcg_status;
     pub fn tcg_shadows_free(s: *mut tcg_shadows);
     pub fn tcg_shadows_refresh(s: *mut tcg_shadows) -> tcg_status;
+    pub fn tcg_shadows_stale(s: *mut tcg_shadows, count: *mut usize) -> tcg_status;
     pub fn tcg_shadows_activate(s: *mut tcg_shadows, previous: *mut *mut tcg_shadows) -> tcg_status;
 }
