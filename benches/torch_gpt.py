@@ -240,9 +240,9 @@ def run_trajectory(d, dev):
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16 and dev.type == "cuda", cache_enabled=False):
             loss = model.loss(xs[t - 1], ys[t - 1])
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), m["clip"], foreach=True)
-        if t == 1:
+        if t == 1:  # as backward wrote them (the crate's step clips inside its update)
             rec.update({f"grad@1/{crate_names[n]}": p.grad.detach().clone() for n, p in named.items()})
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), m["clip"], foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())

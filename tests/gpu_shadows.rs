@@ -82,10 +82,13 @@ fn adam_writes_the_shadows_it_updates() {
     }
 }
 
+/// Makes a step's optimizer over a VarStore.
+type MakeOptimizer<'a> = &'a dyn Fn(&nn::VarStore) -> Box<dyn Optimizer>;
+
 /// One linear layer trained by `make`'s optimizer with shadows, captured (or eager); after run
 /// 5 the weight is halved in place (between two replays); the losses of every run and the final
 /// parameters.
-fn train(eager: bool, make: &dyn Fn(&nn::VarStore) -> Box<dyn Optimizer>) -> (Vec<f32>, Vec<Tensor>) {
+fn train(eager: bool, make: MakeOptimizer<'_>) -> (Vec<f32>, Vec<Tensor>) {
     let device = cuda();
     tch::manual_seed(5);
     let vs = nn::VarStore::new(device);
@@ -129,7 +132,7 @@ fn a_captured_step_keeps_its_shadows_fresh() {
     let sgd = |vs: &nn::VarStore| -> Box<dyn Optimizer> {
         Box::new(Sgd::new(vs, SgdConfig::default().lr(0.05).momentum(0.9)).expect("sgd"))
     };
-    let cases: [(&str, &dyn Fn(&nn::VarStore) -> Box<dyn Optimizer>); 2] = [("adam", &adam), ("sgd", &sgd)];
+    let cases: [(&str, MakeOptimizer<'_>); 2] = [("adam", &adam), ("sgd", &sgd)];
     for (name, make) in cases {
         let (graph_losses, graph_params) = train(false, make);
         let (eager_losses, eager_params) = train(true, make);

@@ -12,7 +12,8 @@
 //! same order.
 //! - `batches.safetensors`: `x` and `y`, `[steps, batch, block]` int32;
 //! - `crate.safetensors`: `loss` and `grad_norm` of every step (float64, the gradient norm
-//!   before clipping), `grad@1/NAME` (the clipped gradients of step 1) and `param@K/NAME`
+//!   before clipping), `grad@1/NAME` (the gradients of step 1 as backward wrote them: the step clips inside its
+//!   update, `Optimizer::step_clipped`) and `param@K/NAME`
 //!   (the variables after step K, for K in [`RECORDED`] up to the last step, and the last);
 //! - `val.safetensors` (when validation tokens are given): `x` and `y`, [`VAL_BATCHES`] batches
 //!   on which `torch_gpt.py` evaluates both runs' final parameters with one model, so that the
