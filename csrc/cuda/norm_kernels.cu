@@ -1,9 +1,9 @@
 // The crate's fused normalization kernels: LayerNorm and RMSNorm with the residual add and the
 // dropout of the branch folded in, forward and backward, fp32 math, fp32 / bf16 / fp16 in and
-// out (see norm_params.h for what each computes). One warp per row, 4 values per lane and load,
-// the row held in registers (VEC groups of 4 per lane); the weight and bias gradients are summed
-// per block in shared memory, then across blocks by a small finishing kernel (a fixed order:
-// deterministic).
+// out (see norm_params.h for what each computes). Forward: one warp per row, 4 values per lane
+// and load, the row held in registers (VEC groups of 4 per lane). Backward: one block of 32·VEC
+// threads per row, one group of 4 per thread; the weight and bias gradients are summed per block
+// in registers, then across blocks by a small finishing kernel (a fixed order: deterministic).
 //
 // Compiled by nvcc into a fat binary that build.rs embeds in the shim; the launcher
 // (norm_own.cpp) launches the extern "C" kernels by name.
@@ -120,116 +120,99 @@ __device__ void forward(const Forward& a) {
   }
 }
 
-// One warp per row, the rows of a block strided over the grid. Each warp sums its rows' weight
-// and bias gradients in its own stretch of shared memory (a lane owns its columns there, so no
-// atomics and few registers), then the block adds its warps' sums in order.
-// One row's normalized input xh and weighted gradient g (the lane's VEC groups of 4), for rows
-// up to 768 wide (VEC 6) the residual stream's gradient dres too (loaded with the rest, so that
-// all of the row's loads are in flight before the row's sums wait on them; the widest rows load
-// it in backward_store, as three arrays of 8 would cost occupancy: measured slower on an H200),
-// the row's sums of g and g·xh for this lane, and the warp's weight and bias gradient sums
-// (acc[0], acc[1]; the bias's only where there is a bias) accumulated.
-template <int VEC>
-constexpr bool kPrefetchDres = VEC <= 6;
-
-template <typename TY, int VEC>
-__device__ __forceinline__ void backward_load(const Backward& a, int64_t base, float mean, float rstd, int lane,
-                                              float4 (&xh)[VEC], float4 (&g)[VEC], float4 (&dres)[VEC],
-                                              float4 (*acc)[VEC * 32], float* sum_g, float* sum_gx) {
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) {
-    const int c = (lane + 32 * i) * 4;
-    if (kPrefetchDres<VEC> && c < a.cols && a.dres != nullptr) dres[i] = load4<float>(a.dres + base + c);
-  }
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) {
-    const int c = (lane + 32 * i) * 4;
-    if (c < a.cols) {
-      const float4 x = load4<float>(a.x + base + c);
-      xh[i] = make_float4((x.x - mean) * rstd, (x.y - mean) * rstd, (x.z - mean) * rstd, (x.w - mean) * rstd);
-      const float4 dy = a.dy ? load4<TY>(static_cast<const TY*>(a.dy) + base + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-      const float4 w = a.gamma ? load4<float>(a.gamma + c) : make_float4(1.f, 1.f, 1.f, 1.f);
-      g[i] = make_float4(dy.x * w.x, dy.y * w.y, dy.z * w.z, dy.w * w.w);
-      float4& ag = acc[0][lane + 32 * i];
-      ag = make_float4(ag.x + dy.x * xh[i].x, ag.y + dy.y * xh[i].y, ag.z + dy.z * xh[i].z, ag.w + dy.w * xh[i].w);
-      if (a.part_beta != nullptr) {
-        float4& ab = acc[1][lane + 32 * i];
-        ab = make_float4(ab.x + dy.x, ab.y + dy.y, ab.z + dy.z, ab.w + dy.w);
-      }
-      *sum_g += (g[i].x + g[i].y) + (g[i].z + g[i].w);
-      *sum_gx += (g[i].x * xh[i].x + g[i].y * xh[i].y) + (g[i].z * xh[i].z + g[i].w * xh[i].w);
-    }
-  }
-}
-
-// One row's input gradient (plus the residual stream's gradient), and the branch's (through
-// the dropout mask), from the row's means mg of g and mgx of g·xh.
-template <typename TB, int VEC>
-__device__ __forceinline__ void backward_store(const Backward& a, int64_t base, float rstd, float mg, float mgx, int lane,
-                                               const float4 (&xh)[VEC], const float4 (&g)[VEC], const float4 (&dres)[VEC],
-                                               uint64_t seed, uint64_t offset) {
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) {
-    const int c = (lane + 32 * i) * 4;
-    if (c < a.cols) {
-      float4 d = make_float4(rstd * (g[i].x - mg - xh[i].x * mgx), rstd * (g[i].y - mg - xh[i].y * mgx),
-                             rstd * (g[i].z - mg - xh[i].z * mgx), rstd * (g[i].w - mg - xh[i].w * mgx));
-      if (a.dres != nullptr) {
-        const float4 r = kPrefetchDres<VEC> ? dres[i] : load4<float>(a.dres + base + c);
-        d = make_float4(d.x + r.x, d.y + r.y, d.z + r.z, d.w + r.w);
-      }
-      store4<float>(a.dx + base + c, d);
-      if (a.dbranch != nullptr) {
-        float4 db = d;
-        if (a.dropout) {
-          const float4 m = keep4(seed, offset, static_cast<uint64_t>(base + c), a.keep, a.scale);
-          db = make_float4(d.x * m.x, d.y * m.y, d.z * m.z, d.w * m.w);
-        }
-        store4<TB>(static_cast<TB*>(a.dbranch) + base + c, db);
-      }
-    }
-  }
-}
-
-// The block's partial weight and bias gradients: its warps' sums, added in warp order.
-template <int VEC>
-__device__ __forceinline__ void backward_partials(const Backward& a, const float4 (&s_acc)[kWarps][2][VEC * 32]) {
-  __syncthreads();
-  const float* acc = reinterpret_cast<const float*>(s_acc);
-  constexpr int stride = 2 * VEC * 32 * 4;  // floats per warp
-  for (int c = threadIdx.x; c < a.cols; c += blockDim.x) {
-    float sg = 0.0f, sb = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      sg += acc[w * stride + c];
-      sb += acc[w * stride + VEC * 32 * 4 + c];
-    }
-    if (a.part_gamma != nullptr) a.part_gamma[static_cast<int64_t>(blockIdx.x) * a.cols + c] = sg;
-    if (a.part_beta != nullptr) a.part_beta[static_cast<int64_t>(blockIdx.x) * a.cols + c] = sb;
-  }
-}
+// The backward: one block of 32·VEC threads per row, one group of 4 columns per thread (the
+// row's two sums reduced per warp, then across the block's warps through shared memory in warp
+// order: deterministic), kBwdRows rows at a time (their loads in flight together), the rows of a
+// block strided over the grid. Each thread sums its columns' weight and bias gradients over its
+// block's rows in registers and writes them once, as the block's partials. A thread holds a few
+// groups, not a row's worth: few registers, so many rows in flight per SM (the kernel is bound
+// by memory; one warp per row holding the row in registers ran at 25% occupancy and about half
+// of DRAM's bandwidth).
+constexpr int kBwdRows = 2;
 
 template <typename TB, typename TY, int VEC>
 __device__ void backward(const Backward& a) {
-  __shared__ float4 s_acc[kWarps][2][VEC * 32];
+  constexpr int R = kBwdRows;
+  __shared__ float s_sum[2][R][2][VEC];  // [iteration parity][row][sum of g, sum of g·xh][warp]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int c = threadIdx.x * 4;
+  const bool active = c < a.cols;
   const float inv = 1.0f / static_cast<float>(a.cols);
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
   uint64_t seed = 0, offset = 0;
   if (a.dropout) unpack(a.philox, &seed, &offset);
+  const float4 w = active && a.gamma != nullptr ? load4<float>(a.gamma + c) : make_float4(1.f, 1.f, 1.f, 1.f);
+  float4 acc_g = zero, acc_b = zero;
+  int parity = 0;
+  const int64_t stride = gridDim.x;
+  for (int64_t first = blockIdx.x; first < a.rows; first += R * stride, parity ^= 1) {
+    float4 xh[R], g[R], r[R];
+    float rstd[R];
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) s_acc[warp][0][lane + 32 * i] = s_acc[warp][1][lane + 32 * i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < a.rows;
-       row += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const int64_t base = row * a.cols;
-    const float mean = a.mean[row], rstd = a.rstd[row];
-    float4 xh[VEC], g[VEC], dres[VEC];
-    float sum_g = 0.0f, sum_gx = 0.0f;
-    backward_load<TY, VEC>(a, base, mean, rstd, lane, xh, g, dres, s_acc[warp], &sum_g, &sum_gx);
-    const float mg = a.rms ? 0.0f : warp_sum(sum_g) * inv;
-    const float mgx = warp_sum(sum_gx) * inv;
-    backward_store<TB, VEC>(a, base, rstd, mg, mgx, lane, xh, g, dres, seed, offset);
+    for (int k = 0; k < R; ++k) {
+      const int64_t row = first + k * stride;
+      xh[k] = g[k] = r[k] = zero;
+      rstd[k] = 0.0f;
+      float sum_g = 0.0f, sum_gx = 0.0f;
+      if (active && row < a.rows) {
+        const int64_t at = row * a.cols + c;
+        const float mean = a.mean[row];
+        rstd[k] = a.rstd[row];
+        if (a.dres != nullptr) r[k] = load4<float>(a.dres + at);
+        const float4 x = load4<float>(a.x + at);
+        const float4 dy = a.dy != nullptr ? load4<TY>(static_cast<const TY*>(a.dy) + at) : zero;
+        const float rs = rstd[k];
+        xh[k] = make_float4((x.x - mean) * rs, (x.y - mean) * rs, (x.z - mean) * rs, (x.w - mean) * rs);
+        g[k] = make_float4(dy.x * w.x, dy.y * w.y, dy.z * w.z, dy.w * w.w);
+        acc_g = make_float4(acc_g.x + dy.x * xh[k].x, acc_g.y + dy.y * xh[k].y, acc_g.z + dy.z * xh[k].z,
+                            acc_g.w + dy.w * xh[k].w);
+        acc_b = make_float4(acc_b.x + dy.x, acc_b.y + dy.y, acc_b.z + dy.z, acc_b.w + dy.w);
+        sum_g = (g[k].x + g[k].y) + (g[k].z + g[k].w);
+        sum_gx = (g[k].x * xh[k].x + g[k].y * xh[k].y) + (g[k].z * xh[k].z + g[k].w * xh[k].w);
+      }
+      sum_g = warp_sum(sum_g);
+      sum_gx = warp_sum(sum_gx);
+      if (lane == 0) {
+        s_sum[parity][k][0][warp] = sum_g;
+        s_sum[parity][k][1][warp] = sum_gx;
+      }
+    }
+    // One barrier an iteration: the other parity's slots are rewritten only after the next
+    // barrier, which every warp reaches after reading these.
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      const int64_t row = first + k * stride;
+      float total_g = 0.0f, total_gx = 0.0f;
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        total_g += s_sum[parity][k][0][v];
+        total_gx += s_sum[parity][k][1][v];
+      }
+      const float mg = a.rms ? 0.0f : total_g * inv;
+      const float mgx = total_gx * inv;
+      if (active && row < a.rows) {
+        const int64_t at = row * a.cols + c;
+        const float rs = rstd[k];
+        const float4 d = make_float4(rs * (g[k].x - mg - xh[k].x * mgx) + r[k].x, rs * (g[k].y - mg - xh[k].y * mgx) + r[k].y,
+                                     rs * (g[k].z - mg - xh[k].z * mgx) + r[k].z, rs * (g[k].w - mg - xh[k].w * mgx) + r[k].w);
+        store4<float>(a.dx + at, d);
+        if (a.dbranch != nullptr) {
+          float4 db = d;
+          if (a.dropout) {
+            const float4 m = keep4(seed, offset, static_cast<uint64_t>(at), a.keep, a.scale);
+            db = make_float4(d.x * m.x, d.y * m.y, d.z * m.z, d.w * m.w);
+          }
+          store4<TB>(static_cast<TB*>(a.dbranch) + at, db);
+        }
+      }
+    }
   }
-  backward_partials<VEC>(a, s_acc);
+  if (active) {
+    const int64_t part = static_cast<int64_t>(blockIdx.x) * a.cols + c;
+    if (a.part_gamma != nullptr) store4<float>(a.part_gamma + part, acc_g);
+    if (a.part_beta != nullptr) store4<float>(a.part_beta + part, acc_b);
+  }
 }
 
 __device__ void finish(const Finish& a) {
@@ -267,7 +250,7 @@ __device__ void finish(const Finish& a) {
       tcg_norm_fwd_##NB##_##NY##_v##V(const tcg::norm::Forward a) {                                    \
     tcg::norm::forward<TCG_CUDA_TYPE(NB), TCG_CUDA_TYPE(NY), V>(a);                                    \
   }                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(tcg::norm::kWarps * 32)                               \
+  extern "C" __global__ void __launch_bounds__(32 * V)                                               \
       tcg_norm_bwd_##NB##_##NY##_v##V(const tcg::norm::Backward a) {                                   \
     tcg::norm::backward<TCG_CUDA_TYPE(NB), TCG_CUDA_TYPE(NY), V>(a);                                   \
   }

@@ -138,7 +138,8 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     at::Tensor dx = at::empty_like(x);
     at::Tensor dbranch = has_branch ? at::empty(x.sizes(), x.options().dtype(branch_type)) : at::Tensor();
     const int64_t sms = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device))->multiProcessorCount;
-    const int64_t blocks = std::max<int64_t>(1, std::min((rows + kWarps - 1) / kWarps, 4 * sms));
+    const int v = vec(cols);
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(rows, bwd_blocks_per_sm(v) * sms));
     at::Tensor part_gamma, part_beta, dgamma, dbeta;
     if (weight.defined()) {
       part_gamma = at::empty({blocks, cols}, x.options());
@@ -167,8 +168,8 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     p.dropout = dropout ? 1 : 0;
     p.philox = unpack_state(ctx->saved_data.at("philox").toIntVector());
     const at::ScalarType y_type = dy.defined() ? dy.scalar_type() : at::kFloat;
-    own::launch(own::norm_kernel(own::Pass::Backward, branch_type, y_type, vec(cols)), device,
-           static_cast<unsigned>(blocks), kWarps * 32, &p);
+    own::launch(own::norm_kernel(own::Pass::Backward, branch_type, y_type, v), device,
+           static_cast<unsigned>(blocks), 32 * v, &p);
     if (weight.defined() || has_bias) {
       Finish f{};
       f.part_gamma = p.part_gamma;

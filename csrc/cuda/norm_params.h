@@ -9,6 +9,7 @@
 //   backward: dx = dres + rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma
 //             dbranch = dropout mask * scale * dx;  dgamma = sum over rows of dy * xhat,
 //             dbeta = sum of dy (per block, then summed by the finishing kernel)
+// Forward: one warp per row (kWarps rows a block); backward: one block of 32 * VEC threads.
 // The dropout mask of element e is Philox4x32-10 of counter (offset / 4, e / 4) and key seed,
 // lane e % 4, below `keep`: the backward draws it again rather than storing it.
 #pragma once
@@ -23,6 +24,11 @@ namespace tcg::norm {
 constexpr int kWarps = 4;
 constexpr int kMaxVec = 8;
 constexpr int kMaxCols = 32 * 4 * kMaxVec;
+
+// The backward's blocks (32 * vec threads, one row at a time) resident per SM that its grid
+// asks for: about 32 warps an SM, enough rows in flight for DRAM, and no more blocks (each
+// writes a row of weight and bias gradient partials).
+constexpr int bwd_blocks_per_sm(int vec) { return 32 / vec; }
 
 struct Forward {
   const float* res;     // [rows, cols] fp32
