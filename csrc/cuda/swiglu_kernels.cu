@@ -31,37 +31,54 @@ __device__ __forceinline__ void grads(float g, float u, float d, float* dg, floa
 }
 
 // Item i of the grid-stride loops: 4 columns of one row of h [rows, 2F]; its row and first
-// column, and gate and up as floats.
-template <typename T>
-__device__ __forceinline__ void load_item(const T* h_all, int64_t f, int64_t i, int64_t* row, int64_t* col, float4* g,
+// column, and gate and up as floats. I: the index type, 32-bit where the items fit (its
+// division is a few instructions; a 64-bit one, dozens).
+template <typename T, typename I>
+__device__ __forceinline__ void load_item(const T* h_all, int64_t f, I i, int64_t* row, int64_t* col, float4* g,
                                           float4* u) {
-  const int64_t groups = f / 4;
-  *row = i / groups;
-  *col = (i % groups) * 4;
+  const I groups = static_cast<I>(f / 4);
+  *row = static_cast<int64_t>(i / groups);
+  *col = static_cast<int64_t>(i % groups) * 4;
   const T* h = h_all + *row * 2 * f;
   *g = load4<T>(h + *col);
   *u = load4<T>(h + f + *col);
 }
 
-template <typename T>
-__device__ void forward(const Forward& a) {
-  const int64_t items = a.rows * (a.f / 4);
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+// Runs `body(i)` for this thread's items of the grid-stride loop over `items`.
+template <typename I, class Body>
+__device__ __forceinline__ void for_items(int64_t items, Body body) {
+  const I n = static_cast<I>(items);
+  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<I>(gridDim.x) * blockDim.x) {
+    body(i);
+  }
+}
+
+template <typename T, typename I>
+__device__ __forceinline__ void forward_items(const Forward& a, int64_t items) {
+  for_items<I>(items, [&](I i) {
     int64_t row, col;
     float4 g, u;
     load_item<T>(static_cast<const T*>(a.h), a.f, i, &row, &col, &g, &u);
     const float4 o = make_float4(__fmul_rn(silu(g.x), u.x), __fmul_rn(silu(g.y), u.y), __fmul_rn(silu(g.z), u.z),
                                  __fmul_rn(silu(g.w), u.w));
     store4<T>(static_cast<T*>(a.out) + row * a.f + col, o);
-  }
+  });
 }
 
 template <typename T>
-__device__ void backward(const Backward& a) {
+__device__ void forward(const Forward& a) {
   const int64_t items = a.rows * (a.f / 4);
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  // Every thread index stays below items + the grid's size: 32 bits where that fits.
+  if (items + static_cast<int64_t>(gridDim.x) * blockDim.x <= UINT32_MAX) {
+    forward_items<T, uint32_t>(a, items);
+  } else {
+    forward_items<T, int64_t>(a, items);
+  }
+}
+
+template <typename T, typename I>
+__device__ __forceinline__ void backward_items(const Backward& a, int64_t items) {
+  for_items<I>(items, [&](I i) {
     int64_t row, col;
     float4 g, u;
     load_item<T>(static_cast<const T*>(a.h), a.f, i, &row, &col, &g, &u);
@@ -74,6 +91,16 @@ __device__ void backward(const Backward& a) {
     T* dh = static_cast<T*>(a.dh) + row * 2 * a.f;
     store4<T>(dh + col, dg);
     store4<T>(dh + a.f + col, du);
+  });
+}
+
+template <typename T>
+__device__ void backward(const Backward& a) {
+  const int64_t items = a.rows * (a.f / 4);
+  if (items + static_cast<int64_t>(gridDim.x) * blockDim.x <= UINT32_MAX) {
+    backward_items<T, uint32_t>(a, items);
+  } else {
+    backward_items<T, int64_t>(a, items);
   }
 }
 
