@@ -65,15 +65,21 @@ __device__ __forceinline__ void forward_items(const Forward& a, int64_t items) {
   });
 }
 
+// Calls body(I{}) with the index type of a grid-stride loop over `items`: 32 bits where every
+// thread index it reaches (below items + the grid's size) fits, else 64.
+template <class Body>
+__device__ __forceinline__ void with_index_type(int64_t items, Body body) {
+  if (items + static_cast<int64_t>(gridDim.x) * blockDim.x <= UINT32_MAX) {
+    body(uint32_t{});
+  } else {
+    body(int64_t{});
+  }
+}
+
 template <typename T>
 __device__ void forward(const Forward& a) {
   const int64_t items = a.rows * (a.f / 4);
-  // Every thread index stays below items + the grid's size: 32 bits where that fits.
-  if (items + static_cast<int64_t>(gridDim.x) * blockDim.x <= UINT32_MAX) {
-    forward_items<T, uint32_t>(a, items);
-  } else {
-    forward_items<T, int64_t>(a, items);
-  }
+  with_index_type(items, [&](auto index) { forward_items<T, decltype(index)>(a, items); });
 }
 
 template <typename T, typename I>
@@ -97,11 +103,7 @@ __device__ __forceinline__ void backward_items(const Backward& a, int64_t items)
 template <typename T>
 __device__ void backward(const Backward& a) {
   const int64_t items = a.rows * (a.f / 4);
-  if (items + static_cast<int64_t>(gridDim.x) * blockDim.x <= UINT32_MAX) {
-    backward_items<T, uint32_t>(a, items);
-  } else {
-    backward_items<T, int64_t>(a, items);
-  }
+  with_index_type(items, [&](auto index) { backward_items<T, decltype(index)>(a, items); });
 }
 
 }  // namespace
