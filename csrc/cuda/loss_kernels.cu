@@ -108,18 +108,22 @@ __device__ __forceinline__ void add4(MaxSum& v, float4 q) {
 // One row's gradient, dx = (exp(x - lse) - [i == t]) * scale, this thread's share of it: the
 // row read for the last time (the forward has just read it, the L2 cache holds it) and the
 // gradient streamed out past the cache.
+// Indices within a row are 32-bit (the launcher refuses rows of more than 2^30 classes): a
+// 64-bit index's arithmetic and compares cost twice the instructions of a kernel bound by them.
 template <typename T>
-__device__ __forceinline__ void grad_row(const T* x, T* dx, int64_t cols, int64_t t, float lse, float scale, bool vec,
-                                         const RowThread& rt) {
+__device__ __forceinline__ void grad_row(const T* x, T* dx, int32_t cols, int64_t target, float lse, float scale,
+                                         bool vec, const RowThread& rt) {
+  const int32_t t = target >= 0 && target < cols ? static_cast<int32_t>(target) : -1;  // -1: no class
   if (vec) {
-    for (int64_t i = 4 * static_cast<int64_t>(rt.tid); i < cols; i += 4 * static_cast<int64_t>(rt.n)) {
+    for (int32_t i = 4 * rt.tid; i < cols; i += 4 * rt.n) {
       const float4 q = load4_last<T>(x + i);
-      const float4 d = make_float4(__expf(q.x - lse) - (t == i ? 1.0f : 0.0f), __expf(q.y - lse) - (t == i + 1 ? 1.0f : 0.0f),
-                                   __expf(q.z - lse) - (t == i + 2 ? 1.0f : 0.0f), __expf(q.w - lse) - (t == i + 3 ? 1.0f : 0.0f));
+      const int32_t k = t - i;  // the target's place in these four, if it is one of them
+      const float4 d = make_float4(__expf(q.x - lse) - (k == 0 ? 1.0f : 0.0f), __expf(q.y - lse) - (k == 1 ? 1.0f : 0.0f),
+                                   __expf(q.z - lse) - (k == 2 ? 1.0f : 0.0f), __expf(q.w - lse) - (k == 3 ? 1.0f : 0.0f));
       store4_streaming<T>(dx + i, make_float4(d.x * scale, d.y * scale, d.z * scale, d.w * scale));
     }
   } else {
-    for (int64_t i = rt.tid; i < cols; i += rt.n) {
+    for (int32_t i = rt.tid; i < cols; i += rt.n) {
       const float p = __expf(load1(x + i) - lse) - (i == t ? 1.0f : 0.0f);
       store1(dx + i, p * scale);
     }
@@ -137,18 +141,19 @@ __device__ void forward(const Forward& a) {
   if (rt.row >= a.rows) return;
   const int64_t row = rt.row;
   const T* x = static_cast<const T*>(a.logits) + row * a.cols;
+  const int32_t cols = static_cast<int32_t>(a.cols);
   MaxSum v, w;  // two running sums: independent chains
   if (a.vec) {
-    const int64_t step = 4 * static_cast<int64_t>(rt.n);
-    int64_t i = 4 * static_cast<int64_t>(rt.tid);
-    for (; i + step < a.cols; i += 2 * step) {
+    const int32_t step = 4 * rt.n;
+    int32_t i = 4 * rt.tid;
+    for (; i + step < cols; i += 2 * step) {
       const float4 q0 = load4<T>(x + i), q1 = load4<T>(x + i + step);
       add4(v, q0);
       add4(w, q1);
     }
-    if (i < a.cols) add4(v, load4<T>(x + i));
+    if (i < cols) add4(v, load4<T>(x + i));
   } else {
-    for (int64_t i = rt.tid; i < a.cols; i += rt.n) v.add(load1(x + i));
+    for (int32_t i = rt.tid; i < cols; i += rt.n) v.add(load1(x + i));
   }
   v.merge(w.m, w.s);
   const MaxSum r = a.warp_rows ? warp_max_sum(v) : block_max_sum(v);
@@ -156,7 +161,7 @@ __device__ void forward(const Forward& a) {
   if (a.dlogits != nullptr) {
     const int64_t t = a.targets[row];
     const float scale = ignored(t, a.ignore_index, a.cols) ? 0.0f : *a.inv_count;
-    grad_row(x, static_cast<T*>(a.dlogits) + row * a.cols, a.cols, t, lse, scale, a.vec, rt);
+    grad_row(x, static_cast<T*>(a.dlogits) + row * a.cols, cols, t, lse, scale, a.vec, rt);
   }
   if (rt.tid == 0) {
     const int64_t t = a.targets[row];

@@ -109,6 +109,7 @@ std::string unsupported(const at::Tensor& logits, const at::Tensor& targets) {
   if (!logits.is_contiguous() || !targets.is_contiguous()) return "the logits or targets are not contiguous";
   if (logits.size(0) == 0 || logits.size(1) == 0) return "no rows or no classes";
   if (logits.size(0) > INT32_MAX) return "more rows than a grid holds";
+  if (logits.size(1) > (int64_t{1} << 30)) return "rows of more than 2^30 classes (the kernels index a row in 32 bits)";
   return kernels::unavailable(logits.get_device());
 }
 
