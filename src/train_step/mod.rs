@@ -129,7 +129,7 @@ pub struct TrainStep<'a, S = ()> {
     step_fn: StepFn<'a, S>,
     /// What the step lends its closure on every call (and its caller between runs).
     state: S,
-    /// The shadows the step refreshes and reads ([`TrainStep::shadow_parameters`]).
+    /// The shadows the step keeps fresh and reads ([`TrainStep::shadow_parameters`]).
     shadows: Option<WeightShadows>,
     watch: TensorWatch,
     runs: u64,

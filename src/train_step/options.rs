@@ -98,8 +98,9 @@ impl StepOptions {
         self.autocast = Some(dtype);
         self
     }
-    /// Has the step refresh its [`crate::shadow::WeightShadows`] at the start of each run (one
-    /// multi-tensor copy, captured with the step) and let [`crate::shadow::linear`] and
+    /// Has the step keep its [`crate::shadow::WeightShadows`] fresh (the crate's Adam writes them
+    /// as it updates; the step copies whatever else changed a parameter, before each run and at
+    /// the end of its body: [`crate::shadow::WeightShadows::f_refresh`]) and let [`crate::shadow::linear`] and
     /// [`crate::linear::Linear`] read them under autocast instead of casting each weight at each
     /// use (default off). [`crate::TrainStep::shadow_parameters`] makes the shadows of the step's
     /// optimizer, [`crate::TrainStep::set_weight_shadows`] hands it others. A step on a CUDA device

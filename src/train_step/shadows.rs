@@ -1,4 +1,5 @@
-//! The weight shadows a step holds, refreshes at the start of each run and reads
+//! The weight shadows a step holds, keeps fresh (what is stale, before each run and at the end of
+//! its body) and reads
 //! ([`super::StepOptions::weight_shadows`]).
 
 use crate::error::{Error, Result};
@@ -10,7 +11,8 @@ use super::TrainStep;
 
 impl<'a, O: Optimizer + 'a> TrainStep<'a, O> {
     /// Gives every float32 CUDA parameter of the step's optimizer (its state) a shadow in the
-    /// autocast dtype, held by the step and refreshed at the start of each run: the one call that
+    /// autocast dtype, held by the step and kept fresh (written by the crate's Adam as it updates,
+    /// copied where something else changed a parameter): the one call that
     /// [`crate::StepOptions::weight_shadows`] needs. Returns how many parameters got one. Call it before
     /// the first run (a graph captured without the refresh would not read them).
     ///
@@ -25,7 +27,7 @@ impl<'a, O: Optimizer + 'a> TrainStep<'a, O> {
 }
 
 impl<S> TrainStep<'_, S> {
-    /// Gives the step a set of weight shadows to refresh at the start of each run and read
+    /// Gives the step a set of weight shadows to keep fresh and read
     /// ([`crate::StepOptions::weight_shadows`]); how many parameters it shadows. The step owns it from
     /// now on. [`shadow_parameters`](TrainStep::shadow_parameters) makes the set of a step's
     /// optimizer; this takes any set (a step with no optimizer in its state, or a subset).
