@@ -42,6 +42,16 @@ std::pair<int64_t, const void*> version_of(const at::Tensor& t) {
   return {static_cast<int64_t>(t._version()), t.const_data_ptr()};
 }
 
+// Whether shadow k no longer holds its parameter.
+bool stale(const Set& set, size_t k) { return version_of(set.params[k]) != set.held[k]; }
+
+// Where `param` is in `set` (set.params.size(): not there).
+size_t place_of(const Set& set, const at::Tensor& param) {
+  if (!param.defined()) return set.params.size();
+  auto it = set.index.find(param.unsafeGetTensorImpl());
+  return it == set.index.end() ? set.params.size() : it->second;
+}
+
 }  // namespace
 
 struct tcg_shadows {
@@ -61,8 +71,8 @@ at::Tensor shadow_of(const at::Tensor& param, at::ScalarType dtype) {
     misuse(std::string("weight shadows are ") + c10::toString(active->dtype) + " but CUDA autocast runs " +
            c10::toString(dtype) + ": make them in the autocast dtype");
   }
-  auto it = active->index.find(param.unsafeGetTensorImpl());
-  return it == active->index.end() ? at::Tensor() : active->shadows[it->second];
+  const size_t k = place_of(*active, param);
+  return k < active->shadows.size() ? active->shadows[k] : at::Tensor();
 }
 
 // The shadow, passed to ShadowFunction as a plain value: not an autograd input.
@@ -105,8 +115,8 @@ std::vector<at::Tensor> of(const std::vector<at::Tensor>& params) {
   if (!active) return out;
   bool any = false;
   for (const auto& p : params) {
-    auto it = p.defined() ? active->index.find(p.unsafeGetTensorImpl()) : active->index.end();
-    out.push_back(it == active->index.end() ? at::Tensor() : active->shadows[it->second]);
+    const size_t k = place_of(*active, p);
+    out.push_back(k < active->shadows.size() ? active->shadows[k] : at::Tensor());
     any = any || out.back().defined();
   }
   if (!any) out.clear();
@@ -116,8 +126,8 @@ std::vector<at::Tensor> of(const std::vector<at::Tensor>& params) {
 void written(const std::vector<at::Tensor>& params) {
   if (!active) return;
   for (const auto& p : params) {
-    auto it = p.defined() ? active->index.find(p.unsafeGetTensorImpl()) : active->index.end();
-    if (it != active->index.end()) active->held[it->second] = version_of(p);
+    const size_t k = place_of(*active, p);
+    if (k < active->held.size()) active->held[k] = version_of(p);
   }
 }
 
@@ -158,7 +168,7 @@ tcg_status tcg_shadows_refresh(tcg_shadows* s) {
     std::map<int, std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>>> by_device;
     std::vector<size_t> copied;
     for (size_t k = 0; k < set.params.size(); ++k) {
-      if (version_of(set.params[k]) == set.held[k]) continue;
+      if (!stale(set, k)) continue;
       auto& [dst, src] = by_device[set.params[k].get_device()];
       dst.push_back(set.shadows[k]);
       src.push_back(set.params[k].detach());
@@ -175,7 +185,7 @@ tcg_status tcg_shadows_stale(tcg_shadows* s, size_t* count) {
     *count = 0;
     if (s == nullptr) misuse("weight shadows: null handle");
     const Set& set = *s->set;
-    for (size_t k = 0; k < set.params.size(); ++k) *count += version_of(set.params[k]) != set.held[k] ? 1 : 0;
+    for (size_t k = 0; k < set.params.size(); ++k) *count += stale(set, k) ? 1 : 0;
   });
 }
 
