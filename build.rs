@@ -70,7 +70,8 @@ fn find_nvcc(torch_root: &Path) -> Option<PathBuf> {
 
 /// The crate's own kernels: each `csrc/cuda/NAME.cu` becomes a fat binary embedded as
 /// `tcg_NAME_fatbin` (loaded by `csrc/cuda/own_kernels.cpp`).
-const OWN_KERNELS: [&str; 5] = ["optim_kernels", "norm_kernels", "loss_kernels", "rotary_kernels", "swiglu_kernels"];
+const OWN_KERNELS: [&str; 6] =
+    ["optim_kernels", "norm_kernels", "loss_kernels", "rotary_kernels", "swiglu_kernels", "gelu_kernels"];
 
 /// Compiles the [`OWN_KERNELS`] into fat binaries and writes a C++ file that embeds them. Err: why
 /// not (the optimizers then run PyTorch's fused kernels and the fused layers ATen's operators;
@@ -161,7 +162,7 @@ fn torch_headers_and_abi(torch_root: &Path) -> (Vec<PathBuf>, String) {
 }
 
 /// The shim's files that every build compiles.
-const SHIM_FILES: [&str; 16] = [
+const SHIM_FILES: [&str; 17] = [
     "csrc/amp.cpp",
     "csrc/autograd.cpp",
     "csrc/error.cpp",
@@ -174,6 +175,7 @@ const SHIM_FILES: [&str; 16] = [
     "csrc/loss.cpp",
     "csrc/rotary.cpp",
     "csrc/swiglu.cpp",
+    "csrc/gelu.cpp",
     "csrc/profiler.cpp",
     "csrc/watch.cpp",
     "csrc/layout.cpp",
@@ -181,7 +183,7 @@ const SHIM_FILES: [&str; 16] = [
 ];
 
 /// The shim's files that a libtorch with CUDA adds.
-const SHIM_CUDA_FILES: [&str; 14] = [
+const SHIM_CUDA_FILES: [&str; 15] = [
     "csrc/cuda/device.cpp",
     "csrc/cuda/conditional.cpp",
     "csrc/cuda/graph.cpp",
@@ -196,6 +198,7 @@ const SHIM_CUDA_FILES: [&str; 14] = [
     "csrc/cuda/loss_own.cpp",
     "csrc/cuda/rotary_own.cpp",
     "csrc/cuda/swiglu_own.cpp",
+    "csrc/cuda/gelu_own.cpp",
 ];
 
 fn main() {

@@ -33,6 +33,8 @@ pub fn family(name: &str) -> &'static str {
         "rotary"
     } else if has(&["tcg_swiglu"]) {
         "SwiGLU"
+    } else if has(&["tcg_gelu"]) {
+        "GELU"
     } else if has(&["tcg_", "adam", "multi_tensor", "fused_sgd"]) {
         "optimizer"
     } else if has(&["sdpa", "flash", "fmha", "attention"]) {

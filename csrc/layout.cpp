@@ -167,6 +167,7 @@ size_t tcg_layout(tcg_layout_struct s, size_t* size, size_t* align, size_t* offs
       TCG_FIELD(tcg_norm_inputs, branch);
       TCG_FIELD(tcg_norm_inputs, weight);
       TCG_FIELD(tcg_norm_inputs, bias);
+      TCG_FIELD(tcg_norm_inputs, branch_bias);
       break;
     case TCG_LAYOUT_NORM_OPTIONS:
       set(sizeof(tcg_norm_options), alignof(tcg_norm_options));

@@ -2,6 +2,7 @@
 // TCH_CUDA_GRAPHS_NO_CUDA=1 at build time): every entry point reports TCG_NO_CUDA, except the
 // queries that have an honest answer (no device). error.cpp, optim.cpp and watch.cpp are
 // built as usual, so the optimizers and the eager fallback keep working.
+#include "gelu_own.h"
 #include "kernels.h"
 #include "linear_own.h"
 #include "loss_own.h"
@@ -112,12 +113,8 @@ bool sgd(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
 
 // The fused normalization kernels need CUDA: norm.cpp runs ATen's operators.
 namespace tcg::norm {
-std::string unsupported(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                        const Options&) {
-  return "this binary was built without CUDA";
-}
-std::pair<at::Tensor, at::Tensor> fused(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                        const at::Tensor&, const Options&) {
+std::string unsupported(const Inputs&, const Options&) { return "this binary was built without CUDA"; }
+std::pair<at::Tensor, at::Tensor> fused(const Inputs&, const Options&) {
   throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
 }
 }  // namespace tcg::norm
@@ -138,7 +135,8 @@ at::Tensor cross_entropy(const at::Tensor&, const at::Tensor&, int64_t) {
 }
 }  // namespace tcg::loss
 
-// The rotary and SwiGLU kernels need CUDA: rotary.cpp and swiglu.cpp run ATen's compositions.
+// The rotary, SwiGLU and GELU kernels need CUDA: rotary.cpp, swiglu.cpp and gelu.cpp run ATen's
+// compositions.
 namespace tcg::rotary {
 std::string unsupported(const Inputs&) { return "this binary was built without CUDA"; }
 std::pair<at::Tensor, at::Tensor> fused(const Inputs&) {
@@ -151,5 +149,11 @@ at::Tensor fused(const at::Tensor&) {
   throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
 }
 }  // namespace tcg::swiglu
+namespace tcg::gelu {
+std::string unsupported(const at::Tensor&, const at::Tensor&) { return "this binary was built without CUDA"; }
+at::Tensor fused(const at::Tensor&, const at::Tensor&, bool) {
+  throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
+}
+}  // namespace tcg::gelu
 
 bool tcg::capturing_on(const at::Tensor&) { return false; }

@@ -23,14 +23,15 @@ at::ScalarType out_dtype(const at::Tensor& res, tcg_norm_out out) {
   return res.scalar_type();
 }
 
-// ATen's operators: x = res + dropout(branch); y = layer_norm(x) or rms_norm(x), in out's dtype.
-std::pair<at::Tensor, at::Tensor> composite(const at::Tensor& res, const at::Tensor& branch,
-                                            const at::Tensor& weight, const at::Tensor& bias,
-                                            const tcg::norm::Options& o) {
+// ATen's operators: x = res + dropout(branch + branch_bias); y = layer_norm(x) or rms_norm(x),
+// in out's dtype.
+std::pair<at::Tensor, at::Tensor> composite(const tcg::norm::Inputs& in, const tcg::norm::Options& o) {
+  const at::Tensor &res = in.res, &branch = in.branch, &weight = in.weight, &bias = in.bias;
   at::Tensor x = res;
   if (branch.defined()) {
     const bool drop = o.train && o.dropout > 0.0;
-    x = res + (drop ? at::dropout(branch, o.dropout, true) : branch);
+    const at::Tensor b = in.branch_bias.defined() ? branch + in.branch_bias : branch;
+    x = res + (drop ? at::dropout(b, o.dropout, true) : b);
   }
   const std::vector<int64_t> shape = {x.size(-1)};
   at::Tensor y = o.rms ? at::rms_norm(x, shape, weight.defined() ? std::optional<at::Tensor>(weight) : std::nullopt, o.eps)
@@ -50,16 +51,18 @@ tcg_status tcg_norm_forward(const tcg_norm_inputs* in, const tcg_norm_options* o
     *out_y = nullptr;
     *ran_own = false;
     if (in == nullptr || opts == nullptr) misuse("norm: null inputs or options");
-    const at::Tensor& res = tensor_ref(in->res);
-    const at::Tensor branch = tcg::tensor_or_undefined(in->branch), weight = tcg::tensor_or_undefined(in->weight),
-                     bias = tcg::tensor_or_undefined(in->bias);
+    const tcg::norm::Inputs t{tensor_ref(in->res), tcg::tensor_or_undefined(in->branch),
+                              tcg::tensor_or_undefined(in->branch_bias), tcg::tensor_or_undefined(in->weight),
+                              tcg::tensor_or_undefined(in->bias)};
+    const at::Tensor &res = t.res, &branch = t.branch, &weight = t.weight, &bias = t.bias;
     if (opts->kind != TCG_NORM_LAYER && opts->kind != TCG_NORM_RMS) misuse("norm: unknown kind");
     if (opts->kind == TCG_NORM_RMS && bias.defined()) misuse("norm: RMSNorm takes no bias");
     if (!(opts->dropout >= 0.0 && opts->dropout < 1.0)) misuse("norm: dropout must be in [0, 1)");
     if (res.dim() < 1) misuse("norm: the input needs at least one dimension");
     if (branch.defined() && branch.sizes() != res.sizes()) misuse("norm: the branch's shape differs from the input's");
     const int64_t d = res.size(-1);
-    for (const at::Tensor* p : {&weight, &bias}) {
+    if (t.branch_bias.defined() && !branch.defined()) misuse("norm: a branch bias without a branch");
+    for (const at::Tensor* p : {&weight, &bias, &t.branch_bias}) {
       if (p->defined() && (p->dim() != 1 || p->size(0) != d)) {
         misuse("norm: the input's last dimension (dimension " + std::to_string(res.dim() - 1) + ", size " +
                std::to_string(d) + ") differs from the norm's width (" + std::to_string(p->numel()) + ")");
@@ -67,8 +70,8 @@ tcg_status tcg_norm_forward(const tcg_norm_inputs* in, const tcg_norm_options* o
     }
     tcg::norm::Options o{opts->kind == TCG_NORM_RMS, opts->eps, opts->dropout, opts->train,
                          out_dtype(res, opts->out)};
-    const bool own = tcg::kernels::own(kernels, "norm", [&] { return tcg::norm::unsupported(res, branch, weight, bias, o); });
-    auto [x, y] = own ? tcg::norm::fused(res, branch, weight, bias, o) : composite(res, branch, weight, bias, o);
+    const bool own = tcg::kernels::own(kernels, "norm", [&] { return tcg::norm::unsupported(t, o); });
+    auto [x, y] = own ? tcg::norm::fused(t, o) : composite(t, o);
     auto y_out = std::make_unique<at::Tensor>(std::move(y));
     std::unique_ptr<at::Tensor> x_out;
     if (x.defined()) x_out = std::make_unique<at::Tensor>(std::move(x));

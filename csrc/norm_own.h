@@ -16,14 +16,17 @@ struct Options {
   at::ScalarType out;  // the dtype of y
 };
 
-// Why the fused kernels cannot take these inputs (undefined: none), or "" when they can.
-std::string unsupported(const at::Tensor& res, const at::Tensor& branch, const at::Tensor& weight,
-                        const at::Tensor& bias, const Options& o);
+// The tensors of one call (undefined: none): x = res + dropout(branch + branch_bias), y = norm(x)
+// with weight and bias.
+struct Inputs {
+  at::Tensor res, branch, branch_bias, weight, bias;
+};
+
+// Why the fused kernels cannot take these inputs, or "" when they can.
+std::string unsupported(const Inputs& in, const Options& o);
 
 // The fused forward, differentiable through one autograd node: {x, y}, x undefined without a
 // branch. Call only where unsupported() is "".
-std::pair<at::Tensor, at::Tensor> fused(const at::Tensor& res, const at::Tensor& branch,
-                                        const at::Tensor& weight, const at::Tensor& bias,
-                                        const Options& o);
+std::pair<at::Tensor, at::Tensor> fused(const Inputs& in, const Options& o);
 
 }  // namespace tcg::norm

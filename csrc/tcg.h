@@ -23,6 +23,7 @@
 //   loss.cpp               loss                       always
 //   rotary.cpp             rotary                     always
 //   swiglu.cpp             swiglu                     always
+//   gelu.cpp               gelu                       always
 //   autograd.cpp           autograd                   always
 //   amp.cpp                autocast, scaler           always
 //   watch.cpp              watch                      always
@@ -209,17 +210,20 @@ tcg_status tcg_grads_clip_value(tcg_tensors grads, double clip);
 
 // ---------------------------------------------------------------- norm.cpp (CPU and CUDA)
 // LayerNorm or RMSNorm over the last dimension, after an optional residual add through dropout:
-//   x = res + dropout(branch, p)      (when a branch is given; p applied only when train)
+//   x = res + dropout(branch + branch_bias, p)  (when a branch is given; p applied only when
+//                                    train; branch_bias [D], the bias of the linear layer that
+//                                    made the branch, when given)
 //   y = norm(x) * weight + bias       (RMSNorm: no mean subtracted, no bias)
-// One autograd node: gradients flow to res, branch, weight and bias, from both x and y.
+// One autograd node: gradients flow to res, branch, branch_bias, weight and bias, from both x
+// and y.
 typedef enum { TCG_NORM_LAYER = 0, TCG_NORM_RMS = 1 } tcg_norm_kind;
 // y's dtype: TCG_NORM_OUT_AUTOCAST: the CUDA autocast dtype while autocast is on (what a
 // following matmul would cast to), else res's; TCG_NORM_OUT_INPUT: res's (ATen's layer_norm
 // under autocast gives float32).
 typedef enum { TCG_NORM_OUT_AUTOCAST = 0, TCG_NORM_OUT_INPUT = 1 } tcg_norm_out;
-// branch, weight, bias: NULL for none.
+// branch, weight, bias, branch_bias: NULL for none (branch_bias needs a branch).
 typedef struct {
-  tcg_tensor res, branch, weight, bias;
+  tcg_tensor res, branch, weight, bias, branch_bias;
 } tcg_norm_inputs;
 typedef struct {
   double eps, dropout;
@@ -230,7 +234,7 @@ typedef struct {
 // *out_res: x, a new tensor (NULL without a branch: x is res); *out_y: y. kernels:
 // TCG_KERNELS_AUTO runs the crate's fused kernels where they apply (a CUDA float32 res, its last
 // dimension a multiple of 4 up to 1024, contiguous float32/bfloat16/float16 tensors, float32
-// weight and bias), ATen's operators otherwise (the same semantics, ATen's dropout masks);
+// weight, bias and branch_bias), ATen's operators otherwise (the same semantics, ATen's dropout masks);
 // TCG_KERNELS_PYTORCH always ATen's; TCG_KERNELS_OWN: TCG_UNSUPPORTED, with the reason, where the
 // fused kernels do not apply. *ran_own: whether they ran.
 tcg_status tcg_norm_forward(const tcg_norm_inputs* in, const tcg_norm_options* o, tcg_kernels kernels,
@@ -319,6 +323,19 @@ tcg_status tcg_rotary_apply(const tcg_rotary_inputs* inputs, int64_t offset, tcg
 // multiple of 4) or ATen's silu and mul, as kernels says (the loss family's rules). An odd last
 // dimension: TCG_MISUSE. *ran_own: whether the kernels ran.
 tcg_status tcg_swiglu(tcg_tensor h, tcg_kernels kernels, tcg_tensor* out, bool* ran_own);
+
+// ---------------------------------------------------------------- gelu.cpp (CPU and CUDA)
+// GELU of x [.., F] plus an optional bias [F] (NULL: none; the bias of the linear layer that made
+// x, run without it): *out = gelu(x + bias), a new tensor of x's dtype, differentiable in x and
+// bias. TCG_GELU_ERF: the exact form (nn.GELU()); TCG_GELU_TANH: the tanh approximation
+// (nn.GELU(approximate="tanh")). The crate's kernels (one pass each way, fp32 math, the bias
+// gradient summed in the backward's pass; contiguous CUDA float32/bfloat16/float16 x, F a
+// multiple of 4, a float32 bias) or ATen's add and gelu in the promoted dtype, cast to x's, as
+// kernels says (the loss family's rules). A bias of another width or device, or integer
+// tensors: TCG_MISUSE. *ran_own: whether the kernels ran.
+typedef enum { TCG_GELU_ERF = 0, TCG_GELU_TANH = 1 } tcg_gelu_form;
+tcg_status tcg_gelu(tcg_tensor x, tcg_tensor bias, tcg_gelu_form form, tcg_kernels kernels, tcg_tensor* out,
+                    bool* ran_own);
 
 // ---------------------------------------------------------------- autograd.cpp (CPU and CUDA)
 // torch::autograd::grad(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused).

@@ -32,7 +32,9 @@
 //!   weight-gradient GEMM (cuBLASLt's epilogue) and can write float32 weight gradients directly;
 //!   [`loss`]: the cross-entropy of a language model's head in one read of the logits.
 //! - [`rotary`]: [`rotary::Rotary`], rotary position embeddings on q and k in one kernel each
-//!   way; [`swiglu`]: SwiGLU read from the fused `[gate | up]` projection in one pass each way.
+//!   way; [`swiglu`]: SwiGLU read from the fused `[gate | up]` projection in one pass each way;
+//!   [`gelu`]: GELU with the preceding layer's bias folded in, its gradient summed in the
+//!   backward's one pass.
 //! - [`transformer`]: [`transformer::TransformerLayer`], a pre-norm transformer layer on those
 //!   layers, and the [`transformer::ResidualStream`] that carries each residual add into the next
 //!   norm, so a model stacked from layers gets every fusion without restructuring.
@@ -66,6 +68,7 @@ pub mod device;
 pub mod dist;
 pub mod error;
 pub mod feed;
+pub mod gelu;
 pub mod graph;
 pub mod graphed;
 pub mod kernels;

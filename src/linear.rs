@@ -157,6 +157,17 @@ impl Linear {
         Ok(y)
     }
 
+    /// `x · weightᵀ` without the bias, for a following fused kernel that adds the bias (`bs`)
+    /// itself and sums its gradient from a gradient it reads anyway:
+    /// [`crate::norm::LayerNorm::f_forward_residual_biased`] (a residual branch's projection),
+    /// [`crate::gelu::f_bias_gelu`] (an MLP's first layer). The backward then computes the
+    /// weight gradient only. [`Linear::f_forward`] without a bias.
+    pub fn f_forward_unbiased(&self, x: &Tensor) -> Result<Tensor> {
+        let (y, own) = raw::forward(x, &self.ws, None, self.config.weight_grad.raw(), self.config.kernels.raw())?;
+        self.last.set(Some(KernelPath::of_one(own)));
+        Ok(y)
+    }
+
     /// Which kernels the last forward ran: [`KernelPath::Own`] for the crate's path,
     /// [`KernelPath::PyTorch`] for `at::linear` (None before the first).
     pub fn last_path(&self) -> Option<KernelPath> {

@@ -171,14 +171,46 @@ impl nn::Module for LayerNorm {
 impl LayerNorm {
     /// The normalized `x`.
     pub fn f_forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(self.run(x, None, 0.0, false)?.1)
+        Ok(self.run(x, None, None, 0.0, false)?.1)
     }
 
     /// `(x, y)`: the new residual stream `x = res + dropout(branch, p)` (dropout only when
     /// `train`) and its normalization `y`. Gradients flow into `res`, `branch` and the
     /// parameters from both outputs.
     pub fn f_forward_residual(&self, res: &Tensor, branch: &Tensor, p: f64, train: bool) -> Result<(Tensor, Tensor)> {
-        let (x, y) = self.run(res, Some(branch), p, train)?;
+        let (x, y) = self.run(res, Some(branch), None, p, train)?;
+        Ok((x.unwrap_or_else(|| res.shallow_clone()), y))
+    }
+
+    /// [`f_forward_residual`](Self::f_forward_residual) for a branch whose bias is still to be
+    /// added: `x = res + dropout(branch + branch_bias, p)`. `branch` is the output of a linear
+    /// layer run without its bias ([`crate::linear::Linear::f_forward_unbiased`]), `branch_bias`
+    /// that layer's bias (`[width]`): the fused kernel adds it in float32 and sums its gradient
+    /// from the branch gradient it writes anyway, so the linear layer's backward makes no pass
+    /// for it. ATen's path computes the same with `add`.
+    ///
+    /// ```no_run
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// use tch::{nn, Device, Kind, Tensor};
+    /// use tch_cuda_graphs::linear::{linear, LinearConfig};
+    /// use tch_cuda_graphs::norm::{layer_norm, NormConfig};
+    /// let vs = nn::VarStore::new(Device::Cuda(0));
+    /// let proj = linear(vs.root() / "c_proj", 384, 384, LinearConfig::default());
+    /// let ln = layer_norm(vs.root() / "ln_2", vec![384], NormConfig::default());
+    /// let (res, h) = (Tensor::randn([8, 256, 384], (Kind::Float, Device::Cuda(0))), Tensor::randn([8, 256, 384], (Kind::BFloat16, Device::Cuda(0))));
+    /// // was: ln.f_forward_residual(&res, &proj.f_forward(&h)?, 0.2, true)
+    /// let (res, y) = ln.f_forward_residual_biased(&res, &proj.f_forward_unbiased(&h)?, proj.bs.as_ref(), 0.2, true)?;
+    /// # let _ = (res, y); Ok(()) }
+    /// ```
+    pub fn f_forward_residual_biased(
+        &self,
+        res: &Tensor,
+        branch: &Tensor,
+        branch_bias: Option<&Tensor>,
+        p: f64,
+        train: bool,
+    ) -> Result<(Tensor, Tensor)> {
+        let (x, y) = self.run(res, Some(branch), branch_bias, p, train)?;
         Ok((x.unwrap_or_else(|| res.shallow_clone()), y))
     }
 
@@ -198,7 +230,14 @@ impl LayerNorm {
         self.config
     }
 
-    fn run(&self, res: &Tensor, branch: Option<&Tensor>, p: f64, train: bool) -> Result<(Option<Tensor>, Tensor)> {
+    fn run(
+        &self,
+        res: &Tensor,
+        branch: Option<&Tensor>,
+        branch_bias: Option<&Tensor>,
+        p: f64,
+        train: bool,
+    ) -> Result<(Option<Tensor>, Tensor)> {
         let c = &self.config;
         let options = NormOptions {
             eps: c.eps,
@@ -213,7 +252,7 @@ impl LayerNorm {
             },
             train,
         };
-        let inputs = NormInputs { res, branch, weight: self.ws.as_ref(), bias: self.bs.as_ref() };
+        let inputs = NormInputs { res, branch, weight: self.ws.as_ref(), bias: self.bs.as_ref(), branch_bias };
         let out = raw::forward(&inputs, &options, c.kernels.raw())?;
         self.last.set(Some(KernelPath::of_one(out.ran_own)));
         Ok((out.res, out.y))

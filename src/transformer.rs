@@ -1,8 +1,12 @@
 //! A pre-norm transformer layer ([`TransformerLayer`], after Transformer Engine's
 //! `TransformerLayer`) and the residual stream it carries between layers ([`ResidualStream`]),
 //! so that every fusion of the crate applies without restructuring a model: each norm takes the
-//! residual add and the dropout of the branch before it ([`crate::norm`]), each linear layer its
-//! bias gradient from the weight-gradient GEMM ([`crate::linear`]).
+//! residual add and the dropout of the branch before it ([`crate::norm`]) and the bias of the
+//! projection that made the branch ([`ResidualStream::f_push_linear`]), the GELU takes the bias of
+//! the MLP's first layer ([`crate::gelu`]), so each of those bias gradients is summed in a pass
+//! that runs anyway, and the other linear layer (QKV) sums its bias gradient inside the
+//! weight-gradient GEMM ([`crate::linear`]). Under [`Kernels::PyTorch`] the layer runs PyTorch's
+//! operations in PyTorch's order (each bias in its linear layer).
 //!
 //! A GPT is N constructor calls; its forward threads one stream through the layers:
 //!
@@ -25,6 +29,7 @@
 //! ```
 
 use crate::error::{Error, Result};
+use crate::gelu::{f_bias_gelu, GeluApproximate, GeluConfig};
 use crate::kernels::Kernels;
 use crate::linear::{linear, Linear, LinearConfig, WeightGrad};
 use crate::norm::{layer_norm, LayerNorm, NormConfig, NormKind};
@@ -44,6 +49,7 @@ pub struct ResidualStream {
 #[derive(Debug)]
 struct Pending {
     branch: Tensor,
+    bias: Option<Tensor>,
     p: f64,
     train: bool,
 }
@@ -58,8 +64,8 @@ impl ResidualStream {
     /// stream's `x`: one fused kernel where the norm's kernels apply.
     pub fn f_norm(&mut self, norm: &LayerNorm) -> Result<Tensor> {
         match self.pending.take() {
-            Some(Pending { branch, p, train }) => {
-                let (x, h) = norm.f_forward_residual(&self.x, &branch, p, train)?;
+            Some(Pending { branch, bias, p, train }) => {
+                let (x, h) = norm.f_forward_residual_biased(&self.x, &branch, bias.as_ref(), p, train)?;
                 self.x = x;
                 Ok(h)
             }
@@ -71,7 +77,19 @@ impl ResidualStream {
     /// still pending is added first.
     pub fn f_push(&mut self, branch: Tensor, p: f64, train: bool) -> Result<()> {
         self.settle()?;
-        self.pending = Some(Pending { branch, p, train });
+        self.pending = Some(Pending { branch, bias: None, p, train });
+        Ok(())
+    }
+
+    /// Records `proj(input)` as the branch to be added: the projection runs without its bias
+    /// ([`Linear::f_forward_unbiased`]), and the next norm adds the bias in its kernel and sums
+    /// its gradient there ([`LayerNorm::f_forward_residual_biased`]), so the projection's
+    /// backward makes no pass for it. The same values as `f_push(proj.f_forward(input)?, ..)`
+    /// up to rounding (the bias is added in float32).
+    pub fn f_push_linear(&mut self, proj: &Linear, input: &Tensor, p: f64, train: bool) -> Result<()> {
+        let branch = proj.f_forward_unbiased(input)?;
+        self.settle()?;
+        self.pending = Some(Pending { branch, bias: proj.bs.as_ref().map(Tensor::shallow_clone), p, train });
         Ok(())
     }
 
@@ -126,7 +144,11 @@ impl ResidualStream {
     }
 
     fn settle(&mut self) -> Result<()> {
-        if let Some(Pending { branch, p, train }) = self.pending.take() {
+        if let Some(Pending { branch, bias, p, train }) = self.pending.take() {
+            let branch = match bias {
+                Some(bias) => branch.f_add(&bias)?,
+                None => branch,
+            };
             let b = if train && p > 0.0 { branch.f_dropout(p, true)? } else { branch };
             self.x = self.x.f_add(&b)?;
         }
@@ -257,11 +279,53 @@ impl TransformerLayer {
     /// branch is left pending in the stream, for the next layer's (or the final) norm.
     pub fn f_forward_t(&self, stream: &mut ResidualStream, train: bool) -> Result<()> {
         let p = if train { self.config.dropout } else { 0.0 };
-        stream.f_residual(&self.ln_1, p, train, |h| self.attention(h, p))?;
-        stream
-            .f_residual(&self.ln_2, p, train, |h| self.mlp_proj.f_forward(&self.activation(&self.c_fc.f_forward(h)?)?))
+        let h = stream.f_norm(&self.ln_1)?;
+        let y = self.attention(&h, p)?;
+        self.push_projection(stream, &self.attn_proj, &y, p, train)?;
+        let h = stream.f_norm(&self.ln_2)?;
+        let a = self.mlp_hidden(&h)?;
+        self.push_projection(stream, &self.mlp_proj, &a, p, train)
     }
 
+    /// Whether the biases go into the fused kernels after their layers (the norms, GELU): with
+    /// the crate's kernels; ATen's path (`Kernels::PyTorch`) keeps PyTorch's order of operations.
+    fn defer_biases(&self) -> bool {
+        self.config.kernels != Kernels::PyTorch
+    }
+
+    fn push_projection(
+        &self,
+        stream: &mut ResidualStream,
+        proj: &Linear,
+        x: &Tensor,
+        p: f64,
+        train: bool,
+    ) -> Result<()> {
+        if self.defer_biases() {
+            stream.f_push_linear(proj, x, p, train)
+        } else {
+            stream.f_push(proj.f_forward(x)?, p, train)
+        }
+    }
+
+    /// The MLP's activation of its first layer: `c_fc`'s bias added inside the GELU kernel where
+    /// the biases are deferred.
+    fn mlp_hidden(&self, h: &Tensor) -> Result<Tensor> {
+        let approximate = match self.config.activation {
+            Activation::Gelu => GeluApproximate::None,
+            Activation::GeluTanh => GeluApproximate::Tanh,
+            Activation::Relu => return self.c_fc.f_forward(h)?.f_relu().map_err(Into::into),
+        };
+        let config = GeluConfig { approximate, kernels: self.config.kernels };
+        if self.defer_biases() {
+            f_bias_gelu(&self.c_fc.f_forward_unbiased(h)?, self.c_fc.bs.as_ref(), &config)
+        } else {
+            f_bias_gelu(&self.c_fc.f_forward(h)?, None, &config)
+        }
+    }
+
+    /// Attention up to its output projection (the projection is the caller's, so its bias can be
+    /// deferred into the next norm).
     fn attention(&self, h: &Tensor, p: f64) -> Result<Tensor> {
         let size = h.size();
         let [n, t, e] = size[..] else {
@@ -278,15 +342,7 @@ impl TransformerLayer {
         let heads = |x: &Tensor| x.f_view([n, t, nh, e / nh])?.f_transpose(1, 2);
         let (q, k, v) = (heads(&qkv[0])?, heads(&qkv[1])?, heads(&qkv[2])?);
         let y = Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, p, self.config.causal, None, false)?;
-        self.attn_proj.f_forward(&y.f_transpose(1, 2)?.f_contiguous()?.f_view([n, t, e])?)
-    }
-
-    fn activation(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(match self.config.activation {
-            Activation::Gelu => x.f_gelu("none")?,
-            Activation::GeluTanh => x.f_gelu("tanh")?,
-            Activation::Relu => x.f_relu()?,
-        })
+        Ok(y.f_transpose(1, 2)?.f_contiguous()?.f_view([n, t, e])?)
     }
 }
 

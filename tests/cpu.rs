@@ -1104,3 +1104,55 @@ fn a_step_takes_weight_shadows_only_as_asked() {
     late.run(&[&x]).expect("a CPU step without shadows runs: autocast does not touch it");
     assert!(matches!(late.set_weight_shadows(set(Kind::BFloat16)), Err(Error::Misuse(_))), "after the first run");
 }
+
+/// GELU with the bias folded in, on the CPU (ATen's composition): `gelu(x + bias)` in both forms,
+/// its gradients those of the composition; and a transformer layer whose biases go into the
+/// norms and the GELU (`Kernels::Auto`) computes what the layer with each bias in its linear
+/// layer computes (`Kernels::PyTorch`), up to rounding.
+#[test]
+fn bias_gelu_and_deferred_biases_on_the_cpu() {
+    use tch::nn::ModuleT;
+    use tch_cuda_graphs::gelu::{f_bias_gelu, GeluApproximate, GeluConfig};
+    use tch_cuda_graphs::kernels::Kernels;
+    use tch_cuda_graphs::transformer::{TransformerConfig, TransformerLayer};
+    tch::manual_seed(5);
+    let x = Tensor::randn([6, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let bias = Tensor::randn([16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    for (approximate, name) in [(GeluApproximate::None, "none"), (GeluApproximate::Tanh, "tanh")] {
+        let y = f_bias_gelu(&x, Some(&bias), &GeluConfig { approximate, ..Default::default() }).unwrap();
+        let want = (&x + &bias).gelu(name);
+        assert!(y.equal(&want), "gelu({name}) of x + bias");
+    }
+    let wrong = Tensor::zeros([15], (Kind::Float, Device::Cpu));
+    assert!(matches!(f_bias_gelu(&x, Some(&wrong), &GeluConfig::default()), Err(Error::Misuse(_))));
+
+    let layer = |kernels| {
+        tch::manual_seed(7);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let cfg = TransformerConfig { heads: 2, kernels, ..Default::default() };
+        let l = TransformerLayer::new(vs.root(), 16, cfg);
+        tch::no_grad(|| {
+            for (_, t) in vs.variables() {
+                t.shallow_clone().copy_(&(Tensor::randn_like(&t) * 0.2));
+            }
+        });
+        (vs, l)
+    };
+    let (vs_a, deferred) = layer(Kernels::Auto);
+    let (mut vs_b, plain) = layer(Kernels::PyTorch);
+    vs_b.copy(&vs_a).unwrap();
+    let h = Tensor::randn([2, 5, 16], (Kind::Float, Device::Cpu));
+    let (ya, yb) = (deferred.forward_t(&h, false), plain.forward_t(&h, false));
+    ya.sum(Kind::Float).backward();
+    yb.sum(Kind::Float).backward();
+    let diff = f64::try_from((&ya - &yb).abs().max()).unwrap();
+    let grad_diff = ["mlp.c_fc.bias", "mlp.c_proj.bias", "attn.c_proj.bias"]
+        .iter()
+        .map(|n| {
+            let (a, b) = (&vs_a.variables()[*n], &vs_b.variables()[*n]);
+            f64::try_from((a.grad() - b.grad()).abs().max()).unwrap()
+        })
+        .fold(0f64, f64::max);
+    println!("deferred biases against biases in the linear layers: output {diff:e}, bias gradients {grad_diff:e}");
+    assert!(diff < 1e-5 && grad_diff < 1e-5);
+}

@@ -3,7 +3,8 @@
 // out (see norm_params.h for what each computes). Forward: one warp per row, 4 values per lane
 // and load, the row held in registers (VEC groups of 4 per lane). Backward: one block of 32·VEC
 // threads per row, one group of 4 per thread; the weight and bias gradients are summed per block
-// in registers, then across blocks by a small finishing kernel (a fixed order: deterministic).
+// in registers (and the branch bias's, the sum of the branch gradient), then across blocks by a
+// small finishing kernel (a fixed order: deterministic).
 //
 // Compiled by nvcc into a fat binary that build.rs embeds in the shim; the launcher
 // (norm_own.cpp) launches the extern "C" kernels by name.
@@ -11,6 +12,7 @@
 #include <cuda_fp16.h>
 
 #include "norm_params.h"
+#include "col_sum.cuh"
 #include "own_kernel_list.h"
 #include "vec_io.cuh"
 
@@ -81,6 +83,10 @@ __device__ void forward(const Forward& a) {
       float4 x = load4<float>(a.res + base + c);
       if (a.branch != nullptr) {
         float4 b = load4<TB>(static_cast<const TB*>(a.branch) + base + c);
+        if (a.branch_bias != nullptr) {
+          const float4 bb = load4<float>(a.branch_bias + c);
+          b = make_float4(b.x + bb.x, b.y + bb.y, b.z + bb.z, b.w + bb.w);
+        }
         if (a.dropout) {
           const float4 m = keep4(seed, offset, static_cast<uint64_t>(base + c), a.keep, a.scale);
           b = make_float4(b.x * m.x, b.y * m.y, b.z * m.z, b.w * m.w);
@@ -142,7 +148,7 @@ __device__ void backward(const Backward& a) {
   uint64_t seed = 0, offset = 0;
   if (a.dropout) unpack(a.philox, &seed, &offset);
   const float4 w = active && a.gamma != nullptr ? load4<float>(a.gamma + c) : make_float4(1.f, 1.f, 1.f, 1.f);
-  float4 acc_g = zero, acc_b = zero;
+  float4 acc_g = zero, acc_b = zero, acc_bb = zero;
   int parity = 0;
   const int64_t stride = gridDim.x;
   for (int64_t first = blockIdx.x; first < a.rows; first += R * stride, parity ^= 1) {
@@ -204,6 +210,7 @@ __device__ void backward(const Backward& a) {
             db = make_float4(d.x * m.x, d.y * m.y, d.z * m.z, d.w * m.w);
           }
           store4<TB>(static_cast<TB*>(a.dbranch) + at, db);
+          acc_bb = make_float4(acc_bb.x + db.x, acc_bb.y + db.y, acc_bb.z + db.z, acc_bb.w + db.w);
         }
       }
     }
@@ -212,32 +219,7 @@ __device__ void backward(const Backward& a) {
     const int64_t part = static_cast<int64_t>(blockIdx.x) * a.cols + c;
     if (a.part_gamma != nullptr) store4<float>(a.part_gamma + part, acc_g);
     if (a.part_beta != nullptr) store4<float>(a.part_beta + part, acc_b);
-  }
-}
-
-__device__ void finish(const Finish& a) {
-  __shared__ float s[2][kFinishThreads / kFinishCols][kFinishCols + 1];
-  const int lane = threadIdx.x % kFinishCols, part = threadIdx.x / kFinishCols;
-  constexpr int parts = kFinishThreads / kFinishCols;
-  const int c = blockIdx.x * kFinishCols + lane;
-  float sg = 0.0f, sb = 0.0f;
-  if (c < a.cols) {
-    for (int b = part; b < a.blocks; b += parts) {
-      const int64_t at = static_cast<int64_t>(b) * a.cols + c;
-      if (a.part_gamma) sg += a.part_gamma[at];
-      if (a.part_beta) sb += a.part_beta[at];
-    }
-  }
-  s[0][part][lane] = sg;
-  s[1][part][lane] = sb;
-  __syncthreads();
-  if (part == 0 && c < a.cols) {
-    for (int p = 1; p < parts; ++p) {
-      sg += s[0][p][lane];
-      sb += s[1][p][lane];
-    }
-    if (a.dgamma) a.dgamma[c] = sg;
-    if (a.dbeta) a.dbeta[c] = sb;
+    if (a.part_branch_bias != nullptr) store4<float>(a.part_branch_bias + part, acc_bb);
   }
 }
 
@@ -257,6 +239,6 @@ __device__ void finish(const Finish& a) {
 #define TCG_NORM_KERNELS_FOR(NB, NY) TCG_NORM_VECS(TCG_NORM_KERNELS, NB, NY)
 TCG_NORM_TYPES(TCG_NORM_KERNELS_FOR)
 
-extern "C" __global__ void __launch_bounds__(tcg::norm::kFinishThreads) tcg_norm_finish(const tcg::norm::Finish a) {
-  tcg::norm::finish(a);
+extern "C" __global__ void __launch_bounds__(tcg::cuda::kColSumThreads) tcg_norm_finish(const tcg::norm::Finish a) {
+  tcg::cuda::sum_columns<tcg::norm::kFinishSums>(a.part, a.sum, a.blocks, a.cols);
 }

@@ -2,8 +2,8 @@
 // own_kernels.cpp) and the autograd function around them: the forward saves what was
 // normalized (x), the row statistics and the dropout generator state; the backward draws the
 // dropout mask again from that state (inside a captured graph the state is read on the device,
-// so every replay's backward sees its own forward's mask), then sums the weight and bias
-// gradients in a fixed order.
+// so every replay's backward sees its own forward's mask), then sums the weight, bias and branch
+// bias gradients in a fixed order.
 #include "../norm_own.h"
 
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <mutex>
 
+#include "col_sum.h"
 #include "cuda_shim.h"
 #include "norm_params.h"
 #include "../kernels.h"
@@ -70,9 +71,11 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
   // tensor argument, which an undefined at::Tensor does not have.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& res,
                                const std::optional<at::Tensor>& branch_arg,
+                               const std::optional<at::Tensor>& branch_bias_arg,
                                const std::optional<at::Tensor>& weight_arg,
                                const std::optional<at::Tensor>& bias_arg, Options o) {
     const at::Tensor branch = branch_arg.value_or(at::Tensor());
+    const at::Tensor branch_bias = branch_bias_arg.value_or(at::Tensor());
     const at::Tensor weight = weight_arg.value_or(at::Tensor());
     const at::Tensor bias = bias_arg.value_or(at::Tensor());
     const int device = res.get_device();
@@ -88,6 +91,7 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     Forward p{};
     p.res = res.data_ptr<float>();
     p.branch = has_branch ? branch.data_ptr() : nullptr;
+    p.branch_bias = branch_bias.defined() ? branch_bias.data_ptr<float>() : nullptr;
     p.gamma = weight.defined() ? weight.data_ptr<float>() : nullptr;
     p.beta = bias.defined() ? bias.data_ptr<float>() : nullptr;
     p.res_out = has_branch ? x.data_ptr<float>() : nullptr;
@@ -111,6 +115,7 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     ctx->saved_data["dropout"] = dropout;
     ctx->saved_data["has_branch"] = has_branch;
     ctx->saved_data["has_bias"] = bias.defined();
+    ctx->saved_data["has_branch_bias"] = branch_bias.defined();
     ctx->saved_data["rms"] = o.rms;
     ctx->saved_data["keep"] = static_cast<double>(p.keep);
     ctx->saved_data["scale"] = static_cast<double>(p.scale);
@@ -127,6 +132,7 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     const bool has_branch = ctx->saved_data.at("has_branch").toBool();
     const bool dropout = ctx->saved_data.at("dropout").toBool();
     const bool has_bias = ctx->saved_data.at("has_bias").toBool();
+    const bool has_branch_bias = ctx->saved_data.at("has_branch_bias").toBool();
     const auto branch_type = static_cast<at::ScalarType>(ctx->saved_data.at("branch_type").toInt());
     at::Tensor dres = has_branch ? grads.at(0) : at::Tensor();
     at::Tensor dy = grads.at(has_branch ? 1 : 0);
@@ -140,7 +146,7 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     const int64_t sms = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device))->multiProcessorCount;
     const int v = vec(cols);
     const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(rows, bwd_blocks_per_sm(v) * sms));
-    at::Tensor part_gamma, part_beta, dgamma, dbeta;
+    at::Tensor part_gamma, part_beta, part_branch_bias, dgamma, dbeta, dbranch_bias;
     if (weight.defined()) {
       part_gamma = at::empty({blocks, cols}, x.options());
       dgamma = at::empty({cols}, x.options());
@@ -148,6 +154,10 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     if (has_bias) {
       part_beta = at::empty({blocks, cols}, x.options());
       dbeta = at::empty({cols}, x.options());
+    }
+    if (has_branch_bias) {
+      part_branch_bias = at::empty({blocks, cols}, x.options());
+      dbranch_bias = at::empty({cols}, x.options());
     }
     Backward p{};
     p.dy = dy.defined() ? dy.data_ptr() : nullptr;
@@ -160,6 +170,7 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     p.dbranch = has_branch ? dbranch.data_ptr() : nullptr;
     p.part_gamma = weight.defined() ? part_gamma.data_ptr<float>() : nullptr;
     p.part_beta = has_bias ? part_beta.data_ptr<float>() : nullptr;
+    p.part_branch_bias = has_branch_bias ? part_branch_bias.data_ptr<float>() : nullptr;
     p.rows = rows;
     p.cols = static_cast<int32_t>(cols);
     p.rms = ctx->saved_data.at("rms").toBool() ? 1 : 0;
@@ -170,25 +181,27 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     const at::ScalarType y_type = dy.defined() ? dy.scalar_type() : at::kFloat;
     own::launch(own::norm_kernel(own::Pass::Backward, branch_type, y_type, v), device,
            static_cast<unsigned>(blocks), 32 * v, &p);
-    if (weight.defined() || has_bias) {
+    if (weight.defined() || has_bias || has_branch_bias) {
       Finish f{};
-      f.part_gamma = p.part_gamma;
-      f.part_beta = p.part_beta;
-      f.dgamma = weight.defined() ? dgamma.data_ptr<float>() : nullptr;
-      f.dbeta = has_bias ? dbeta.data_ptr<float>() : nullptr;
+      f.part[0] = p.part_gamma;
+      f.part[1] = p.part_beta;
+      f.part[2] = p.part_branch_bias;
+      f.sum[0] = weight.defined() ? dgamma.data_ptr<float>() : nullptr;
+      f.sum[1] = has_bias ? dbeta.data_ptr<float>() : nullptr;
+      f.sum[2] = has_branch_bias ? dbranch_bias.data_ptr<float>() : nullptr;
       f.blocks = static_cast<int32_t>(blocks);
       f.cols = static_cast<int32_t>(cols);
-      own::launch("tcg_norm_finish", device, static_cast<unsigned>((cols + kFinishCols - 1) / kFinishCols),
-             kFinishThreads, &f);
+      own::launch("tcg_norm_finish", device, static_cast<unsigned>((cols + cuda::kColSumCols - 1) / cuda::kColSumCols),
+                  cuda::kColSumThreads, &f);
     }
-    return {dx, dbranch, dgamma, dbeta, at::Tensor()};
+    return {dx, dbranch, dbranch_bias, dgamma, dbeta, at::Tensor()};
   }
 };
 
 }  // namespace
 
-std::string unsupported(const at::Tensor& res, const at::Tensor& branch, const at::Tensor& weight,
-                        const at::Tensor& bias, const Options& o) {
+std::string unsupported(const Inputs& in, const Options& o) {
+  const at::Tensor &res = in.res, &branch = in.branch;
   if (!res.is_cuda()) return "the input is not on a CUDA device";
   if (res.scalar_type() != at::kFloat) return "the input (the residual stream) is not float32";
   const int64_t cols = res.size(-1);
@@ -204,20 +217,18 @@ std::string unsupported(const at::Tensor& res, const at::Tensor& branch, const a
     }
     if (!branch.is_contiguous() || !aligned16(branch)) return "the branch is not contiguous and 16-byte aligned";
   }
-  for (const at::Tensor* p : {&weight, &bias}) {
+  for (const at::Tensor* p : {&in.weight, &in.bias, &in.branch_bias}) {
     if (!p->defined()) continue;
     if (p->device() != res.device() || p->scalar_type() != at::kFloat || !p->is_contiguous() || !aligned16(*p)) {
-      return "weight and bias must be contiguous float32 on the input's device";
+      return "weight, bias and branch bias must be contiguous float32 on the input's device";
     }
   }
   return kernels::unavailable(res.get_device());
 }
 
-std::pair<at::Tensor, at::Tensor> fused(const at::Tensor& res, const at::Tensor& branch,
-                                        const at::Tensor& weight, const at::Tensor& bias,
-                                        const Options& o) {
+std::pair<at::Tensor, at::Tensor> fused(const Inputs& in, const Options& o) {
   auto opt = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
-  variable_list out = FusedNorm::apply(res, opt(branch), opt(weight), opt(bias), o);
+  variable_list out = FusedNorm::apply(in.res, opt(in.branch), opt(in.branch_bias), opt(in.weight), opt(in.bias), o);
   if (out.size() == 1) return {at::Tensor(), out[0]};
   return {out[0], out[1]};
 }

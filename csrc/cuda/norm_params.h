@@ -4,11 +4,13 @@
 // argument, passed by value.
 //
 // What they compute, per row of `cols` values (fp32 math):
-//   forward:  x = res + dropout(branch)           (res_out; skipped without a branch)
+//   forward:  x = res + dropout(branch + bb)      (res_out; skipped without a branch; bb: the
+//                                                  branch's bias, 0 without one)
 //             y = (x - mean) * rstd * gamma + beta (LayerNorm; RMSNorm: mean 0, no beta)
 //   backward: dx = dres + rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma
 //             dbranch = dropout mask * scale * dx;  dgamma = sum over rows of dy * xhat,
-//             dbeta = sum of dy (per block, then summed by the finishing kernel)
+//             dbeta = sum of dy, dbb = sum of dbranch before its rounding (per block, then
+//             summed by the finishing kernel)
 // Forward: one warp per row (kWarps rows a block); backward: one block of 32 * VEC threads.
 // The dropout mask of element e is Philox4x32-10 of counter (offset / 4, e / 4) and key seed,
 // lane e % 4, below `keep`: the backward draws it again rather than storing it.
@@ -33,6 +35,7 @@ constexpr int bwd_blocks_per_sm(int vec) { return 32 / vec; }
 struct Forward {
   const float* res;     // [rows, cols] fp32
   const void* branch;   // [rows, cols] of the kernel's branch type, or null
+  const float* branch_bias;  // [cols] or null (zeros)
   const float* gamma;   // [cols] or null (ones)
   const float* beta;    // [cols] or null (zeros; RMSNorm has none)
   float* res_out;       // [rows, cols] fp32, written when there is a branch
@@ -60,6 +63,7 @@ struct Backward {
   void* dbranch;        // [rows, cols] of the branch type, or null
   float* part_gamma;    // [gridDim.x, cols] per-block sums, or null (no gamma)
   float* part_beta;     // [gridDim.x, cols], or null (no beta)
+  float* part_branch_bias;  // [gridDim.x, cols], or null (no branch bias)
   int64_t rows;
   int32_t cols;
   int32_t rms;
@@ -69,18 +73,15 @@ struct Backward {
   at::PhiloxCudaState philox;
 };
 
-// Sums the per-block partials: out[c] = sum over b < blocks of part[b * cols + c].
+// Sums the per-block partials: sum[k][c] = sum over b < blocks of part[k][b * cols + c], for the
+// weight (k = 0), bias (1) and branch bias (2) gradients; a null part[k] is skipped.
+constexpr int kFinishSums = 3;
 struct Finish {
-  const float* part_gamma;
-  const float* part_beta;
-  float* dgamma;        // or null
-  float* dbeta;         // or null
+  const float* part[kFinishSums];
+  float* sum[kFinishSums];
   int32_t blocks;
   int32_t cols;
 };
-
-// Columns per block of the finishing kernel, and its threads (kFinishCols lanes x rows).
-constexpr int kFinishCols = 32;
-constexpr int kFinishThreads = 1024;
+// The finishing kernel is col_sum.cuh's sum_columns: ceil(cols / 32) blocks of 1024 threads.
 
 }  // namespace tcg::norm

@@ -31,9 +31,14 @@
 // SwiGLU (swiglu_kernels.cu), per dtype T: tcg_swiglu_<fwd|bwd>_<T>.
 #define TCG_SWIGLU_TYPES(X) X(Float) X(BFloat16) X(Half)
 
-// Kernels of one instance each: the norms' and the loss's finishing kernels, the loss's count, and
-// the conditional nodes' setter (cond_kernels.cuh, built into optim_kernels.cu's binary).
-#define TCG_SINGLE_KERNELS(X) X(tcg_norm_finish) X(tcg_ce_finish) X(tcg_ce_count) X(tcg_cond_set)
+// Bias + GELU (gelu_kernels.cu), per dtype T and form (erf: exact; tanh: the approximation):
+// tcg_gelu_<fwd|bwd>_<T>_<erf|tanh>.
+#define TCG_GELU_TYPES(X) X(Float) X(BFloat16) X(Half)
+#define TCG_GELU_FORMS(X, T) X(T, erf, false) X(T, tanh, true)
+
+// Kernels of one instance each: the norms', the loss's and GELU's finishing kernels, the loss's
+// count, and the conditional nodes' setter (cond_kernels.cuh, built into optim_kernels.cu's binary).
+#define TCG_SINGLE_KERNELS(X) X(tcg_norm_finish) X(tcg_ce_finish) X(tcg_ce_count) X(tcg_gelu_finish) X(tcg_cond_set)
 
 // The CUDA type of a dtype name, for the kernels that read memory through vec_io.cuh.
 #define TCG_CUDA_TYPE(NAME) TCG_CUDA_TYPE_##NAME

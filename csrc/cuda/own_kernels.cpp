@@ -23,6 +23,7 @@ extern "C" const unsigned char tcg_norm_kernels_fatbin[];
 extern "C" const unsigned char tcg_loss_kernels_fatbin[];
 extern "C" const unsigned char tcg_rotary_kernels_fatbin[];
 extern "C" const unsigned char tcg_swiglu_kernels_fatbin[];
+extern "C" const unsigned char tcg_gelu_kernels_fatbin[];
 #endif
 
 namespace tcg::own {
@@ -39,6 +40,7 @@ constexpr int kNormVecs[] = {TCG_NORM_VECS(TCG_VEC, Float, Float)};
 constexpr at::ScalarType kLossTypes[] = {TCG_LOSS_TYPES(TCG_TYPE)};
 constexpr at::ScalarType kRotaryTypes[] = {TCG_ROTARY_TYPES(TCG_TYPE)};
 constexpr at::ScalarType kSwigluTypes[] = {TCG_SWIGLU_TYPES(TCG_TYPE)};
+constexpr at::ScalarType kGeluTypes[] = {TCG_GELU_TYPES(TCG_TYPE)};
 const char* const kSingleKernels[] = {TCG_SINGLE_KERNELS(TCG_NAME)};
 #undef TCG_TYPE
 #undef TCG_TYPE_PAIR
@@ -89,6 +91,16 @@ std::vector<std::string> swiglu_kernel_names() {
   return names;
 }
 
+std::vector<std::string> gelu_kernel_names() {
+  std::vector<std::string> names;
+  for (at::ScalarType t : kGeluTypes) {
+    for (bool tanh : {false, true}) {
+      for (Pass pass : {Pass::Forward, Pass::Backward}) names.push_back(gelu_kernel(pass, t, tanh));
+    }
+  }
+  return names;
+}
+
 // The loaded libraries, their kernels, and what each device made of them. One per process,
 // never unloaded (kernels may be captured in graphs that live until exit).
 struct Library {
@@ -108,7 +120,8 @@ Library& library() {
         {tcg_norm_kernels_fatbin, norm_kernel_names()},
         {tcg_loss_kernels_fatbin, loss_kernel_names()},
         {tcg_rotary_kernels_fatbin, rotary_kernel_names()},
-        {tcg_swiglu_kernels_fatbin, swiglu_kernel_names()}};
+        {tcg_swiglu_kernels_fatbin, swiglu_kernel_names()},
+        {tcg_gelu_kernels_fatbin, gelu_kernel_names()}};
     for (const auto& [image, names] : images) {
       cudaLibrary_t lib = nullptr;
       cudaError_t e = cudaLibraryLoadData(&lib, image, nullptr, nullptr, 0, nullptr, nullptr, 0);
@@ -205,11 +218,11 @@ cudaKernel_t kernel(const char* name, int device) {
   return it->second;
 }
 
-void launch(const std::string& name, int device, unsigned blocks, unsigned threads, void* params) {
+void launch(const std::string& name, int device, dim3 blocks, unsigned threads, void* params) {
   cudaKernel_t k = kernel(name.c_str(), device);
   void* args[] = {params};
   auto stream = at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
-  check_cuda(cudaLaunchKernel(reinterpret_cast<const void*>(k), dim3(blocks), dim3(threads), args, 0,
+  check_cuda(cudaLaunchKernel(reinterpret_cast<const void*>(k), blocks, dim3(threads), args, 0,
                               stream.stream()),
              name.c_str());
 }
@@ -224,6 +237,7 @@ bool norm_builds(at::ScalarType branch, at::ScalarType out) { return holds(kNorm
 bool loss_builds(at::ScalarType logits) { return holds(kLossTypes, logits); }
 bool rotary_builds(at::ScalarType t) { return holds(kRotaryTypes, t); }
 bool swiglu_builds(at::ScalarType t) { return holds(kSwigluTypes, t); }
+bool gelu_builds(at::ScalarType t) { return holds(kGeluTypes, t); }
 
 // The names, as own_kernel_list.h documents them; c10::toString spells a dtype as its enumerator.
 std::string adam_kernel(at::ScalarType param, bool adamw, bool amsgrad) {
@@ -247,6 +261,11 @@ std::string rotary_kernel(at::ScalarType t) { return std::string("tcg_rotary_") 
 
 std::string swiglu_kernel(Pass pass, at::ScalarType t) {
   return std::string(pass == Pass::Forward ? "tcg_swiglu_fwd_" : "tcg_swiglu_bwd_") + c10::toString(t);
+}
+
+std::string gelu_kernel(Pass pass, at::ScalarType t, bool tanh) {
+  return std::string(pass == Pass::Forward ? "tcg_gelu_fwd_" : "tcg_gelu_bwd_") + c10::toString(t) +
+         (tanh ? "_tanh" : "_erf");
 }
 
 }  // namespace tcg::own

@@ -1,5 +1,5 @@
 // The crate's own CUDA kernels as one library: the fat binaries build.rs compiles from
-// csrc/cuda/*_kernels.cu and embeds (optimizers, conditional-node setter, normalization, loss),
+// csrc/cuda/*_kernels.cu and embeds (optimizers, conditional-node setter, normalization, loss, rotary, SwiGLU, GELU),
 // loaded once per process with the CUDA runtime's library API and checked per device, so that no
 // lazy loading ever happens inside a capture. The launchers (optim_own.cpp, conditional.cpp,
 // norm_own.cpp, loss_own.cpp) take their kernels from here by name.
@@ -19,8 +19,9 @@ namespace tcg::own {
 cudaKernel_t kernel(const char* name, int device);
 
 // Launches the kernel `name` on `device`'s current stream, `params` pointing at its one by-value
-// argument (the launch-parameter structs of *_params.h). Throws on a launch error.
-void launch(const std::string& name, int device, unsigned blocks, unsigned threads, void* params);
+// argument (the launch-parameter structs of *_params.h); `blocks` a count or a 2-D grid. Throws
+// on a launch error.
+void launch(const std::string& name, int device, dim3 blocks, unsigned threads, void* params);
 
 // The kernels of own_kernel_list.h, by their names' parts: whether the lists build a dtype (or
 // pair), and each kernel's name as the *_kernels.cu files spell it.
@@ -30,6 +31,7 @@ bool norm_builds(at::ScalarType branch, at::ScalarType out);
 bool loss_builds(at::ScalarType logits);
 bool rotary_builds(at::ScalarType t);
 bool swiglu_builds(at::ScalarType t);
+bool gelu_builds(at::ScalarType t);
 std::string adam_kernel(at::ScalarType param, bool adamw, bool amsgrad);
 std::string sgd_kernel(at::ScalarType param, bool momentum);
 // `vec`: 4 for rows up to 512 wide, 8 up to 1024 (norm_params.h's kMaxCols).
@@ -38,5 +40,6 @@ std::string norm_kernel(Pass pass, at::ScalarType branch, at::ScalarType out, in
 std::string loss_kernel(Pass pass, at::ScalarType logits);
 std::string rotary_kernel(at::ScalarType t);
 std::string swiglu_kernel(Pass pass, at::ScalarType t);
+std::string gelu_kernel(Pass pass, at::ScalarType t, bool tanh);
 
 }  // namespace tcg::own

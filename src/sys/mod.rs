@@ -24,6 +24,7 @@
 //! | `loss.rs` | `csrc/loss.cpp`, `csrc/cuda/loss_own.cpp` |
 //! | `rotary.rs` | `csrc/rotary.cpp`, `csrc/cuda/rotary_own.cpp` |
 //! | `swiglu.rs` | `csrc/swiglu.cpp`, `csrc/cuda/swiglu_own.cpp` |
+//! | `gelu.rs` | `csrc/gelu.cpp`, `csrc/cuda/gelu_own.cpp` |
 //! | `dist.rs` | `csrc/cuda/dist.cpp`, `csrc/cuda/grad_buckets.cpp`, `csrc/bucket_plan.cpp` |
 //! | `profiler.rs` | `csrc/profiler.cpp` |
 //! | `watch.rs` | `csrc/watch.cpp` |
@@ -38,6 +39,7 @@ pub(crate) mod dist;
 pub(crate) mod error;
 pub(crate) mod feed;
 mod ffi;
+pub(crate) mod gelu;
 pub(crate) mod graph;
 pub(crate) mod graphed;
 pub(crate) mod kernels;

@@ -12,12 +12,13 @@ pub(crate) type NormOptions = ffi::tcg_norm_options;
 use super::kernels::RawKernels;
 
 /// The tensors of one normalization: the residual stream, and optionally the branch added to it
-/// through dropout, the weight and the bias.
+/// through dropout (with the bias of the layer that made it), the weight and the bias.
 pub(crate) struct NormInputs<'a> {
     pub(crate) res: &'a Tensor,
     pub(crate) branch: Option<&'a Tensor>,
     pub(crate) weight: Option<&'a Tensor>,
     pub(crate) bias: Option<&'a Tensor>,
+    pub(crate) branch_bias: Option<&'a Tensor>,
 }
 
 /// What one normalization made: the new residual (with a branch), the normalized output, and
@@ -35,6 +36,7 @@ pub(crate) fn forward(inputs: &NormInputs<'_>, options: &NormOptions, kernels: R
         branch: opt_tensor_ptr(inputs.branch),
         weight: opt_tensor_ptr(inputs.weight),
         bias: opt_tensor_ptr(inputs.bias),
+        branch_bias: opt_tensor_ptr(inputs.branch_bias),
     };
     let (mut res, mut y, mut ran_own) = (std::ptr::null_mut(), std::ptr::null_mut(), false);
     // SAFETY: `raw` holds live tensor handles (or nulls) for the call; `options` and the out

@@ -13,6 +13,7 @@ mod cuda;
 mod dist;
 mod error;
 mod feed;
+mod gelu;
 mod kernels;
 #[cfg(test)]
 mod layout;
@@ -32,6 +33,7 @@ pub use cuda::*;
 pub use dist::*;
 pub use error::*;
 pub use feed::*;
+pub use gelu::*;
 pub use kernels::*;
 #[cfg(test)]
 pub use layout::*;

@@ -12,6 +12,7 @@ pub struct tcg_norm_inputs {
     pub branch: tcg_tensor,
     pub weight: tcg_tensor,
     pub bias: tcg_tensor,
+    pub branch_bias: tcg_tensor,
 }
 
 #[repr(C)]

@@ -1,0 +1,10 @@
+// The launch shape of col_sum.cuh's column sums, for the launchers (host compiler) and the
+// kernels alike: ceil(cols / kColSumCols) blocks of kColSumThreads threads.
+#pragma once
+
+namespace tcg::cuda {
+
+constexpr int kColSumCols = 32;
+constexpr int kColSumThreads = 1024;
+
+}  // namespace tcg::cuda

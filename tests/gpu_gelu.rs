@@ -1,0 +1,126 @@
+//! Bias + GELU on the crate's kernels (`gelu::f_bias_gelu`) against ATen's composition,
+//! `gelu(x + bias)`, on a GPU, both forms (exact and tanh), each figure printed: float32 within
+//! 1e-6 of the largest value forward and backward, the bias gradient (summed in the backward's
+//! pass) within 1e-5; bf16 within one bf16 ulp of the float32 computation on the same values
+//! rounded once; the choice of kernels (`Kernels::Own` refuses, `Kernels::Auto` falls back) and
+//! typed errors. Ignored without a GPU; fails loudly there.
+mod common;
+
+use common::cuda;
+use tch::{Kind, Tensor};
+use tch_cuda_graphs::gelu::{Gelu, GeluApproximate, GeluConfig};
+use tch_cuda_graphs::kernels::{KernelPath, Kernels};
+use tch_cuda_graphs::{capture_with_warmup, CaptureOptions, Error};
+
+/// max |a - b| / max |b|, in f64.
+fn rel(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_kind(Kind::Double), b.to_kind(Kind::Double));
+    f64::try_from((&a - &b).abs().max()).unwrap() / f64::try_from(b.abs().max()).unwrap().max(1e-30)
+}
+
+/// The largest |a - b| in units of b's bf16 ulp.
+fn bf16_ulps(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
+    let ulp = (b.abs().clamp_min(1e-30).log2().floor() - 7.0).exp2();
+    f64::try_from(((&a - &b).abs() / ulp).max()).unwrap()
+}
+
+/// y, dx and dbias of `module` on x and bias, the loss sum(y · w).
+fn run(module: &Gelu, x: &Tensor, bias: &Tensor, w: &Tensor) -> (Tensor, Tensor, Tensor) {
+    let (x, bias) = (x.detach().set_requires_grad(true), bias.detach().set_requires_grad(true));
+    let y = module.f_forward_biased(&x, Some(&bias)).expect("gelu");
+    (&y.to_kind(Kind::Float) * w).sum(Kind::Float).backward();
+    (y, x.grad(), bias.grad())
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bias_gelu_kernels_match_the_composition() {
+    let dev = cuda();
+    for approximate in [GeluApproximate::None, GeluApproximate::Tanh] {
+        tch::manual_seed(5);
+        let (rows, f) = (12288, 3072);
+        let x = Tensor::randn([rows, f], (Kind::Float, dev)) * 2.0;
+        let bias = Tensor::randn([f], (Kind::Float, dev)) * 0.5;
+        let w = Tensor::randn([rows, f], (Kind::Float, dev));
+        let own = Gelu::new(GeluConfig { approximate, kernels: Kernels::Own });
+        let aten = Gelu::new(GeluConfig { approximate, kernels: Kernels::PyTorch });
+        let (y1, dx1, db1) = run(&own, &x, &bias, &w);
+        assert_eq!(own.last_path(), Some(KernelPath::Own));
+        let (y2, dx2, db2) = run(&aten, &x, &bias, &w);
+        assert_eq!(aten.last_path(), Some(KernelPath::PyTorch));
+        let (fy, fx, fb) = (rel(&y1, &y2), rel(&dx1, &dx2), rel(&db1, &db2));
+        println!(
+            "gelu {approximate:?} fp32 [{rows}, {f}]: y {fy:e}, dx {fx:e}, dbias {fb:e} (relative to ATen's add and gelu); y equal {}",
+            y1.equal(&y2)
+        );
+        assert!(fy <= 1e-6 && fx <= 1e-6 && fb <= 1e-5);
+        // bf16 x (a linear layer's output), fp32 bias: against the fp32 computation on the same
+        // values, rounded once
+        let xb = x.to_kind(Kind::BFloat16);
+        let (y3, dx3, db3) = run(&own, &xb, &bias, &w.to_kind(Kind::BFloat16).to_kind(Kind::Float));
+        let (y4, dx4, db4) =
+            run(&aten, &xb.to_kind(Kind::Float), &bias, &w.to_kind(Kind::BFloat16).to_kind(Kind::Float));
+        let (uy, ux) = (bf16_ulps(&y3, &y4.to_kind(Kind::BFloat16)), bf16_ulps(&dx3, &dx4.to_kind(Kind::BFloat16)));
+        let fb = rel(&db3, &db4);
+        println!(
+            "gelu {approximate:?} bf16: y max {uy} ulp, dx max {ux} ulp from the fp32 result rounded; dbias {fb:e} relative to the fp32 one; dtypes {:?} {:?} {:?}",
+            y3.kind(),
+            dx3.kind(),
+            db3.kind()
+        );
+        assert!(uy <= 1.0 && ux <= 1.0 && fb <= 1e-5);
+        assert_eq!((y3.kind(), dx3.kind(), db3.kind()), (Kind::BFloat16, Kind::BFloat16, Kind::Float));
+    }
+}
+
+/// A captured forward and backward equals its eager run bit for bit, and the choice of kernels
+/// and the typed errors.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bias_gelu_captures_and_refuses_bad_input() {
+    let dev = cuda();
+    tch::manual_seed(6);
+    let x0 = Tensor::randn([1000, 512], (Kind::BFloat16, dev));
+    let bias0 = Tensor::randn([512], (Kind::Float, dev));
+    let module = Gelu::new(GeluConfig::default());
+    // fresh leaves each call: no autograd node outlives its stream
+    let step = || -> tch_cuda_graphs::Result<Tensor> {
+        let (x, bias) = (x0.detach().set_requires_grad(true), bias0.detach().set_requires_grad(true));
+        let y = module.f_forward_biased(&x, Some(&bias))?;
+        let loss = y.to_kind(Kind::Float).square().sum(Kind::Float);
+        let g =
+            tch_cuda_graphs::autograd::grad(&[loss], &[x.shallow_clone(), bias.shallow_clone()], None, false, false)?;
+        let (dx, db) = (g[0].as_ref().expect("x was used"), g[1].as_ref().expect("the bias was used"));
+        Ok(Tensor::cat(
+            &[y.to_kind(Kind::Float).reshape([-1]), dx.to_kind(Kind::Float).reshape([-1]), db.reshape([-1])],
+            0,
+        ))
+    };
+    let out = Tensor::zeros([1000 * 512 * 2 + 512], (Kind::Float, dev));
+    let (mut graph, ()) = capture_with_warmup(1, CaptureOptions::default(), || {
+        out.shallow_clone().f_copy_(&step()?)?;
+        Ok(())
+    })
+    .expect("capture");
+    let _ = out.shallow_clone().fill_(0.0);
+    graph.replay().expect("replay");
+    let eager = step().expect("eager");
+    let d = f64::try_from((&out - &eager).abs().max()).unwrap();
+    println!("captured bias + GELU forward and backward against eager: max |difference| {d:e}");
+    assert_eq!(d, 0.0);
+
+    let odd = Tensor::randn([8, 30], (Kind::Float, dev));
+    let own = Gelu::new(GeluConfig { kernels: Kernels::Own, ..Default::default() });
+    match own.f_forward(&odd) {
+        Err(Error::Unsupported(why)) => println!("Kernels::Own on width 30: {why}"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    let auto = Gelu::new(GeluConfig::default());
+    let (ya, yr) = (auto.f_forward(&odd).expect("auto"), odd.gelu("none"));
+    assert!(auto.last_path() == Some(KernelPath::PyTorch) && ya.equal(&yr), "Auto falls back to ATen's gelu");
+    let wrong = Tensor::zeros([29], (Kind::Float, dev));
+    assert!(matches!(auto.f_forward_biased(&odd, Some(&wrong)), Err(Error::Misuse(_))));
+    let ints = Tensor::zeros([8, 32], (Kind::Int, dev));
+    assert!(matches!(auto.f_forward(&ints), Err(Error::Misuse(_))));
+}
