@@ -26,10 +26,11 @@ int64_t sms(int device) {
 }
 
 // Both passes' grid: the columns (4 a thread) across x, the rows strided over y, about
-// kBlocksPerSm blocks an SM in all.
+// kBlocksPerSm blocks an SM in all, and at least kMinRows rows a block.
 dim3 grid(int64_t rows, int64_t f, int device) {
   const int64_t tiles = (f / 4 + kThreads - 1) / kThreads;
-  const int64_t splits = std::clamp<int64_t>((sms(device) * kBlocksPerSm + tiles - 1) / tiles, 1, std::min<int64_t>(rows, 65535));
+  const int64_t most = std::min<int64_t>((rows + kMinRows - 1) / kMinRows, 65535);
+  const int64_t splits = std::clamp<int64_t>((sms(device) * kBlocksPerSm + tiles - 1) / tiles, 1, std::max<int64_t>(most, 1));
   return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits));
 }
 

@@ -11,9 +11,10 @@
 //             col_sum.cuh's finishing kernel: a fixed order)
 // Both passes: one thread per 4 columns, kThreads threads a block across the columns (the grid's
 // x), blocks of the grid's y dimension striding over the rows, a few rows' loads in flight
-// together (kFwdRows, kBwdRows); about kBlocksPerSm blocks an SM in all. The kernels are bound
-// by their math (erf, exp) as much as by memory: few registers, many threads (H200, measured
-// against the variants of 2 to 8 rows and 8 columns a thread, 128 and 256 threads).
+// together (kFwdRows, kBwdRows); about kBlocksPerSm blocks an SM in all, at least kMinRows rows
+// a block. The kernels are bound by their math (erf, exp) as much as by memory: few registers,
+// many threads (H200, measured against the variants of 2 to 8 rows and 8 columns a thread, 128
+// and 256 threads).
 #pragma once
 #include <stdint.h>
 
@@ -23,6 +24,8 @@ constexpr int kThreads = 128;
 constexpr int kFwdRows = 4;
 constexpr int kBwdRows = 2;
 constexpr int kBlocksPerSm = 32;
+// The fewest rows a block is given (each block's bias-gradient partial is a row to write and sum).
+constexpr int kMinRows = 4;
 
 struct Forward {
   const void* x;       // [rows, F]

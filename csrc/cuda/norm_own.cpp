@@ -145,7 +145,9 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     at::Tensor dbranch = has_branch ? at::empty(x.sizes(), x.options().dtype(branch_type)) : at::Tensor();
     const int64_t sms = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device))->multiProcessorCount;
     const int v = vec(cols);
-    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(rows, bwd_blocks_per_sm(v) * sms));
+    // at least kBwdMinRows rows a block: fewer blocks' partials to write and sum where the rows are few
+    const int64_t blocks =
+        std::max<int64_t>(1, std::min<int64_t>((rows + kBwdMinRows - 1) / kBwdMinRows, bwd_blocks_per_sm(v) * sms));
     at::Tensor part_gamma, part_beta, part_branch_bias, dgamma, dbeta, dbranch_bias;
     if (weight.defined()) {
       part_gamma = at::empty({blocks, cols}, x.options());

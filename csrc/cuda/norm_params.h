@@ -31,6 +31,9 @@ constexpr int kMaxCols = 32 * 4 * kMaxVec;
 // asks for: about 32 warps an SM, enough rows in flight for DRAM, and no more blocks (each
 // writes a row of weight and bias gradient partials).
 constexpr int bwd_blocks_per_sm(int vec) { return 32 / vec; }
+// The fewest rows a backward block is given (its partials cost a row of writes each, and a row of
+// the finishing kernel's reads).
+constexpr int kBwdMinRows = 4;
 
 struct Forward {
   const float* res;     // [rows, cols] fp32
