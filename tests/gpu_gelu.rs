@@ -6,24 +6,11 @@
 //! typed errors. Ignored without a GPU; fails loudly there.
 mod common;
 
-use common::cuda;
+use common::{bf16_ulps, cuda, rel};
 use tch::{Kind, Tensor};
 use tch_cuda_graphs::gelu::{Gelu, GeluApproximate, GeluConfig};
 use tch_cuda_graphs::kernels::{KernelPath, Kernels};
 use tch_cuda_graphs::{capture_with_warmup, CaptureOptions, Error};
-
-/// max |a - b| / max |b|, in f64.
-fn rel(a: &Tensor, b: &Tensor) -> f64 {
-    let (a, b) = (a.to_kind(Kind::Double), b.to_kind(Kind::Double));
-    f64::try_from((&a - &b).abs().max()).unwrap() / f64::try_from(b.abs().max()).unwrap().max(1e-30)
-}
-
-/// The largest |a - b| in units of b's bf16 ulp.
-fn bf16_ulps(a: &Tensor, b: &Tensor) -> f64 {
-    let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
-    let ulp = (b.abs().clamp_min(1e-30).log2().floor() - 7.0).exp2();
-    f64::try_from(((&a - &b).abs() / ulp).max()).unwrap()
-}
 
 /// y, dx and dbias of `module` on x and bias, the loss sum(y · w).
 fn run(module: &Gelu, x: &Tensor, bias: &Tensor, w: &Tensor) -> (Tensor, Tensor, Tensor) {

@@ -6,25 +6,12 @@
 //! equal to the eager one bit for bit. Ignored without a GPU; fails loudly there.
 mod common;
 
-use common::cuda;
+use common::{bf16_ulps, cuda, rel};
 use tch::{Kind, Tensor};
 use tch_cuda_graphs::kernels::{KernelPath, Kernels};
 use tch_cuda_graphs::rotary::{Rotary, RotaryConfig, RotaryLayout};
 use tch_cuda_graphs::swiglu::{SwiGlu, SwiGluConfig};
 use tch_cuda_graphs::{capture_with_warmup, CaptureOptions, Error};
-
-/// max |a - b| / max |b|, in f64.
-fn rel(a: &Tensor, b: &Tensor) -> f64 {
-    let (a, b) = (a.to_kind(Kind::Double), b.to_kind(Kind::Double));
-    f64::try_from((&a - &b).abs().max()).unwrap() / f64::try_from(b.abs().max()).unwrap().max(1e-30)
-}
-
-/// The largest |a - b| in units of b's bf16 ulp (b rounded: a power of two per binade).
-fn bf16_ulps(a: &Tensor, b: &Tensor) -> f64 {
-    let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
-    let ulp = (b.abs().clamp_min(1e-30).log2().floor() - 7.0).exp2();
-    f64::try_from(((&a - &b).abs() / ulp).max()).unwrap()
-}
 
 fn rotary_pair(rope: &Rotary, q: &Tensor, k: &Tensor, w: &Tensor, v: &Tensor) -> (Tensor, Tensor, Tensor, Tensor) {
     let (q, k) = (q.detach().set_requires_grad(true), k.detach().set_requires_grad(true));

@@ -12,6 +12,19 @@ pub fn cuda() -> Device {
     Device::Cuda(0)
 }
 
+/// max |a - b| / max |b|, in f64.
+pub fn rel(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_kind(Kind::Double), b.to_kind(Kind::Double));
+    f64::try_from((&a - &b).abs().max()).unwrap() / f64::try_from(b.abs().max()).unwrap().max(1e-30)
+}
+
+/// The largest |a - b| in units of b's bf16 ulp (b rounded: a power of two per binade).
+pub fn bf16_ulps(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
+    let ulp = (b.abs().clamp_min(1e-30).log2().floor() - 7.0).exp2();
+    f64::try_from(((&a - &b).abs() / ulp).max()).unwrap()
+}
+
 /// A 3-layer MLP `d -> h -> h -> o` with ReLUs.
 pub fn mlp(p: nn::Path, d: i64, h: i64, o: i64) -> nn::Sequential {
     nn::seq()
