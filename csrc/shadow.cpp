@@ -52,6 +52,12 @@ size_t place_of(const Set& set, const at::Tensor& param) {
   return it == set.index.end() ? set.params.size() : it->second;
 }
 
+// The shadow of `param` in `set` (undefined: it has none).
+at::Tensor shadow_in(const Set& set, const at::Tensor& param) {
+  const size_t k = place_of(set, param);
+  return k < set.shadows.size() ? set.shadows[k] : at::Tensor();
+}
+
 }  // namespace
 
 struct tcg_shadows {
@@ -71,8 +77,7 @@ at::Tensor shadow_of(const at::Tensor& param, at::ScalarType dtype) {
     misuse(std::string("weight shadows are ") + c10::toString(active->dtype) + " but CUDA autocast runs " +
            c10::toString(dtype) + ": make them in the autocast dtype");
   }
-  const size_t k = place_of(*active, param);
-  return k < active->shadows.size() ? active->shadows[k] : at::Tensor();
+  return shadow_in(*active, param);
 }
 
 // The shadow, passed to ShadowFunction as a plain value: not an autograd input.
@@ -115,8 +120,7 @@ std::vector<at::Tensor> of(const std::vector<at::Tensor>& params) {
   if (!active) return out;
   bool any = false;
   for (const auto& p : params) {
-    const size_t k = place_of(*active, p);
-    out.push_back(k < active->shadows.size() ? active->shadows[k] : at::Tensor());
+    out.push_back(shadow_in(*active, p));
     any = any || out.back().defined();
   }
   if (!any) out.clear();

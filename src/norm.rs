@@ -178,8 +178,7 @@ impl LayerNorm {
     /// `train`) and its normalization `y`. Gradients flow into `res`, `branch` and the
     /// parameters from both outputs.
     pub fn f_forward_residual(&self, res: &Tensor, branch: &Tensor, p: f64, train: bool) -> Result<(Tensor, Tensor)> {
-        let (x, y) = self.run(res, Some(branch), None, p, train)?;
-        Ok((x.unwrap_or_else(|| res.shallow_clone()), y))
+        self.f_forward_residual_biased(res, branch, None, p, train)
     }
 
     /// [`f_forward_residual`](Self::f_forward_residual) for a branch whose bias is still to be

@@ -76,9 +76,7 @@ impl ResidualStream {
     /// Records `branch` to be added, through dropout `p` when `train`, by the next norm. A branch
     /// still pending is added first.
     pub fn f_push(&mut self, branch: Tensor, p: f64, train: bool) -> Result<()> {
-        self.settle()?;
-        self.pending = Some(Pending { branch, bias: None, p, train });
-        Ok(())
+        self.push(branch, None, p, train)
     }
 
     /// Records `proj(input)` as the branch to be added: the projection runs without its bias
@@ -87,9 +85,13 @@ impl ResidualStream {
     /// backward makes no pass for it. The same values as `f_push(proj.f_forward(input)?, ..)`
     /// up to rounding (the bias is added in float32).
     pub fn f_push_linear(&mut self, proj: &Linear, input: &Tensor, p: f64, train: bool) -> Result<()> {
-        let branch = proj.f_forward_unbiased(input)?;
+        self.push(proj.f_forward_unbiased(input)?, proj.bs.as_ref(), p, train)
+    }
+
+    /// Records `branch + bias` (the bias added by the next norm), a pending branch added first.
+    fn push(&mut self, branch: Tensor, bias: Option<&Tensor>, p: f64, train: bool) -> Result<()> {
         self.settle()?;
-        self.pending = Some(Pending { branch, bias: proj.bs.as_ref().map(Tensor::shallow_clone), p, train });
+        self.pending = Some(Pending { branch, bias: bias.map(Tensor::shallow_clone), p, train });
         Ok(())
     }
 
@@ -287,10 +289,16 @@ impl TransformerLayer {
         self.push_projection(stream, &self.mlp_proj, &a, p, train)
     }
 
-    /// Whether the biases go into the fused kernels after their layers (the norms, GELU): with
-    /// the crate's kernels; ATen's path (`Kernels::PyTorch`) keeps PyTorch's order of operations.
-    fn defer_biases(&self) -> bool {
-        self.config.kernels != Kernels::PyTorch
+    /// `lin(x)` as `(output, bias still to add)`: with the crate's kernels the bias goes into the
+    /// fused kernel after the layer (the next norm, the GELU), which also sums its gradient;
+    /// ATen's path (`Kernels::PyTorch`) keeps PyTorch's order of operations (the bias in the
+    /// linear layer).
+    fn linear_parts<'l>(&self, lin: &'l Linear, x: &Tensor) -> Result<(Tensor, Option<&'l Tensor>)> {
+        if self.config.kernels == Kernels::PyTorch {
+            Ok((lin.f_forward(x)?, None))
+        } else {
+            Ok((lin.f_forward_unbiased(x)?, lin.bs.as_ref()))
+        }
     }
 
     fn push_projection(
@@ -301,27 +309,20 @@ impl TransformerLayer {
         p: f64,
         train: bool,
     ) -> Result<()> {
-        if self.defer_biases() {
-            stream.f_push_linear(proj, x, p, train)
-        } else {
-            stream.f_push(proj.f_forward(x)?, p, train)
-        }
+        let (branch, bias) = self.linear_parts(proj, x)?;
+        stream.push(branch, bias, p, train)
     }
 
-    /// The MLP's activation of its first layer: `c_fc`'s bias added inside the GELU kernel where
-    /// the biases are deferred.
+    /// The MLP's activation of its first layer (`c_fc`'s bias added in the GELU kernel, see
+    /// [`linear_parts`](Self::linear_parts)).
     fn mlp_hidden(&self, h: &Tensor) -> Result<Tensor> {
         let approximate = match self.config.activation {
             Activation::Gelu => GeluApproximate::None,
             Activation::GeluTanh => GeluApproximate::Tanh,
             Activation::Relu => return self.c_fc.f_forward(h)?.f_relu().map_err(Into::into),
         };
-        let config = GeluConfig { approximate, kernels: self.config.kernels };
-        if self.defer_biases() {
-            f_bias_gelu(&self.c_fc.f_forward_unbiased(h)?, self.c_fc.bs.as_ref(), &config)
-        } else {
-            f_bias_gelu(&self.c_fc.f_forward(h)?, None, &config)
-        }
+        let (pre, bias) = self.linear_parts(&self.c_fc, h)?;
+        f_bias_gelu(&pre, bias, &GeluConfig { approximate, kernels: self.config.kernels })
     }
 
     /// Attention up to its output projection (the projection is the caller's, so its bias can be

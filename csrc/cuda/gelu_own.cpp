@@ -21,20 +21,14 @@ using torch::autograd::variable_list;
 namespace tcg::gelu {
 namespace {
 
-int64_t sms(int device) {
-  return at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device))->multiProcessorCount;
-}
-
 // Both passes' grid: the columns (4 a thread) across x, the rows strided over y, about
 // kBlocksPerSm blocks an SM in all, and at least kMinRows rows a block.
 dim3 grid(int64_t rows, int64_t f, int device) {
   const int64_t tiles = (f / 4 + kThreads - 1) / kThreads;
   const int64_t most = std::min<int64_t>((rows + kMinRows - 1) / kMinRows, 65535);
-  const int64_t splits = std::clamp<int64_t>((sms(device) * kBlocksPerSm + tiles - 1) / tiles, 1, std::max<int64_t>(most, 1));
+  const int64_t splits = std::clamp<int64_t>((own::sm_count(device) * kBlocksPerSm + tiles - 1) / tiles, 1, std::max<int64_t>(most, 1));
   return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits));
 }
-
-bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 struct FusedGelu : torch::autograd::Function<FusedGelu> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& bias_arg,
@@ -91,8 +85,8 @@ std::string unsupported(const at::Tensor& x, const at::Tensor& bias) {
   if (!own::gelu_builds(x.scalar_type())) return std::string("dtype ") + c10::toString(x.scalar_type());
   if (x.size(-1) % 4 != 0) return "the last dimension is not a multiple of 4";
   if (x.size(-1) > INT32_MAX) return "the last dimension is wider than 2^31";
-  if (!x.is_contiguous() || !aligned16(x)) return "the input is not contiguous and 16-byte aligned";
-  if (bias.defined() && (bias.scalar_type() != at::kFloat || !bias.is_contiguous() || !aligned16(bias))) {
+  if (!x.is_contiguous() || !own::aligned16(x)) return "the input is not contiguous and 16-byte aligned";
+  if (bias.defined() && (bias.scalar_type() != at::kFloat || !bias.is_contiguous() || !own::aligned16(bias))) {
     return "the bias is not contiguous, 16-byte aligned float32";
   }
   return kernels::unavailable(x.get_device());

@@ -26,7 +26,7 @@ namespace {
 
 // 4-value loads: every row 16-byte aligned for them.
 bool vectorized(const at::Tensor& logits) {
-  return logits.size(1) % 4 == 0 && reinterpret_cast<uintptr_t>(logits.data_ptr()) % 16 == 0;
+  return logits.size(1) % 4 == 0 && own::aligned16(logits);
 }
 
 // How the rows are spread: a warp per row for narrow rows (kWarpRowsPerBlock to a block), else a

@@ -217,9 +217,11 @@ __device__ void backward(const Backward& a) {
   }
   if (active) {
     const int64_t part = static_cast<int64_t>(blockIdx.x) * a.cols + c;
-    if (a.part_gamma != nullptr) store4<float>(a.part_gamma + part, acc_g);
-    if (a.part_beta != nullptr) store4<float>(a.part_beta + part, acc_b);
-    if (a.part_branch_bias != nullptr) store4<float>(a.part_branch_bias + part, acc_bb);
+    const float4 acc[kFinishSums] = {acc_g, acc_b, acc_bb};
+#pragma unroll
+    for (int k = 0; k < kFinishSums; ++k) {
+      if (a.part[k] != nullptr) store4<float>(a.part[k] + part, acc[k]);
+    }
   }
 }
 

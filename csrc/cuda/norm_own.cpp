@@ -40,8 +40,6 @@ int vec(int64_t cols) {
   return kMaxVec;
 }
 
-bool aligned16(const at::Tensor& t) { return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
-
 // The generator state for one draw of the dropout mask (4 offsets: one Philox counter step).
 at::PhiloxCudaState philox_state(int device) {
   auto* gen = at::check_generator<at::CUDAGeneratorImpl>(
@@ -143,25 +141,24 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     if (dres.defined()) dres = dres.to(at::kFloat).contiguous();
     at::Tensor dx = at::empty_like(x);
     at::Tensor dbranch = has_branch ? at::empty(x.sizes(), x.options().dtype(branch_type)) : at::Tensor();
-    const int64_t sms = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device))->multiProcessorCount;
+    const int64_t sms = own::sm_count(device);
     const int v = vec(cols);
     // at least kBwdMinRows rows a block: fewer blocks' partials to write and sum where the rows are few
     const int64_t blocks =
         std::max<int64_t>(1, std::min<int64_t>((rows + kBwdMinRows - 1) / kBwdMinRows, bwd_blocks_per_sm(v) * sms));
-    at::Tensor part_gamma, part_beta, part_branch_bias, dgamma, dbeta, dbranch_bias;
-    if (weight.defined()) {
-      part_gamma = at::empty({blocks, cols}, x.options());
-      dgamma = at::empty({cols}, x.options());
-    }
-    if (has_bias) {
-      part_beta = at::empty({blocks, cols}, x.options());
-      dbeta = at::empty({cols}, x.options());
-    }
-    if (has_branch_bias) {
-      part_branch_bias = at::empty({blocks, cols}, x.options());
-      dbranch_bias = at::empty({cols}, x.options());
-    }
+    // the weight, bias and branch-bias gradients (Finish's order): per-block partials, then sums
+    const bool summed[kFinishSums] = {weight.defined(), has_bias, has_branch_bias};
+    at::Tensor part[kFinishSums], sum[kFinishSums];
     Backward p{};
+    Finish f{};
+    for (int k = 0; k < kFinishSums; ++k) {
+      if (!summed[k]) continue;
+      part[k] = at::empty({blocks, cols}, x.options());
+      sum[k] = at::empty({cols}, x.options());
+      p.part[k] = part[k].data_ptr<float>();
+      f.part[k] = p.part[k];
+      f.sum[k] = sum[k].data_ptr<float>();
+    }
     p.dy = dy.defined() ? dy.data_ptr() : nullptr;
     p.dres = dres.defined() ? dres.data_ptr<float>() : nullptr;
     p.x = x.data_ptr<float>();
@@ -170,9 +167,6 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     p.gamma = weight.defined() ? weight.data_ptr<float>() : nullptr;
     p.dx = dx.data_ptr<float>();
     p.dbranch = has_branch ? dbranch.data_ptr() : nullptr;
-    p.part_gamma = weight.defined() ? part_gamma.data_ptr<float>() : nullptr;
-    p.part_beta = has_bias ? part_beta.data_ptr<float>() : nullptr;
-    p.part_branch_bias = has_branch_bias ? part_branch_bias.data_ptr<float>() : nullptr;
     p.rows = rows;
     p.cols = static_cast<int32_t>(cols);
     p.rms = ctx->saved_data.at("rms").toBool() ? 1 : 0;
@@ -184,19 +178,12 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     own::launch(own::norm_kernel(own::Pass::Backward, branch_type, y_type, v), device,
            static_cast<unsigned>(blocks), 32 * v, &p);
     if (weight.defined() || has_bias || has_branch_bias) {
-      Finish f{};
-      f.part[0] = p.part_gamma;
-      f.part[1] = p.part_beta;
-      f.part[2] = p.part_branch_bias;
-      f.sum[0] = weight.defined() ? dgamma.data_ptr<float>() : nullptr;
-      f.sum[1] = has_bias ? dbeta.data_ptr<float>() : nullptr;
-      f.sum[2] = has_branch_bias ? dbranch_bias.data_ptr<float>() : nullptr;
       f.blocks = static_cast<int32_t>(blocks);
       f.cols = static_cast<int32_t>(cols);
       own::launch("tcg_norm_finish", device, static_cast<unsigned>((cols + cuda::kColSumCols - 1) / cuda::kColSumCols),
                   cuda::kColSumThreads, &f);
     }
-    return {dx, dbranch, dbranch_bias, dgamma, dbeta, at::Tensor()};
+    return {dx, dbranch, sum[2], sum[0], sum[1], at::Tensor()};
   }
 };
 
@@ -211,17 +198,17 @@ std::string unsupported(const Inputs& in, const Options& o) {
     return "the last dimension (" + std::to_string(cols) + ") is not a multiple of 4 up to " + std::to_string(kMaxCols);
   }
   if (!own::norm_builds(at::kFloat, o.out)) return std::string("output dtype ") + c10::toString(o.out);
-  if (!res.is_contiguous() || !aligned16(res)) return "the input is not contiguous and 16-byte aligned";
+  if (!res.is_contiguous() || !own::aligned16(res)) return "the input is not contiguous and 16-byte aligned";
   if (branch.defined()) {
     if (branch.device() != res.device()) return "the branch is on another device";
     if (!own::norm_builds(branch.scalar_type(), o.out)) {
       return std::string("branch dtype ") + c10::toString(branch.scalar_type()) + " with output dtype " + c10::toString(o.out);
     }
-    if (!branch.is_contiguous() || !aligned16(branch)) return "the branch is not contiguous and 16-byte aligned";
+    if (!branch.is_contiguous() || !own::aligned16(branch)) return "the branch is not contiguous and 16-byte aligned";
   }
   for (const at::Tensor* p : {&in.weight, &in.bias, &in.branch_bias}) {
     if (!p->defined()) continue;
-    if (p->device() != res.device() || p->scalar_type() != at::kFloat || !p->is_contiguous() || !aligned16(*p)) {
+    if (p->device() != res.device() || p->scalar_type() != at::kFloat || !p->is_contiguous() || !own::aligned16(*p)) {
       return "weight, bias and branch bias must be contiguous float32 on the input's device";
     }
   }

@@ -35,6 +35,9 @@ constexpr int bwd_blocks_per_sm(int vec) { return 32 / vec; }
 // the finishing kernel's reads).
 constexpr int kBwdMinRows = 4;
 
+// The per-block gradient sums of the backward: weight, bias, branch bias.
+constexpr int kFinishSums = 3;
+
 struct Forward {
   const float* res;     // [rows, cols] fp32
   const void* branch;   // [rows, cols] of the kernel's branch type, or null
@@ -64,9 +67,8 @@ struct Backward {
   const float* gamma;   // or null
   float* dx;            // [rows, cols] fp32: the gradient of res
   void* dbranch;        // [rows, cols] of the branch type, or null
-  float* part_gamma;    // [gridDim.x, cols] per-block sums, or null (no gamma)
-  float* part_beta;     // [gridDim.x, cols], or null (no beta)
-  float* part_branch_bias;  // [gridDim.x, cols], or null (no branch bias)
+  float* part[kFinishSums];  // [gridDim.x, cols] per-block sums of the weight, bias and branch-bias
+                            // gradients (Finish's order), each null where there is none
   int64_t rows;
   int32_t cols;
   int32_t rms;
@@ -78,7 +80,6 @@ struct Backward {
 
 // Sums the per-block partials: sum[k][c] = sum over b < blocks of part[k][b * cols + c], for the
 // weight (k = 0), bias (1) and branch bias (2) gradients; a null part[k] is skipped.
-constexpr int kFinishSums = 3;
 struct Finish {
   const float* part[kFinishSums];
   float* sum[kFinishSums];

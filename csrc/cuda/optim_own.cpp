@@ -122,7 +122,7 @@ void launch(const std::string& name, const std::vector<const std::vector<at::Ten
   for (const auto& p : params) total += p.numel();
   // Chunks small enough that the launch has about 8 blocks per SM, in whole block iterations.
   const int64_t per_iter = static_cast<int64_t>(kBlockThreads) * kIlp;
-  const int64_t sms = at::cuda::getDeviceProperties(device)->multiProcessorCount;
+  const int64_t sms = own::sm_count(static_cast<int>(device));
   const int64_t target = (total + sms * 8 - 1) / (sms * 8);
   const int64_t chunk = std::clamp((target + per_iter - 1) / per_iter, int64_t{1}, int64_t{64}) * per_iter;
   auto stream = at::cuda::getCurrentCUDAStream(device);

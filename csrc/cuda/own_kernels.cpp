@@ -227,6 +227,12 @@ void launch(const std::string& name, int device, dim3 blocks, unsigned threads, 
              name.c_str());
 }
 
+int64_t sm_count(int device) {
+  return at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device))->multiProcessorCount;
+}
+
+bool aligned16(const at::Tensor& t) { return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
 template <typename List, typename Item>
 bool holds(const List& list, const Item& item) {
   return std::find(std::begin(list), std::end(list), item) != std::end(list);

@@ -4,6 +4,7 @@
 // lazy loading ever happens inside a capture. The launchers (optim_own.cpp, conditional.cpp,
 // norm_own.cpp, loss_own.cpp) take their kernels from here by name.
 #pragma once
+#include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 #include <cuda_runtime_api.h>
 
@@ -22,6 +23,11 @@ cudaKernel_t kernel(const char* name, int device);
 // argument (the launch-parameter structs of *_params.h); `blocks` a count or a 2-D grid. Throws
 // on a launch error.
 void launch(const std::string& name, int device, dim3 blocks, unsigned threads, void* params);
+
+// What every launcher asks: the device's SM count (its grids are sized from it), and whether a
+// tensor's data is 16-byte aligned for the kernels' vector loads (an undefined tensor is).
+int64_t sm_count(int device);
+bool aligned16(const at::Tensor& t);
 
 // The kernels of own_kernel_list.h, by their names' parts: whether the lists build a dtype (or
 // pair), and each kernel's name as the *_kernels.cu files spell it.

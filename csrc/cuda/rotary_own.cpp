@@ -20,8 +20,6 @@ using torch::autograd::variable_list;
 namespace tcg::rotary {
 namespace {
 
-bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
-
 Part part_of(const at::Tensor& x, const at::Tensor& out) {
   return Part{x.data_ptr(), out.data_ptr(), x.stride(0), x.stride(1), x.stride(2), static_cast<int32_t>(x.size(2))};
 }
@@ -48,8 +46,7 @@ std::pair<at::Tensor, at::Tensor> launch(const at::Tensor& q, const at::Tensor& 
   p.negate_sin = backward ? 1 : 0;
   const int64_t items = (q.numel() + k.numel()) / 8;
   if (items > 0) {
-    const int64_t sms = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device))->multiProcessorCount;
-    const int64_t blocks = std::min<int64_t>((items + kThreads - 1) / kThreads, sms * 16);
+    const int64_t blocks = std::min<int64_t>((items + kThreads - 1) / kThreads, own::sm_count(device) * 16);
     own::launch(own::rotary_kernel(q.scalar_type()), device, static_cast<unsigned>(blocks), kThreads, &p);
   }
   return {q_out, k_out};
@@ -96,11 +93,11 @@ std::string unsupported(const Inputs& in) {
   if (!own::rotary_builds(in.q.scalar_type())) return std::string("dtype ") + c10::toString(in.q.scalar_type());
   if (in.q.size(3) % 8 != 0) return "the head dimension (" + std::to_string(in.q.size(3)) + ") is not a multiple of 8";
   for (const at::Tensor* t : {&in.q, &in.k}) {
-    if (t->stride(3) != 1 || t->stride(0) % 8 != 0 || t->stride(1) % 8 != 0 || t->stride(2) % 8 != 0 || !aligned16(*t)) {
+    if (t->stride(3) != 1 || t->stride(0) % 8 != 0 || t->stride(1) % 8 != 0 || t->stride(2) % 8 != 0 || !own::aligned16(*t)) {
       return "q or k: the last dimension is not contiguous, or a row is not 16-byte aligned";
     }
   }
-  if (!in.cos.is_contiguous() || !in.sin.is_contiguous() || !aligned16(in.cos) || !aligned16(in.sin)) {
+  if (!in.cos.is_contiguous() || !in.sin.is_contiguous() || !own::aligned16(in.cos) || !own::aligned16(in.sin)) {
     return "the tables are not contiguous and 16-byte aligned";
   }
   if (in.q.numel() > INT32_MAX || in.k.numel() > INT32_MAX || in.q.size(1) > INT32_MAX) {

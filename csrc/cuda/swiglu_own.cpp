@@ -21,8 +21,7 @@ namespace tcg::swiglu {
 namespace {
 
 unsigned blocks_for(int64_t items, int device) {
-  const int64_t sms = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device))->multiProcessorCount;
-  return static_cast<unsigned>(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1, sms * 16));
+  return static_cast<unsigned>(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1, own::sm_count(device) * 16));
 }
 
 struct FusedSwiGLU : torch::autograd::Function<FusedSwiGLU> {
@@ -67,7 +66,7 @@ std::string unsupported(const at::Tensor& h) {
   if (!h.is_cuda()) return "the input is not on a CUDA device";
   if (!own::swiglu_builds(h.scalar_type())) return std::string("dtype ") + c10::toString(h.scalar_type());
   if ((h.size(-1) / 2) % 4 != 0) return "half the last dimension is not a multiple of 4";
-  if (!h.is_contiguous() || reinterpret_cast<uintptr_t>(h.data_ptr()) % 16 != 0) {
+  if (!h.is_contiguous() || !own::aligned16(h)) {
     return "the input is not contiguous and 16-byte aligned";
   }
   return kernels::unavailable(h.get_device());
