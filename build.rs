@@ -162,7 +162,7 @@ fn torch_headers_and_abi(torch_root: &Path) -> (Vec<PathBuf>, String) {
 }
 
 /// The shim's files that every build compiles.
-const SHIM_FILES: [&str; 17] = [
+const SHIM_FILES: [&str; 18] = [
     "csrc/amp.cpp",
     "csrc/autograd.cpp",
     "csrc/error.cpp",
@@ -176,6 +176,7 @@ const SHIM_FILES: [&str; 17] = [
     "csrc/rotary.cpp",
     "csrc/swiglu.cpp",
     "csrc/gelu.cpp",
+    "csrc/mlp.cpp",
     "csrc/profiler.cpp",
     "csrc/watch.cpp",
     "csrc/layout.cpp",
@@ -183,7 +184,7 @@ const SHIM_FILES: [&str; 17] = [
 ];
 
 /// The shim's files that a libtorch with CUDA adds.
-const SHIM_CUDA_FILES: [&str; 15] = [
+const SHIM_CUDA_FILES: [&str; 17] = [
     "csrc/cuda/device.cpp",
     "csrc/cuda/conditional.cpp",
     "csrc/cuda/graph.cpp",
@@ -193,7 +194,9 @@ const SHIM_CUDA_FILES: [&str; 15] = [
     "csrc/cuda/optim_own.cpp",
     "csrc/cuda/own_kernels.cpp",
     "csrc/cuda/norm_own.cpp",
+    "csrc/cuda/lt_matmul.cpp",
     "csrc/cuda/linear_own.cpp",
+    "csrc/cuda/mlp_own.cpp",
     "csrc/cuda/cublaslt.cpp",
     "csrc/cuda/loss_own.cpp",
     "csrc/cuda/rotary_own.cpp",

@@ -2,7 +2,9 @@
 //! this crate, beside PyTorch's eager, `torch.cuda.graph`, `torch.compile` and `torch.compile` +
 //! graph of the same model and step (`benches/torch_gpt.py`) on the same GPU in the same run.
 //! Rows: the character GPT (6 × 384, block 256) at batch 64 and 8, and GPT-2 small's shape (12 ×
-//! 768, block 1024, vocabulary 50,304) at batch 12. bf16 autocast, clipping at 1.0, fused
+//! 768, block 1024, vocabulary 50,304) at batch 12; then batch 64 and GPT-2's shape again with
+//! GELU's tanh approximation (`_tanh`: PyTorch's `approximate="tanh"`, the crate's fused step
+//! computing it in the MLP's GEMM epilogues). bf16 autocast, clipping at 1.0, fused
 //! AdamW; random tokens. Median ms per iteration over blocks of 10 iterations after 10 warmup
 //! iterations; tokens/s and MFU (nanoGPT's FLOP estimate, of `--peak-tflops`). Memory: the
 //! allocator's reserved bytes at peak (this crate: captured, and the same step eager).
@@ -22,6 +24,7 @@ mod timing;
 
 use std::fmt::Write as _;
 use tch::{nn, Device, Kind, Tensor};
+use tch_cuda_graphs::transformer::Activation;
 use tch_cuda_graphs::{empty_cache, memory_stats, reset_peak_stats, synchronize, Result};
 
 /// name, model shape, batch
@@ -30,7 +33,14 @@ fn rows() -> Vec<(&'static str, model::Config, i64)> {
         ("char_b64", model::Config::shakespeare_char(96), 64),
         ("char_b8", model::Config::shakespeare_char(96), 8),
         ("gpt2_small_b12", model::Config::gpt2_small(50304), 12),
+        ("char_b64_tanh", tanh(model::Config::shakespeare_char(96)), 64),
+        ("gpt2_small_b12_tanh", tanh(model::Config::gpt2_small(50304)), 12),
     ]
+}
+
+/// The same model with GELU's tanh approximation (with `fused`, in the MLP's GEMM epilogues).
+fn tanh(c: model::Config) -> model::Config {
+    model::Config { activation: Activation::GeluTanh, ..c }
 }
 
 const USAGE: &str = "\
@@ -40,7 +50,8 @@ nanoGPT's training step captured by this crate (with ATen's norms, and with the 
 norms and weight shadows: `--fused` in examples/gpt), beside PyTorch's eager, graph, compile and compile + graph
 modes of the same step.
   --iters N          timed iterations per row (default 200; a quarter for GPT-2 small's shape)
-  --rows NAME,...    char_b64, char_b8, gpt2_small_b12 (default all)
+  --rows NAME,...    char_b64, char_b8, gpt2_small_b12, and the first and last with GELU's
+                     tanh form, char_b64_tanh, gpt2_small_b12_tanh (default all)
   --no-torch         skip PyTorch's side (benches/torch_gpt.py)
   --peak-tflops T    the GPU's dense bf16 peak for MFU (default 989, an H100/H200 SXM)
   --profile          only: 10 replays of the first row's captured step under the crate's

@@ -40,13 +40,16 @@ ROWS = {  # name: (vocab, block, layers, heads, embd, dropout, batch)
     "char_b64": (96, 256, 6, 6, 384, 0.2, 64),
     "char_b8": (96, 256, 6, 6, 384, 0.2, 8),
     "gpt2_small_b12": (50304, 1024, 12, 12, 768, 0.0, 12),
+    "char_b64_tanh": (96, 256, 6, 6, 384, 0.2, 64),
+    "gpt2_small_b12_tanh": (50304, 1024, 12, 12, 768, 0.0, 12),
 }
+GELU = {"char_b64_tanh": "tanh", "gpt2_small_b12_tanh": "tanh"}  # the MLP's GELU form (default "none")
 
 
 class Block(nn.Module):
-    def __init__(self, e, h, dropout):
+    def __init__(self, e, h, dropout, gelu="none"):
         super().__init__()
-        self.h, self.dropout = h, dropout
+        self.h, self.dropout, self.gelu = h, dropout, gelu
         self.ln_1, self.ln_2 = nn.LayerNorm(e), nn.LayerNorm(e)
         self.c_attn, self.attn_proj = nn.Linear(e, 3 * e), nn.Linear(e, e)
         self.c_fc, self.mlp_proj = nn.Linear(e, 4 * e), nn.Linear(4 * e, e)
@@ -60,15 +63,15 @@ class Block(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=p, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(n, t, e)
         x = x + self.resid_drop(self.attn_proj(y))
-        return x + self.resid_drop(self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)))))
+        return x + self.resid_drop(self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate=self.gelu)))
 
 
 class Gpt(nn.Module):
-    def __init__(self, vocab, block, layers, heads, embd, dropout):
+    def __init__(self, vocab, block, layers, heads, embd, dropout, gelu="none"):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab, embd), nn.Embedding(block, embd)
         self.drop = nn.Dropout(dropout)
-        self.h = nn.ModuleList(Block(embd, heads, dropout) for _ in range(layers))
+        self.h = nn.ModuleList(Block(embd, heads, dropout, gelu) for _ in range(layers))
         self.ln_f = nn.LayerNorm(embd)
         self.apply(self._init)
         for n, p in self.named_parameters():
@@ -94,7 +97,7 @@ class Gpt(nn.Module):
 def bench(name, mode, iters, dev):
     vocab, block, layers, heads, embd, dropout, batch = ROWS[name]
     torch.manual_seed(0)
-    model = Gpt(vocab, block, layers, heads, embd, dropout).to(dev)
+    model = Gpt(vocab, block, layers, heads, embd, dropout, GELU.get(name, "none")).to(dev)
     ms, mem = time_training(model, vocab, batch, block, mode, iters, lr=1e-3, betas=(0.9, 0.99), write_lr=True)
     del model
     torch.cuda.empty_cache()
@@ -109,7 +112,7 @@ def lr_factor(t, warmup, total, min_factor):
     return (math.cos(p * math.pi) + 1.0) * 0.5 * (1.0 - min_factor) + min_factor
 
 
-def train(cache, iters, csv, seed=0, batch=64, eval_every=250, eval_iters=20, arch="gpt"):
+def train(cache, iters, csv, seed=0, batch=64, eval_every=250, eval_iters=20, arch="gpt", gelu="none"):
     dev = torch.device("cuda")
     torch.manual_seed(seed)
     load = lambda name: torch.frombuffer(bytearray(open(f"{cache}/{name}", "rb").read()), dtype=torch.uint8).to(dev)
@@ -120,7 +123,7 @@ def train(cache, iters, csv, seed=0, batch=64, eval_every=250, eval_iters=20, ar
         _, block, layers, heads, kv, embd, hidden, _ = LLAMA_ROWS["small"]
         model = Llama(vocab, block, layers, heads, kv, embd, hidden).to(dev)
     else:
-        model = Gpt(vocab, block, layers, heads, embd, dropout).to(dev)
+        model = Gpt(vocab, block, layers, heads, embd, dropout, gelu).to(dev)
     opt = torch.optim.AdamW(decay_groups(model.parameters(), 0.1), lr=1e-3, betas=(0.9, 0.99), fused=True)
 
     def get(split, n):
@@ -313,6 +316,7 @@ def main():
     ap.add_argument("--csv", default="torch-loss.csv")
     ap.add_argument("--seed", type=int, default=0, help="with --train: the random seed")
     ap.add_argument("--arch", default="gpt", choices=["gpt", "llama"], help="with --train: the model")
+    ap.add_argument("--gelu", default="none", choices=["none", "tanh"], help="with --train, --arch gpt: the MLP's GELU")
     ap.add_argument("--eval-iters", type=int, default=20, help="with --train: validation batches per evaluation")
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--iters", type=int, default=200)
@@ -326,7 +330,7 @@ def main():
         return
     dev = cuda_device("torch_gpt.py")
     if a.train:
-        train(a.train, a.iters, a.csv, seed=a.seed, eval_iters=a.eval_iters, arch=a.arch)
+        train(a.train, a.iters, a.csv, seed=a.seed, eval_iters=a.eval_iters, arch=a.arch, gelu=a.gelu)
         return
     for name, mode, ms, mem in each_row(a.rows, a.modes, a.iters, bench, lambda n: n.startswith("gpt2"), dev):
         print(f"ROW,{name},{mode},{ms:.3f}", flush=True)

@@ -191,6 +191,14 @@ size_t tcg_layout(tcg_layout_struct s, size_t* size, size_t* align, size_t* offs
       TCG_FIELD(tcg_rotary_inputs, sin);
       TCG_FIELD(tcg_rotary_inputs, offset);
       break;
+    case TCG_LAYOUT_MLP_INPUTS:
+      set(sizeof(tcg_mlp_inputs), alignof(tcg_mlp_inputs));
+      TCG_FIELD(tcg_mlp_inputs, x);
+      TCG_FIELD(tcg_mlp_inputs, fc_weight);
+      TCG_FIELD(tcg_mlp_inputs, fc_bias);
+      TCG_FIELD(tcg_mlp_inputs, proj_weight);
+      TCG_FIELD(tcg_mlp_inputs, proj_bias);
+      break;
   }
   return w.n;
 }

@@ -6,6 +6,7 @@
 #include "kernels.h"
 #include "linear_own.h"
 #include "loss_own.h"
+#include "mlp_own.h"
 #include "norm_own.h"
 #include "rotary_own.h"
 #include "swiglu_own.h"
@@ -126,6 +127,14 @@ at::Tensor fused(const Operands&, bool) {
   throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no cuBLASLt path");
 }
 }  // namespace tcg::linear
+
+// The GELU epilogues need CUDA (cuBLASLt): mlp.cpp runs ATen's linear, gelu, linear.
+namespace tcg::mlp {
+std::string unsupported(const Operands&) { return "this binary was built without CUDA"; }
+at::Tensor gelu_tanh(const Operands&, bool) {
+  throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no cuBLASLt path");
+}
+}  // namespace tcg::mlp
 
 // The fused cross-entropy needs CUDA: loss.cpp runs ATen's cross_entropy_loss.
 namespace tcg::loss {

@@ -24,6 +24,7 @@
 //   rotary.cpp             rotary                     always
 //   swiglu.cpp             swiglu                     always
 //   gelu.cpp               gelu                       always
+//   mlp.cpp                mlp                        always
 //   autograd.cpp           autograd                   always
 //   amp.cpp                autocast, scaler           always
 //   watch.cpp              watch                      always
@@ -336,6 +337,22 @@ tcg_status tcg_swiglu(tcg_tensor h, tcg_kernels kernels, tcg_tensor* out, bool* 
 typedef enum { TCG_GELU_ERF = 0, TCG_GELU_TANH = 1 } tcg_gelu_form;
 tcg_status tcg_gelu(tcg_tensor x, tcg_tensor bias, tcg_gelu_form form, tcg_kernels kernels, tcg_tensor* out,
                     bool* ran_own);
+
+// ---------------------------------------------------------------- mlp.cpp (CPU and CUDA)
+// A two-layer MLP with GELU's tanh approximation between, y = proj(gelu_tanh(fc(x))): x [.., C],
+// fc_weight [H, C], fc_bias [H] (NULL: none), proj_weight [C', H], proj_bias [C'] (NULL: none);
+// *out: y [.., C'], a new tensor. Reads weight shadows, as tcg_linear_forward does. On the
+// crate's path (the linear family's conditions for both layers, H a multiple of 8) fc's GEMM
+// adds its bias and applies the GELU in cuBLASLt's GELU_AUX_BIAS epilogue, and the backward's
+// GEMM through proj applies GELU's derivative (DGELU), fc's weight-gradient GEMM summing its bias
+// gradient (BGRADB), so no GELU kernel runs; wgrad as tcg_linear_forward's. Elsewhere ATen's linear, gelu(approximate=
+// "tanh"), linear. kernels: the linear family's rules. A weight or bias of the wrong shape:
+// TCG_MISUSE. *ran_own: whether the crate's path was taken.
+typedef struct {
+  tcg_tensor x, fc_weight, fc_bias, proj_weight, proj_bias;
+} tcg_mlp_inputs;
+tcg_status tcg_mlp_gelu_tanh(const tcg_mlp_inputs* in, tcg_weight_grad wgrad, tcg_kernels kernels, tcg_tensor* out,
+                             bool* ran_own);
 
 // ---------------------------------------------------------------- autograd.cpp (CPU and CUDA)
 // torch::autograd::grad(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused).
@@ -659,6 +676,7 @@ typedef enum {
   TCG_LAYOUT_NORM_OPTIONS,
   TCG_LAYOUT_LINEAR_INPUTS,
   TCG_LAYOUT_ROTARY_INPUTS,
+  TCG_LAYOUT_MLP_INPUTS,
 } tcg_layout_struct;
 // The size and alignment of struct `s` as this shim was compiled, and the offsets of its fields
 // in declaration order (at most `cap` written); returns the number of fields (0: unknown `s`).

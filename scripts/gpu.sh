@@ -40,6 +40,7 @@
 #   TCG_GPT_DATA   the corpus folder of gpt-curves and gpt-trajectory (default .venv/torch)
 #   TCG_GPT_EVAL_ITERS  validation batches per evaluation in gpt-curves (default 200)
 #   TCG_GPT_ARCH   the model of gpt-curves: gpt (default) or llama
+#   TCG_GPT_GELU   the GPT's GELU in gpt-curves: none (default) or tanh (into target/gpt-tanh-curves/)
 #   NCCL_*         reach every rank, ours and PyTorch's alike
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -147,9 +148,14 @@ case $part in
     corpus=${TCG_GPT_DATA:-.venv/torch}
     cache=target/gpt-data/$(printf '%s' "$corpus" | sed 's/[^A-Za-z0-9.]/_/g')
     arch=${TCG_GPT_ARCH:-gpt}
+    gelu=${TCG_GPT_GELU:-none}
     dir=target/$arch-curves
-    mkdir -p "$dir"
     common=(--iters "$iters" --eval-iters "${TCG_GPT_EVAL_ITERS:-200}" --arch "$arch")
+    if [[ $gelu != none ]]; then
+      dir=target/$arch-$gelu-curves
+      common+=(--gelu "$gelu")
+    fi
+    mkdir -p "$dir"
     "$bins/example-gpt" --iters 1 --data-dir "$corpus" --out "$dir/prepare" --sample 1 > /dev/null || status=1 # the corpus cache
     for s in "${seeds[@]}"; do
       "$bins/example-gpt" "${common[@]}" --seed "$s" --data-dir "$corpus" --out "$dir/crate-$s" --sample 100 > "$logs/$arch-$s.log" 2>&1 &

@@ -34,7 +34,8 @@
 //! - [`rotary`]: [`rotary::Rotary`], rotary position embeddings on q and k in one kernel each
 //!   way; [`swiglu`]: SwiGLU read from the fused `[gate | up]` projection in one pass each way;
 //!   [`gelu`]: GELU with the preceding layer's bias folded in, its gradient summed in the
-//!   backward's one pass.
+//!   backward's one pass; [`mlp`]: an MLP with GELU's tanh approximation in cuBLASLt's GEMM
+//!   epilogues (no GELU kernel either way).
 //! - [`transformer`]: [`transformer::TransformerLayer`], a pre-norm transformer layer on those
 //!   layers, and the [`transformer::ResidualStream`] that carries each residual add into the next
 //!   norm, so a model stacked from layers gets every fusion without restructuring.
@@ -75,6 +76,7 @@ pub mod kernels;
 pub mod linear;
 pub mod loss;
 pub mod memory;
+pub mod mlp;
 pub mod norm;
 pub mod optim;
 pub mod pool;

@@ -15,8 +15,9 @@
 //!
 //! The crate's path runs where it applies — CUDA tensors with a 16-bit compute dtype (CUDA
 //! autocast's, or bf16 / f16 input and weight) — and `at::linear` (with the shadows) elsewhere,
-//! with the same forward ([`LinearConfig::kernels`]). cuBLASLt's GELU epilogues are not offered:
-//! they compute the tanh approximation, not `nn::GELU`'s exact erf form.
+//! with the same forward ([`LinearConfig::kernels`]). cuBLASLt's GELU epilogues compute the tanh
+//! approximation, not `nn::GELU`'s exact erf form: [`crate::mlp`] offers them for an MLP with
+//! that activation.
 //!
 //! ```no_run
 //! # fn main() -> tch_cuda_graphs::Result<()> {
@@ -55,7 +56,7 @@ pub enum WeightGrad {
 }
 
 impl WeightGrad {
-    fn raw(self) -> RawWeightGrad {
+    pub(crate) fn raw(self) -> RawWeightGrad {
         match self {
             WeightGrad::Rounded => RawWeightGrad::TCG_WEIGHT_GRAD_ROUNDED,
             WeightGrad::Float32 => RawWeightGrad::TCG_WEIGHT_GRAD_FP32,

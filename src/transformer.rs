@@ -3,7 +3,8 @@
 //! so that every fusion of the crate applies without restructuring a model: each norm takes the
 //! residual add and the dropout of the branch before it ([`crate::norm`]) and the bias of the
 //! projection that made the branch ([`ResidualStream::f_push_linear`]), the GELU takes the bias of
-//! the MLP's first layer ([`crate::gelu`]), so each of those bias gradients is summed in a pass
+//! the MLP's first layer ([`crate::gelu`]; with [`Activation::GeluTanh`] the MLP's GEMMs add it
+//! and apply the GELU in their epilogues, [`crate::mlp`]), so each of those bias gradients is summed in a pass
 //! that runs anyway, and the other linear layer (QKV) sums its bias gradient inside the
 //! weight-gradient GEMM ([`crate::linear`]). Under [`Kernels::PyTorch`] the layer runs PyTorch's
 //! operations in PyTorch's order (each bias in its linear layer).
@@ -32,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::gelu::{f_bias_gelu, GeluApproximate, GeluConfig};
 use crate::kernels::Kernels;
 use crate::linear::{linear, Linear, LinearConfig, WeightGrad};
+use crate::mlp::f_gelu_tanh_mlp_unbiased;
 use crate::norm::{layer_norm, LayerNorm, NormConfig, NormKind};
 use std::borrow::Borrow;
 use tch::{nn, Tensor};
@@ -164,7 +166,8 @@ pub enum Activation {
     /// `nn::GELU`: the exact erf form (GPT-2's and nanoGPT's model).
     #[default]
     Gelu,
-    /// GELU's tanh approximation.
+    /// GELU's tanh approximation (GPT-2's original, llm.c's): with the crate's kernels, computed
+    /// in the MLP's GEMM epilogues ([`crate::mlp`]).
     GeluTanh,
     /// ReLU.
     Relu,
@@ -285,6 +288,11 @@ impl TransformerLayer {
         let y = self.attention(&h, p)?;
         self.push_projection(stream, &self.attn_proj, &y, p, train)?;
         let h = stream.f_norm(&self.ln_2)?;
+        if self.config.activation == Activation::GeluTanh && self.config.kernels != Kernels::PyTorch {
+            // both GEMMs with GELU in their epilogues; the projection's bias into the next norm
+            let branch = f_gelu_tanh_mlp_unbiased(&h, &self.c_fc, &self.mlp_proj)?;
+            return stream.push(branch, self.mlp_proj.bs.as_ref(), p, train);
+        }
         let a = self.mlp_hidden(&h)?;
         self.push_projection(stream, &self.mlp_proj, &a, p, train)
     }

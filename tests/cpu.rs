@@ -1108,13 +1108,16 @@ fn a_step_takes_weight_shadows_only_as_asked() {
 /// GELU with the bias folded in, on the CPU (ATen's composition): `gelu(x + bias)` in both forms,
 /// its gradients those of the composition; and a transformer layer whose biases go into the
 /// norms and the GELU (`Kernels::Auto`) computes what the layer with each bias in its linear
-/// layer computes (`Kernels::PyTorch`), up to rounding.
+/// layer computes (`Kernels::PyTorch`), up to rounding, with either GELU; the MLP with GELU (tanh)
+/// in its GEMMs' epilogues is ATen's composition there.
 #[test]
 fn bias_gelu_and_deferred_biases_on_the_cpu() {
     use tch::nn::ModuleT;
     use tch_cuda_graphs::gelu::{f_bias_gelu, GeluApproximate, GeluConfig};
     use tch_cuda_graphs::kernels::Kernels;
-    use tch_cuda_graphs::transformer::{TransformerConfig, TransformerLayer};
+    use tch_cuda_graphs::linear::{linear, LinearConfig};
+    use tch_cuda_graphs::mlp::f_gelu_tanh_mlp;
+    use tch_cuda_graphs::transformer::{Activation, TransformerConfig, TransformerLayer};
     tch::manual_seed(5);
     let x = Tensor::randn([6, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
     let bias = Tensor::randn([16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
@@ -1126,10 +1129,19 @@ fn bias_gelu_and_deferred_biases_on_the_cpu() {
     let wrong = Tensor::zeros([15], (Kind::Float, Device::Cpu));
     assert!(matches!(f_bias_gelu(&x, Some(&wrong), &GeluConfig::default()), Err(Error::Misuse(_))));
 
-    let layer = |kernels| {
+    // the MLP with GELU (tanh) in its GEMMs' epilogues: on the CPU, ATen's composition
+    let vs = nn::VarStore::new(Device::Cpu);
+    let fc = linear(vs.root() / "fc", 16, 32, LinearConfig::default());
+    let proj = linear(vs.root() / "proj", 32, 16, LinearConfig::default());
+    let y = f_gelu_tanh_mlp(&x, &fc, &proj).unwrap();
+    let want = x.linear(&fc.ws, fc.bs.as_ref()).gelu("tanh").linear(&proj.ws, proj.bs.as_ref());
+    assert!(y.equal(&want), "linear, gelu(tanh), linear");
+    assert!(matches!(f_gelu_tanh_mlp(&x, &proj, &fc), Err(Error::Misuse(_))));
+
+    let layer = |kernels, activation| {
         tch::manual_seed(7);
         let vs = nn::VarStore::new(Device::Cpu);
-        let cfg = TransformerConfig { heads: 2, kernels, ..Default::default() };
+        let cfg = TransformerConfig { heads: 2, kernels, activation, ..Default::default() };
         let l = TransformerLayer::new(vs.root(), 16, cfg);
         tch::no_grad(|| {
             for (_, t) in vs.variables() {
@@ -1138,21 +1150,25 @@ fn bias_gelu_and_deferred_biases_on_the_cpu() {
         });
         (vs, l)
     };
-    let (vs_a, deferred) = layer(Kernels::Auto);
-    let (mut vs_b, plain) = layer(Kernels::PyTorch);
-    vs_b.copy(&vs_a).unwrap();
-    let h = Tensor::randn([2, 5, 16], (Kind::Float, Device::Cpu));
-    let (ya, yb) = (deferred.forward_t(&h, false), plain.forward_t(&h, false));
-    ya.sum(Kind::Float).backward();
-    yb.sum(Kind::Float).backward();
-    let diff = f64::try_from((&ya - &yb).abs().max()).unwrap();
-    let grad_diff = ["mlp.c_fc.bias", "mlp.c_proj.bias", "attn.c_proj.bias"]
-        .iter()
-        .map(|n| {
-            let (a, b) = (&vs_a.variables()[*n], &vs_b.variables()[*n]);
-            f64::try_from((a.grad() - b.grad()).abs().max()).unwrap()
-        })
-        .fold(0f64, f64::max);
-    println!("deferred biases against biases in the linear layers: output {diff:e}, bias gradients {grad_diff:e}");
-    assert!(diff < 1e-5 && grad_diff < 1e-5);
+    for activation in [Activation::Gelu, Activation::GeluTanh] {
+        let (vs_a, deferred) = layer(Kernels::Auto, activation);
+        let (mut vs_b, plain) = layer(Kernels::PyTorch, activation);
+        vs_b.copy(&vs_a).unwrap();
+        let h = Tensor::randn([2, 5, 16], (Kind::Float, Device::Cpu));
+        let (ya, yb) = (deferred.forward_t(&h, false), plain.forward_t(&h, false));
+        ya.sum(Kind::Float).backward();
+        yb.sum(Kind::Float).backward();
+        let diff = f64::try_from((&ya - &yb).abs().max()).unwrap();
+        let grad_diff = ["mlp.c_fc.bias", "mlp.c_proj.bias", "attn.c_proj.bias"]
+            .iter()
+            .map(|n| {
+                let (a, b) = (&vs_a.variables()[*n], &vs_b.variables()[*n]);
+                f64::try_from((a.grad() - b.grad()).abs().max()).unwrap()
+            })
+            .fold(0f64, f64::max);
+        println!(
+            "{activation:?}: deferred biases against biases in the linear layers: output {diff:e}, bias gradients {grad_diff:e}"
+        );
+        assert!(diff < 1e-5 && grad_diff < 1e-5);
+    }
 }

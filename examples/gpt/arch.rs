@@ -3,6 +3,7 @@
 
 use crate::lm::LanguageModel;
 use tch::nn;
+use tch_cuda_graphs::transformer::Activation;
 
 /// A model's shape, of either architecture.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -44,7 +45,14 @@ impl Arch {
     /// What it is, in a few words.
     pub fn describe(&self) -> String {
         match self {
-            Arch::Gpt(c) => format!("GPT {} layers × {} wide, {} heads, block {}", c.layers, c.embd, c.heads, c.block),
+            Arch::Gpt(c) => format!(
+                "GPT {} layers × {} wide, {} heads, block {}{}",
+                c.layers,
+                c.embd,
+                c.heads,
+                c.block,
+                if c.activation == Activation::GeluTanh { ", GELU (tanh)" } else { "" }
+            ),
             Arch::Llama(c) => format!(
                 "Llama-style {} layers × {} wide, {} heads / {} KV heads, SwiGLU {}, block {}",
                 c.layers, c.embd, c.heads, c.kv_heads, c.hidden, c.block

@@ -42,6 +42,7 @@ use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 use tch_cuda_graphs::dist::{broadcast_parameters, ProcessGroup};
 use tch_cuda_graphs::feed::DeviceMeter;
+use tch_cuda_graphs::transformer::Activation;
 use tch_cuda_graphs::{checkpoint, cuda_is_available, synchronize};
 
 /// Which model `--arch` chose.
@@ -69,6 +70,7 @@ struct Args {
     out: PathBuf,
     ddp: bool,
     fused: bool,
+    gelu_tanh: bool,
     dropout: Option<f64>,
     trajectory: Option<PathBuf>,
 }
@@ -76,7 +78,7 @@ struct Args {
 const USAGE: &str = "\
 usage: gpt [--arch gpt|llama] [--iters N] [--batch B] [--accum K] [--eval-every N] [--eval-iters N] [--tiny] [--fp32]
            [--resume] [--stop-at N] [--sample CHARS] [--seed S] [--peak-tflops T] [--data-dir DIR]
-           [--out DIR] [--ddp] [--fused] [--dropout P] [--trajectory DIR]
+           [--out DIR] [--ddp] [--fused] [--gelu none|tanh] [--dropout P] [--trajectory DIR]
 
 Trains nanoGPT's character GPT (or a Llama-style model) on the torch package's Python sources
 with a captured step.
@@ -102,6 +104,9 @@ with a captured step.
                      in (ATen's where they do not apply), linear layers whose weight (and bias)
                      gradients come out of the GEMM in float32, the fused cross-entropy, with
                      --arch llama the rotary and SwiGLU kernels; and bf16 weight shadows
+  --gelu G           (--arch gpt) the MLP's GELU: none (the exact erf form, nanoGPT's; the
+                     default) or tanh (GPT-2's original approximation; with --fused, computed in
+                     the MLP's GEMM epilogues)
   --dropout P        the dropout probability (default 0.2; 0 with --trajectory)
   --trajectory DIR   (--arch gpt) the step-for-step comparison with PyTorch: write the initial weights and
                      --iters batches into DIR, train on them (no evaluation), write every step's
@@ -123,6 +128,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
         tiny: false,
         fp32: false,
         fused: false,
+        gelu_tanh: false,
         resume: false,
         stop_at: None,
         sample: 500,
@@ -152,6 +158,13 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
             Long("tiny") => a.tiny = true,
             Long("fp32") => a.fp32 = true,
             Long("fused") => a.fused = true,
+            Long("gelu") => {
+                a.gelu_tanh = match parser.value()?.string()?.as_str() {
+                    "none" => false,
+                    "tanh" => true,
+                    other => return Err(format!("--gelu: no form {other:?} (none, tanh)").into()),
+                }
+            }
             Long("resume") => a.resume = true,
             Long("stop-at") => a.stop_at = Some(parser.value()?.parse()?),
             Long("sample") => a.sample = parser.value()?.parse()?,
@@ -178,11 +191,11 @@ fn check(a: &Args) -> Result<(), lexopt::Error> {
     if a.dropout.is_some_and(|p| !(0.0..1.0).contains(&p)) {
         return Err("--dropout must be in [0, 1)".into());
     }
-    if a.trajectory.is_some() && (a.ddp || a.accum != 1) {
-        return Err("--trajectory runs on one device with one micro-batch per step".into());
+    if a.trajectory.is_some() && (a.ddp || a.accum != 1 || a.gelu_tanh) {
+        return Err("--trajectory runs nanoGPT's model (exact GELU) on one device with one micro-batch per step".into());
     }
-    if a.arch == ArchName::Llama && (a.trajectory.is_some() || a.dropout.is_some()) {
-        return Err("--arch llama has no dropout and no --trajectory".into());
+    if a.arch == ArchName::Llama && (a.trajectory.is_some() || a.dropout.is_some() || a.gelu_tanh) {
+        return Err("--arch llama has no dropout, no GELU and no --trajectory".into());
     }
     Ok(())
 }
@@ -247,7 +260,8 @@ impl Run {
                 let c =
                     if tiny { model::Config::tiny(data::VOCAB) } else { model::Config::shakespeare_char(data::VOCAB) };
                 let dropout = args.dropout.unwrap_or(if args.trajectory.is_some() { 0.0 } else { c.dropout });
-                Arch::Gpt(model::Config { fused: args.fused, dropout, ..c })
+                let activation = if args.gelu_tanh { Activation::GeluTanh } else { Activation::Gelu };
+                Arch::Gpt(model::Config { fused: args.fused, dropout, activation, ..c })
             }
             ArchName::Llama => {
                 let c = if tiny { llama::Config::tiny(data::VOCAB) } else { llama::Config::small(data::VOCAB) };

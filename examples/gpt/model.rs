@@ -18,7 +18,7 @@ use tch_cuda_graphs::kernels::Kernels;
 use tch_cuda_graphs::linear::{self, LinearConfig, WeightGrad};
 use tch_cuda_graphs::loss::{f_cross_entropy, CrossEntropyConfig};
 use tch_cuda_graphs::norm::{layer_norm, LayerNorm, NormConfig};
-use tch_cuda_graphs::transformer::{ResidualStream, TransformerConfig, TransformerLayer};
+use tch_cuda_graphs::transformer::{Activation, ResidualStream, TransformerConfig, TransformerLayer};
 
 /// The model's shape.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -40,6 +40,9 @@ pub struct Config {
     pub fused: bool,
     /// With `fused`: how the linear layers' weight gradients reach the float32 parameters.
     pub weight_grad: WeightGrad,
+    /// The MLP's activation: exact GELU (nanoGPT's, the default) or its tanh approximation
+    /// (GPT-2's original; with `fused`, in the MLP's GEMM epilogues).
+    pub activation: Activation,
 }
 
 impl Config {
@@ -54,6 +57,7 @@ impl Config {
             dropout: 0.2,
             fused: false,
             weight_grad: WeightGrad::Float32,
+            activation: Activation::Gelu,
         }
     }
 
@@ -68,6 +72,7 @@ impl Config {
             dropout: 0.0,
             fused: false,
             weight_grad: WeightGrad::Float32,
+            activation: Activation::Gelu,
         }
     }
 
@@ -97,6 +102,7 @@ impl Config {
             dropout: 0.1,
             fused: false,
             weight_grad: WeightGrad::Float32,
+            activation: Activation::Gelu,
         }
     }
 }
@@ -124,6 +130,7 @@ impl Gpt {
             dropout: config.dropout,
             output_init: normal(0.02 / (2.0 * config.layers as f64).sqrt()),
             weight_grad: config.weight_grad,
+            activation: config.activation,
             kernels,
             ..Default::default()
         };

@@ -20,11 +20,12 @@
 //! | `optim.rs` | `csrc/optim.cpp`, `csrc/cuda/optim_own.cpp` |
 //! | `norm.rs` | `csrc/norm.cpp`, `csrc/cuda/norm_own.cpp` |
 //! | `shadow.rs` | `csrc/shadow.cpp` |
-//! | `linear.rs` | `csrc/linear.cpp`, `csrc/cuda/linear_own.cpp` |
+//! | `linear.rs` | `csrc/linear.cpp`, `csrc/cuda/linear_own.cpp`, `csrc/cuda/lt_matmul.cpp` |
 //! | `loss.rs` | `csrc/loss.cpp`, `csrc/cuda/loss_own.cpp` |
 //! | `rotary.rs` | `csrc/rotary.cpp`, `csrc/cuda/rotary_own.cpp` |
 //! | `swiglu.rs` | `csrc/swiglu.cpp`, `csrc/cuda/swiglu_own.cpp` |
 //! | `gelu.rs` | `csrc/gelu.cpp`, `csrc/cuda/gelu_own.cpp` |
+//! | `mlp.rs` | `csrc/mlp.cpp`, `csrc/cuda/mlp_own.cpp` |
 //! | `dist.rs` | `csrc/cuda/dist.cpp`, `csrc/cuda/grad_buckets.cpp`, `csrc/bucket_plan.cpp` |
 //! | `profiler.rs` | `csrc/profiler.cpp` |
 //! | `watch.rs` | `csrc/watch.cpp` |
@@ -48,6 +49,7 @@ mod layout;
 pub(crate) mod linear;
 pub(crate) mod loss;
 pub(crate) mod memory;
+pub(crate) mod mlp;
 pub(crate) mod norm;
 pub(crate) mod optim;
 pub(crate) mod profiler;

@@ -20,6 +20,7 @@ c_enum!(tcg_layout_struct {
     TCG_LAYOUT_NORM_OPTIONS = 15,
     TCG_LAYOUT_LINEAR_INPUTS = 16,
     TCG_LAYOUT_ROTARY_INPUTS = 17,
+    TCG_LAYOUT_MLP_INPUTS = 18,
 });
 
 extern "C" {

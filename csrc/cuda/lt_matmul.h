@@ -1,0 +1,68 @@
+// One cuBLASLt GEMM with an epilogue, shared by the layers that use cuBLASLt (linear_own.cpp:
+// bias gradients in the weight-gradient GEMM; mlp_own.cpp: GELU in the GEMMs' epilogues).
+// cuBLASLt is column-major: a row-major tensor [r, c] is, to it, a c × r matrix with leading
+// dimension c. CUDA builds only.
+#pragma once
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <cublasLt.h>
+
+#include <cstdint>
+
+namespace tcg::lt {
+
+// A matrix as cuBLASLt reads it: column-major `rows` × `cols` with leading dimension `ld`, and
+// whether the GEMM takes its transpose.
+struct Matrix {
+  void* data;
+  at::ScalarType type;
+  int64_t rows, cols, ld;
+  bool transpose;
+};
+
+// What runs after the product. `bias`: the bias (read; CUBLASLT_EPILOGUE_*BIAS) or the bias
+// gradient (written; *BGRAD*), of `bias_type`. `aux`: GELU's input, written by GELU_AUX(_BIAS)
+// and read by DGELU(_BGRAD), with leading dimension `aux_ld` (in D's dtype).
+struct Epilogue {
+  cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
+  void* bias = nullptr;
+  at::ScalarType bias_type = at::kFloat;
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
+};
+
+// d = op(a) · op(b), then the epilogue, in float32 accumulation on the current stream with ATen's
+// cuBLASLt handle and workspace. Returns false, having launched nothing, where cuBLASLt offers no
+// algorithm for it; throws TCG_ERROR where a call fails.
+bool matmul(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue& epilogue);
+
+// The weight and bias gradients of y = x · wᵀ + b from x2 [N, in] and dy2 [N, out] (both of the
+// compute dtype, contiguous): dw [out, in] = dy2ᵀ · x2 when `want_w`, db [out] = dy2's column sums
+// when `want_b`, both in `type`. One GEMM with the BGRADB epilogue where cuBLASLt offers one,
+// ATen's mm and sum otherwise. Either result is undefined when not wanted.
+struct WeightGrads {
+  at::Tensor dw, db;
+};
+WeightGrads weight_grads(const at::Tensor& x2, const at::Tensor& dy2, bool want_w, bool want_b, at::ScalarType type);
+
+// The 16-bit dtype the GEMMs run in for these operands (CUDA autocast's, or x's and weight's when
+// both are bfloat16 or float16), or Undefined when there is none.
+inline at::ScalarType compute_dtype(const at::Tensor& x, const at::Tensor& weight) {
+  const auto is_16bit = [](at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; };
+  if (x.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA)) {
+    const at::ScalarType t = at::autocast::get_autocast_dtype(at::kCUDA);
+    return is_16bit(t) ? t : at::ScalarType::Undefined;
+  }
+  if (is_16bit(x.scalar_type()) && x.scalar_type() == weight.scalar_type()) return x.scalar_type();
+  return at::ScalarType::Undefined;
+}
+
+// An operand in the compute dtype: its shadow when there is one, else a cast (as autocast's);
+// undefined stays undefined.
+inline at::Tensor in_dtype(const at::Tensor& t, const at::Tensor& shadow, at::ScalarType dt) {
+  if (!t.defined()) return t;
+  if (shadow.defined()) return shadow;
+  return t.scalar_type() == dt ? t : t.to(dt);
+}
+
+}  // namespace tcg::lt

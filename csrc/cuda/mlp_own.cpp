@@ -1,0 +1,161 @@
+// The crate's MLP with GELU (tanh) in the GEMMs' epilogues: an autograd function whose forward
+// runs fc's GEMM with cuBLASLt's GELU_AUX_BIAS epilogue (bias added and GELU applied to the
+// float32 accumulators, GELU's input kept as `pre`) and proj's GEMM, and whose backward runs
+// proj's input-gradient GEMM with the DGELU epilogue (GELU's derivative at `pre` applied) and the
+// weight-gradient GEMMs of linear_own.cpp (fc's bias gradient in its BGRADB epilogue). No GELU
+// kernel runs either way. Where cuBLASLt offers no algorithm for an epilogue, ATen's GEMM and GELU (forward)
+// or GELU backward and sum (backward) run instead, on the same saved tensors.
+#include "../mlp_own.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "../linear_own.h"
+#include "cuda_shim.h"
+#include "lt_matmul.h"
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace tcg::mlp {
+namespace {
+
+using tcg::lt::compute_dtype;
+using tcg::lt::in_dtype;
+using tcg::lt::Matrix;
+
+// h [N, H] = gelu_tanh(x2 [N, C] · fcᵀ + bias) with `pre` [N, H] = its input, in one GEMM: in
+// cuBLASLt's terms hᵀ [H, N] = (fc stored [C, H])ᵀ · x2ᵀ [C, N], the bias one value per row of D.
+bool forward_gemm(const at::Tensor& x2, const at::Tensor& fc, const at::Tensor& bias, at::Tensor& pre, at::Tensor& h) {
+  const int64_t n = x2.size(0), c = x2.size(1), hid = fc.size(0);
+  const at::ScalarType dt = x2.scalar_type();
+  tcg::lt::Epilogue e;
+  e.kind = bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  if (bias.defined()) {
+    e.bias = bias.data_ptr();
+    e.bias_type = bias.scalar_type();
+  }
+  e.aux = pre.data_ptr();
+  e.aux_ld = hid;
+  return tcg::lt::matmul(Matrix{fc.data_ptr(), dt, c, hid, c, true}, Matrix{x2.data_ptr(), dt, c, n, c, false},
+                         Matrix{h.data_ptr(), dt, hid, n, hid, false}, e);
+}
+
+// dpre [N, H] = (dy2 [N, C'] · proj [C', H]) ⊙ gelu_tanh'(pre) in one GEMM: dpreᵀ [H, N] =
+// (proj stored [H, C']) · dy2ᵀ [C', N]. (DGELU, not DGELU_BGRAD: cuBLASLt 13 on sm_90 sums
+// DGELU_BGRAD's bias gradient in a separate pass that takes 3.5 times the GEMM; fc's weight-
+// gradient GEMM sums it instead, in its BGRADB epilogue.)
+bool backward_gemm(const at::Tensor& dy2, const at::Tensor& proj, const at::Tensor& pre, at::Tensor& dpre) {
+  const int64_t n = dy2.size(0), c = dy2.size(1), hid = proj.size(1);
+  const at::ScalarType dt = dy2.scalar_type();
+  tcg::lt::Epilogue e;
+  e.kind = CUBLASLT_EPILOGUE_DGELU;
+  e.aux = pre.data_ptr();
+  e.aux_ld = hid;
+  return tcg::lt::matmul(Matrix{proj.data_ptr(), dt, hid, c, hid, false}, Matrix{dy2.data_ptr(), dt, c, n, c, false},
+                         Matrix{dpre.data_ptr(), dt, hid, n, hid, false}, e);
+}
+
+// The non-tensor arguments: autograd's Function does not track them.
+struct Args {
+  at::Tensor shadow_fc_w, shadow_fc_b, shadow_proj_w, shadow_proj_b;
+  at::ScalarType dt;
+  bool fp32_wgrad;
+};
+
+std::optional<at::Tensor> opt(const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; }
+
+struct GeluTanhMlp : torch::autograd::Function<GeluTanhMlp> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& fc_w,
+                               const std::optional<at::Tensor>& fc_b_arg, const at::Tensor& proj_w,
+                               const std::optional<at::Tensor>& proj_b_arg, Args args) {
+    const at::Tensor fc_b = fc_b_arg.value_or(at::Tensor()), proj_b = proj_b_arg.value_or(at::Tensor());
+    c10::cuda::CUDAGuard guard(x.device());
+    const at::ScalarType dt = args.dt;
+    const int64_t c = fc_w.size(1), hid = fc_w.size(0);
+    const at::Tensor x2 = in_dtype(x, at::Tensor(), dt).contiguous().view({-1, c});
+    const at::Tensor wfc = in_dtype(fc_w, args.shadow_fc_w, dt).contiguous();
+    const at::Tensor wproj = in_dtype(proj_w, args.shadow_proj_w, dt).contiguous();
+    at::Tensor pre = at::empty({x2.size(0), hid}, x2.options());
+    at::Tensor h = at::empty_like(pre);
+    // the bias in the compute dtype, as at::linear's under autocast (cuBLASLt 13 takes no float32
+    // bias beside a 16-bit output)
+    const at::Tensor bfc = in_dtype(fc_b, args.shadow_fc_b, dt);
+    bool done = forward_gemm(x2, wfc, bfc, pre, h);
+    if (!done) {
+      pre = at::linear(x2, wfc, opt(bfc));
+      h = at::gelu(pre, "tanh");
+    }
+    const at::Tensor y2 = at::linear(h, wproj, opt(in_dtype(proj_b, args.shadow_proj_b, dt)));
+    std::vector<int64_t> sizes = x.sizes().vec();
+    sizes.back() = proj_w.size(0);
+    ctx->save_for_backward({x2, wfc, pre, h, wproj});
+    ctx->saved_data["fc_bias"] = fc_b.defined();
+    ctx->saved_data["proj_bias"] = proj_b.defined();
+    ctx->saved_data["fp32_wgrad"] = args.fp32_wgrad;
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["fc_w_dtype"] = static_cast<int64_t>(fc_w.scalar_type());
+    ctx->saved_data["fc_b_dtype"] = static_cast<int64_t>(fc_b.defined() ? fc_b.scalar_type() : at::kFloat);
+    ctx->saved_data["proj_w_dtype"] = static_cast<int64_t>(proj_w.scalar_type());
+    ctx->saved_data["proj_b_dtype"] = static_cast<int64_t>(proj_b.defined() ? proj_b.scalar_type() : at::kFloat);
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    return {y2.view(sizes)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (at::GradMode::is_enabled()) misuse("mlp: double backward (create_graph) is not supported");
+    const at::Tensor& dy = grads.at(0);
+    if (!dy.defined()) return variable_list(6);
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x2 = saved[0], &wfc = saved[1], &pre = saved[2], &h = saved[3], &wproj = saved[4];
+    const auto dtype_of = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data.at(key).toInt()); };
+    // float32 weight gradients only for float32 parameters (a 16-bit parameter takes its own dtype)
+    const bool fp32 = ctx->saved_data.at("fp32_wgrad").toBool();
+    const at::ScalarType dt = x2.scalar_type();
+    const auto grad_type = [&](const char* param) { return fp32 && dtype_of(param) == at::kFloat ? at::kFloat : dt; };
+    c10::cuda::CUDAGuard guard(x2.device());
+    const at::Tensor dy2 = dy.to(dt).contiguous().view({-1, wproj.size(0)});
+    variable_list out(6);
+    // proj: its weight and bias gradients from h
+    const bool want_pb = ctx->saved_data.at("proj_bias").toBool() && ctx->needs_input_grad(4);
+    auto proj = tcg::lt::weight_grads(h, dy2, ctx->needs_input_grad(3), want_pb, grad_type("proj_w_dtype"));
+    if (proj.dw.defined()) out[3] = proj.dw.to(dtype_of("proj_w_dtype"));
+    if (proj.db.defined()) out[4] = proj.db.to(dtype_of("proj_b_dtype"));
+    // through GELU: dpre in proj's input-gradient GEMM
+    const bool want_fb = ctx->saved_data.at("fc_bias").toBool() && ctx->needs_input_grad(2);
+    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1) && !want_fb) return out;
+    at::Tensor dpre = at::empty_like(pre);
+    if (!backward_gemm(dy2, wproj, pre, dpre)) dpre = at::gelu_backward(at::mm(dy2, wproj), pre, "tanh");
+    // fc: its weight and bias gradients (the bias's in the weight-gradient GEMM), the input gradient
+    auto fc = tcg::lt::weight_grads(x2, dpre, ctx->needs_input_grad(1), want_fb, grad_type("fc_w_dtype"));
+    if (fc.dw.defined()) out[1] = fc.dw.to(dtype_of("fc_w_dtype"));
+    if (fc.db.defined()) out[2] = fc.db.to(dtype_of("fc_b_dtype"));
+    if (ctx->needs_input_grad(0)) {
+      out[0] = at::mm(dpre, wfc).view(ctx->saved_data.at("x_sizes").toIntVector()).to(dtype_of("x_dtype"));
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+std::string unsupported(const Operands& in) {
+  for (const tcg::linear::Operands& layer :
+       {tcg::linear::Operands{in.x, in.fc_w, in.fc_b, {}, {}}, tcg::linear::Operands{in.x, in.proj_w, in.proj_b, {}, {}}}) {
+    std::string why = tcg::linear::unsupported(layer);
+    if (!why.empty()) return why;
+  }
+  if (in.fc_w.size(0) % 8 != 0) {
+    return "a hidden width of " + std::to_string(in.fc_w.size(0)) + " (cuBLASLt's GELU epilogues need a multiple of 8)";
+  }
+  return "";
+}
+
+at::Tensor gelu_tanh(const Operands& in, bool fp32_wgrad) {
+  const at::ScalarType dt = compute_dtype(in.x, in.fc_w);
+  Args args{in.shadow_fc_w, in.shadow_fc_b, in.shadow_proj_w, in.shadow_proj_b, dt, fp32_wgrad};
+  return GeluTanhMlp::apply(in.x, in.fc_w, opt(in.fc_b), in.proj_w, opt(in.proj_b), args)[0];
+}
+
+}  // namespace tcg::mlp

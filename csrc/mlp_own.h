@@ -1,0 +1,28 @@
+// The crate's MLP with GELU in the GEMMs' epilogues, as mlp.cpp sees it (no CUDA types here).
+// Defined in csrc/cuda/mlp_own.cpp in CUDA builds, in csrc/no_cuda.cpp otherwise.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <string>
+
+namespace tcg::mlp {
+
+// The operands, already read: x [.., C]; the first layer fc [H, C] (bias [H] or undefined) and
+// the second proj [C', H] (bias [C'] or undefined), the parameters themselves (autograd inputs),
+// and their shadows in the compute dtype, or undefined where there is none.
+struct Operands {
+  at::Tensor x, fc_w, fc_b, proj_w, proj_b;
+  at::Tensor shadow_fc_w, shadow_fc_b, shadow_proj_w, shadow_proj_b;
+};
+
+// Why the crate's path cannot take these operands, or "" when it can.
+std::string unsupported(const Operands& in);
+
+// proj(gelu_tanh(fc(x))) through one autograd node: the forward GEMM of fc adds its bias and
+// applies the GELU in cuBLASLt's GELU_AUX_BIAS epilogue (keeping GELU's input for the backward),
+// and the backward's GEMM through proj applies GELU's derivative (DGELU), fc's weight-gradient
+// GEMM summing its bias gradient (BGRADB). `fp32_wgrad`: the weight-gradient GEMMs write float32. Call only where
+// unsupported() is "".
+at::Tensor gelu_tanh(const Operands& in, bool fp32_wgrad);
+
+}  // namespace tcg::mlp

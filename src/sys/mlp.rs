@@ -1,0 +1,35 @@
+//! `csrc/mlp.cpp` (and `csrc/cuda/mlp_own.cpp` behind it): the MLP with GELU (tanh) in its
+//! GEMMs' epilogues.
+
+use super::kernels::RawKernels;
+use super::linear::RawWeightGrad;
+use super::{adopt_some, check, ffi, opt_tensor_ptr, tensor_ptr};
+use crate::error::Result;
+use tch::Tensor;
+
+/// One linear layer's parameters: the weight \[out, in\] and the bias \[out\], if any.
+pub(crate) type Layer<'a> = (&'a Tensor, Option<&'a Tensor>);
+
+/// `proj(gelu_tanh(fc(x)))` (differentiable), and whether the crate's path ran.
+pub(crate) fn gelu_tanh(
+    x: &Tensor,
+    fc: Layer<'_>,
+    proj: Layer<'_>,
+    wgrad: RawWeightGrad,
+    kernels: RawKernels,
+) -> Result<(Tensor, bool)> {
+    let raw = ffi::tcg_mlp_inputs {
+        x: tensor_ptr(x),
+        fc_weight: tensor_ptr(fc.0),
+        fc_bias: opt_tensor_ptr(fc.1),
+        proj_weight: tensor_ptr(proj.0),
+        proj_bias: opt_tensor_ptr(proj.1),
+    };
+    let (mut y, mut ran_own) = (std::ptr::null_mut(), false);
+    // SAFETY: `raw` holds live tensor handles (the biases may be null) for the call; the out slots
+    // are valid; the shim writes a new handle or null into `y`.
+    check(unsafe { ffi::tcg_mlp_gelu_tanh(&raw, wgrad, kernels, &mut y, &mut ran_own) })?;
+    // SAFETY: the slot holds a new handle made for this call (or null), owned by nobody else.
+    let y = unsafe { adopt_some(y, "mlp")? };
+    Ok((y, ran_own))
+}

@@ -1,0 +1,208 @@
+//! The MLP with GELU's tanh approximation in cuBLASLt's epilogues (`mlp::f_gelu_tanh_mlp`) on a
+//! GPU, each figure printed: its GELU output against the tanh form computed in float64 on the same
+//! operands and rounded once (within one bf16 ulp where |gelu| >= 2^-6, within 1e-4 below); the
+//! forward and every gradient against the
+//! same computation in float32 on the bf16 operands, rounded where the step rounds (within 1e-2
+//! of the largest value) and against ATen's composition (`Kernels::PyTorch`); a captured forward
+//! and backward equal to eager bit for bit; the choice of kernels and typed errors. Ignored
+//! without a GPU; fails loudly there.
+mod common;
+
+use common::{bf16_ulps, cuda, rel};
+use tch::{nn, Kind, Tensor};
+use tch_cuda_graphs::amp::Autocast;
+use tch_cuda_graphs::kernels::Kernels;
+use tch_cuda_graphs::linear::{linear, Linear, LinearConfig};
+use tch_cuda_graphs::mlp::f_gelu_tanh_mlp;
+use tch_cuda_graphs::profiler::{EventKind, Profiler};
+use tch_cuda_graphs::{capture_with_warmup, CaptureOptions, Error};
+
+fn layers(vs: &nn::VarStore, c: i64, h: i64, kernels: Kernels) -> (Linear, Linear) {
+    let cfg = LinearConfig { kernels, bs_init: Some(nn::Init::Randn { mean: 0.0, stdev: 0.5 }), ..Default::default() };
+    (linear(vs.root() / "fc", c, h, cfg), linear(vs.root() / "proj", h, c, cfg))
+}
+
+/// y and the gradients of x, fc's weight and bias, proj's weight and bias, for the loss
+/// sum(y · w), under bf16 autocast.
+fn run(x: &Tensor, fc: &Linear, proj: &Linear, w: &Tensor) -> Vec<Tensor> {
+    let x = x.detach().set_requires_grad(true);
+    let y = {
+        let _bf16 = Autocast::new(Kind::BFloat16, false).expect("autocast");
+        f_gelu_tanh_mlp(&x, fc, proj).expect("mlp")
+    };
+    (&y.to_kind(Kind::Float) * w).sum(Kind::Float).backward();
+    let bias = |l: &Linear| l.bs.as_ref().expect("a bias").grad();
+    vec![y, x.grad(), fc.ws.grad(), bias(fc), proj.ws.grad(), bias(proj)]
+}
+
+fn bf16(t: &Tensor) -> Tensor {
+    t.to_kind(Kind::BFloat16).to_kind(Kind::Float)
+}
+
+/// The same computation in float32 on the bf16-rounded operands (fc's bias too, as autocast's
+/// at::linear), rounded where the crate's step rounds (GELU's input and output, the gradient
+/// that fc's GEMMs read).
+fn reference(x: &Tensor, fc: &Linear, proj: &Linear, w: &Tensor) -> Vec<Tensor> {
+    let (wf, bf) = (bf16(&fc.ws), fc.bs.as_ref().unwrap().detach());
+    let (wp, bp) = (bf16(&proj.ws), proj.bs.as_ref().unwrap().detach());
+    let xb = bf16(x);
+    let pre = xb.matmul(&wf.tr()) + bf16(&bf);
+    let h = bf16(&pre.gelu("tanh"));
+    let y = h.matmul(&wp.tr()) + bf16(&bp);
+    let dy = bf16(w);
+    let dpre = bf16(&pre).gelu_backward(&dy.matmul(&wp), "tanh");
+    let dpre_b = bf16(&dpre);
+    vec![
+        y,
+        dpre_b.matmul(&wf),
+        dpre_b.tr().matmul(&xb),
+        dpre.sum_dim_intlist(0, false, Kind::Float),
+        dy.tr().matmul(&h),
+        dy.sum_dim_intlist(0, false, Kind::Float),
+    ]
+}
+
+const NAMES: [&str; 6] = ["y", "dx", "dW_fc", "db_fc", "dW_proj", "db_proj"];
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gelu_tanh_mlp_matches_the_epilogue_formula_and_the_composition() {
+    let dev = cuda();
+    tch::manual_seed(7);
+    // GELU's output itself: proj the identity, so y is h exactly (one nonzero product a sum)
+    let vs = nn::VarStore::new(dev);
+    let (fc, proj) = layers(&vs, 768, 768, Kernels::Own);
+    tch::no_grad(|| {
+        proj.ws.shallow_clone().copy_(&Tensor::eye(768, (Kind::Float, dev)));
+        let _ = proj.bs.as_ref().unwrap().shallow_clone().zero_();
+    });
+    let x = Tensor::randn([4096, 768], (Kind::Float, dev));
+    let y = {
+        let _bf16 = Autocast::new(Kind::BFloat16, false).expect("autocast");
+        tch::no_grad(|| f_gelu_tanh_mlp(&x, &fc, &proj).expect("mlp"))
+    };
+    // against the tanh form in float64 on the same operands (the bias rounded to bf16, as
+    // at::linear's under autocast), rounded once; ATen's float32 formula beside it
+    let f64_of = |t: &Tensor| bf16(t).to_kind(Kind::Double);
+    let pre = f64_of(&x).matmul(&f64_of(&fc.ws).tr()) + f64_of(fc.bs.as_ref().unwrap());
+    let exact = pre.gelu("tanh");
+    let rounded = exact.to_kind(Kind::BFloat16);
+    let aten = pre.to_kind(Kind::Float).gelu("tanh").to_kind(Kind::BFloat16);
+    // ulps where |gelu| >= 2^-6; below, 1 + tanh cancels in float32 formulas: absolute error
+    let large = exact.abs().ge(1.0 / 64.0);
+    let stats = |h: &Tensor| {
+        let ulps = bf16_ulps(&h.where_self(&large, &rounded), &rounded);
+        let small = (h.to_kind(Kind::Double) - &exact).abs() * large.logical_not().to_kind(Kind::Double);
+        let same = f64::try_from(h.eq_tensor(&rounded).to_kind(Kind::Float).mean(Kind::Float)).unwrap();
+        (ulps, f64::try_from(small.max()).unwrap(), same)
+    };
+    let (ulps, small, same) = stats(&y);
+    let (aten_ulps, aten_small, aten_same) = stats(&aten);
+    println!(
+        "GELU_AUX_BIAS epilogue [4096, 768] against the tanh form in float64 rounded once: max {ulps} bf16 ulp where |gelu| >= 2^-6, max |error| {small:e} below, {:.3}% equal (ATen's float32 formula: {aten_ulps} ulp, {aten_small:e}, {:.3}%)",
+        100.0 * same,
+        100.0 * aten_same
+    );
+    assert!(ulps <= 1.0 && small <= 1e-4, "the epilogue's GELU is not the tanh form");
+
+    // GPT-2 small's MLP: forward and gradients against the float32 reference and the composition
+    let (rows, c, h) = (8192, 768, 3072);
+    let x = Tensor::randn([rows, c], (Kind::Float, dev));
+    let w = Tensor::randn([rows, c], (Kind::Float, dev));
+    let (vs1, vs2) = (nn::VarStore::new(dev), nn::VarStore::new(dev));
+    let (fc1, proj1) = layers(&vs1, c, h, Kernels::Own);
+    let (fc2, proj2) = layers(&vs2, c, h, Kernels::PyTorch);
+    tch::no_grad(|| {
+        for (a, b) in vs2.trainable_variables().iter().zip(vs1.trainable_variables()) {
+            a.shallow_clone().copy_(&b);
+        }
+    });
+    // the crate's path runs no GELU kernel and no bias-gradient reduction of its own
+    let prof = Profiler::start().expect("profiler");
+    let ours = run(&x, &fc1, &proj1, &w);
+    tch_cuda_graphs::synchronize(dev).expect("sync");
+    let kernels: Vec<String> = prof
+        .stop()
+        .expect("profile")
+        .events()
+        .iter()
+        .filter(|e| e.kind == EventKind::Kernel)
+        .map(|e| e.name.clone())
+        .collect();
+    let gemms = kernels.iter().filter(|k| k.contains("gemm") || k.contains("xmma")).count();
+    println!("forward and backward: {} kernels, {gemms} of them GEMMs", kernels.len());
+    for k in &kernels {
+        println!("  {}", k.chars().take(110).collect::<String>());
+    }
+    let gelu_kernels: Vec<&String> = kernels.iter().filter(|k| k.contains("Gelu") || k.contains("tcg_gelu")).collect();
+    assert!(gelu_kernels.is_empty(), "a GELU kernel ran: {gelu_kernels:?}");
+    let aten = run(&x, &fc2, &proj2, &w);
+    let refs = tch::no_grad(|| reference(&x, &fc1, &proj1, &w));
+    for (i, name) in NAMES.iter().enumerate() {
+        let (to_ref, to_aten) = (rel(&ours[i], &refs[i]), rel(&ours[i], &aten[i]));
+        let aten_to_ref = rel(&aten[i], &refs[i]);
+        println!(
+            "{name} ({:?}): {to_ref:e} from the float32 reference (ATen's composition: {aten_to_ref:e}), {to_aten:e} from ATen's composition",
+            ours[i].kind()
+        );
+        assert!(to_ref <= 1e-2, "{name}: {to_ref:e} from the float32 reference");
+    }
+    assert_eq!(ours[0].kind(), Kind::BFloat16);
+    assert!(ours[2..].iter().all(|g| g.kind() == Kind::Float));
+}
+
+/// A captured forward and backward equals its eager run bit for bit; `Kernels::Own` refuses what
+/// the path does not take and `Kernels::Auto` falls back to ATen's composition; typed errors.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gelu_tanh_mlp_captures_and_refuses_bad_input() {
+    let dev = cuda();
+    tch::manual_seed(8);
+    let vs = nn::VarStore::new(dev);
+    let (fc, proj) = layers(&vs, 256, 1024, Kernels::Own);
+    let x0 = Tensor::randn([2048, 256], (Kind::Float, dev));
+    let params = vs.trainable_variables();
+    let step = || -> tch_cuda_graphs::Result<Tensor> {
+        let x = x0.detach().set_requires_grad(true);
+        let y = {
+            let _bf16 = Autocast::new(Kind::BFloat16, false)?;
+            f_gelu_tanh_mlp(&x, &fc, &proj)?
+        };
+        let loss = y.to_kind(Kind::Float).square().sum(Kind::Float);
+        let mut inputs = vec![x.shallow_clone()];
+        inputs.extend(params.iter().map(|p| p.shallow_clone()));
+        let g = tch_cuda_graphs::autograd::grad(&[loss], &inputs, None, false, false)?;
+        // y detached: the result keeps no autograd graph (nor the parameters' accumulators) alive
+        let mut parts = vec![y.detach().to_kind(Kind::Float).reshape([-1])];
+        parts.extend(g.iter().map(|g| g.as_ref().expect("used").to_kind(Kind::Float).reshape([-1])));
+        Ok(Tensor::cat(&parts, 0))
+    };
+    let eager0 = step().expect("eager");
+    let out = Tensor::zeros_like(&eager0);
+    let (mut graph, ()) = capture_with_warmup(1, CaptureOptions::default(), || {
+        out.shallow_clone().f_copy_(&step()?)?;
+        Ok(())
+    })
+    .expect("capture");
+    let _ = out.shallow_clone().fill_(0.0);
+    graph.replay().expect("replay");
+    let eager = step().expect("eager");
+    let d = f64::try_from((&out - &eager).abs().max()).unwrap();
+    println!("captured GELU-epilogue MLP forward and backward against eager: max |difference| {d:e}");
+    assert_eq!(d, 0.0);
+
+    // float32 without autocast: no 16-bit compute dtype
+    let x = Tensor::randn([16, 256], (Kind::Float, dev));
+    match f_gelu_tanh_mlp(&x, &fc, &proj) {
+        Err(Error::Unsupported(why)) => println!("Kernels::Own without autocast: {why}"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    let auto_vs = nn::VarStore::new(dev);
+    let (fa, pa) = layers(&auto_vs, 256, 1024, Kernels::Auto);
+    let y = f_gelu_tanh_mlp(&x, &fa, &pa).expect("auto");
+    let y_ref = x.linear(&fa.ws, fa.bs.as_ref()).gelu("tanh").linear(&pa.ws, pa.bs.as_ref());
+    assert!(y.equal(&y_ref), "Kernels::Auto falls back to ATen's composition");
+    let wrong = Tensor::randn([16, 255], (Kind::Float, dev));
+    assert!(matches!(f_gelu_tanh_mlp(&wrong, &fa, &pa), Err(Error::Misuse(_))));
+    assert!(matches!(f_gelu_tanh_mlp(&x, &fa, &fa), Err(Error::Misuse(_))), "proj must take fc's width");
+}
