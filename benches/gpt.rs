@@ -44,7 +44,7 @@ fn tanh(c: model::Config) -> model::Config {
 }
 
 const USAGE: &str = "\
-usage: gpt [--iters N] [--rows NAME,...] [--no-torch] [--peak-tflops T] [--profile [--fused]]
+usage: gpt [--iters N] [--rows NAME,...] [--no-torch] [--peak-tflops T] [--chunked-loss] [--profile [--fused]]
 
 nanoGPT's training step captured by this crate (with ATen's norms, and with the crate's fused
 norms and weight shadows: `--fused` in examples/gpt), beside PyTorch's eager, graph, compile and compile + graph
@@ -54,12 +54,15 @@ modes of the same step.
                      tanh form, char_b64_tanh, gpt2_small_b12_tanh (default all)
   --no-torch         skip PyTorch's side (benches/torch_gpt.py)
   --peak-tflops T    the GPU's dense bf16 peak for MFU (default 989, an H100/H200 SXM)
+  --chunked-loss     the fused steps run the head and the loss in chunks of rows
+                     (loss::f_linear_cross_entropy: the logits never all in memory)
   --profile          only: 10 replays of the first row's captured step under the crate's
                      profiler, kernel time per replay grouped by kernel family
   --fused            with --profile: the step with the crate's fused norms and weight shadows
   -h, --help         this text";
 
 struct Args {
+    chunked_loss: bool,
     profile: bool,
     fused: bool,
     iters: usize,
@@ -73,7 +76,8 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
     use lexopt::prelude::*;
     let all: Vec<&str> = rows().iter().map(|r| r.0).collect();
     let rows = all.iter().map(|r| r.to_string()).collect();
-    let mut a = Args { profile: false, fused: false, iters: 200, rows, torch: true, peak_tflops: 989.0 };
+    let mut a =
+        Args { chunked_loss: false, profile: false, fused: false, iters: 200, rows, torch: true, peak_tflops: 989.0 };
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -83,6 +87,7 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
             Long("peak-tflops") => a.peak_tflops = parser.value()?.parse()?,
             Long("profile") => a.profile = true,
             Long("fused") => a.fused = true,
+            Long("chunked-loss") => a.chunked_loss = true,
             Short('h') | Long("help") => return Ok(None),
             Long("bench") => {} // cargo bench passes --bench
             _ => return Err(arg.unexpected()),
@@ -122,7 +127,9 @@ fn main() {
     reference::require_cuda("gpt");
     if args.profile {
         let row = rows().into_iter().find(|r| args.rows.iter().any(|n| n == r.0)).expect("a row");
-        profile(Device::Cuda(0), row, args.fused).expect("the profile");
+        let (name, config, batch) = row;
+        let config = model::Config { chunked_loss: args.chunked_loss, ..config };
+        profile(Device::Cuda(0), (name, config, batch), args.fused).expect("the profile");
         return;
     }
     if args.torch {
@@ -158,7 +165,7 @@ fn measure_ours(device: Device, args: &Args) -> Vec<OursRow> {
         let iters = if name.starts_with("gpt2") { args.iters / 4 } else { args.iters };
         let (ms, peak, params) = ours(device, config, batch, iters, false).expect("the captured step");
         println!("  {name:<16} this crate, graph {ms:8.3} ms/iter, {peak:6.0} MiB reserved at peak");
-        let fused = model::Config { fused: true, ..config };
+        let fused = model::Config { fused: true, chunked_loss: args.chunked_loss, ..config };
         let (fms, fpeak, _) = ours(device, fused, batch, iters, false).expect("the fused captured step");
         println!("  {name:<16} this crate, fused graph {fms:8.3} ms/iter, {fpeak:6.0} MiB reserved at peak");
         let eager_peak = if name == "char_b64" {

@@ -199,6 +199,12 @@ size_t tcg_layout(tcg_layout_struct s, size_t* size, size_t* align, size_t* offs
       TCG_FIELD(tcg_mlp_inputs, proj_weight);
       TCG_FIELD(tcg_mlp_inputs, proj_bias);
       break;
+    case TCG_LAYOUT_LINEAR_CE_OPTIONS:
+      set(sizeof(tcg_linear_ce_options), alignof(tcg_linear_ce_options));
+      TCG_FIELD(tcg_linear_ce_options, ignore_index);
+      TCG_FIELD(tcg_linear_ce_options, chunk_rows);
+      TCG_FIELD(tcg_linear_ce_options, wgrad);
+      break;
   }
   return w.n;
 }

@@ -14,4 +14,21 @@ std::string unsupported(const at::Tensor& logits, const at::Tensor& targets);
 // unsupported() is "".
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index);
 
+// The linear layer + cross-entropy's operands: the hidden states h [.., C], the weight [V, C] (an
+// autograd input) and its shadow in the compute dtype (or undefined), int64 targets (one per row
+// of h).
+struct LinearOperands {
+  at::Tensor h, weight, shadow_w, targets;
+};
+
+// Why the chunked path cannot take these operands, or "".
+std::string linear_unsupported(const LinearOperands& in);
+
+// The mean cross-entropy of h · weightᵀ against the targets (float32, 0-d) through one autograd
+// node, `chunk_rows` rows of logits at a time (0: as many as 256 MiB of logits hold): each chunk's
+// GEMM, the fused kernel writing the chunk's gradient over its logits, and in grad mode its share
+// of h's and the weight's gradients (`fp32_wgrad`: the weight's in float32), so the logits are
+// never all in memory. Call only where linear_unsupported() is "".
+at::Tensor linear_cross_entropy(const LinearOperands& in, int64_t ignore_index, int64_t chunk_rows, bool fp32_wgrad);
+
 }  // namespace tcg::loss

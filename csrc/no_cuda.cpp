@@ -142,6 +142,10 @@ std::string unsupported(const at::Tensor&, const at::Tensor&) { return "this bin
 at::Tensor cross_entropy(const at::Tensor&, const at::Tensor&, int64_t) {
   throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
 }
+std::string linear_unsupported(const LinearOperands&) { return "this binary was built without CUDA"; }
+at::Tensor linear_cross_entropy(const LinearOperands&, int64_t, int64_t, bool) {
+  throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
+}
 }  // namespace tcg::loss
 
 // The rotary, SwiGLU and GELU kernels need CUDA: rotary.cpp, swiglu.cpp and gelu.cpp run ATen's

@@ -298,6 +298,25 @@ tcg_status tcg_linear_forward(const tcg_linear_inputs* in, tcg_weight_grad wgrad
 // apply. *ran_own: whether they ran.
 tcg_status tcg_loss_cross_entropy(tcg_tensor logits, tcg_tensor targets, int64_t ignore_index, tcg_kernels kernels,
                              tcg_tensor* out, bool* ran_own);
+// The mean cross-entropy of the logits h · weightᵀ against targets without all the logits in
+// memory at once (a language model's head and its loss, Liger-Kernel's FusedLinearCrossEntropy):
+// h [.., C], weight [V, C] (read through its shadow, as tcg_linear_forward reads it), int64
+// targets (h's rows, any shape). On the crate's path (the linear family's conditions, fused loss
+// kernels for the compute dtype) it runs chunk_rows rows at a time (0: as many as 256 MiB of
+// logits hold): the chunk's GEMM, the fused kernel writing the chunk's gradient over its logits
+// (in grad mode), and the chunk's share of h's and the weight's gradients (wgrad: as
+// tcg_linear_forward's); the backward scales them by the loss's gradient on the device (a second
+// backward is refused). Elsewhere ATen's linear and cross_entropy_loss. kernels: the loss
+// family's rules. Shapes that do not match, a negative chunk_rows: TCG_MISUSE. *out: a new 0-d
+// float32 tensor; *ran_own: whether the crate's path ran.
+typedef struct {
+  int64_t ignore_index;
+  int64_t chunk_rows;
+  tcg_weight_grad wgrad;
+} tcg_linear_ce_options;
+tcg_status tcg_loss_linear_cross_entropy(tcg_tensor h, tcg_tensor weight, tcg_tensor targets,
+                                         const tcg_linear_ce_options* options, tcg_kernels kernels, tcg_tensor* out,
+                                         bool* ran_own);
 
 // ---------------------------------------------------------------- rotary.cpp (CPU and CUDA)
 // Rotary position embeddings on q [B, T, H, D] and k [B, T, KV, D] (one floating dtype, any
@@ -677,6 +696,7 @@ typedef enum {
   TCG_LAYOUT_LINEAR_INPUTS,
   TCG_LAYOUT_ROTARY_INPUTS,
   TCG_LAYOUT_MLP_INPUTS,
+  TCG_LAYOUT_LINEAR_CE_OPTIONS,
 } tcg_layout_struct;
 // The size and alignment of struct `s` as this shim was compiled, and the offsets of its fields
 // in declaration order (at most `cap` written); returns the number of fields (0: unknown `s`).

@@ -33,6 +33,7 @@
 
 use crate::error::Result;
 use crate::kernels::{KernelPath, Kernels};
+use crate::linear::WeightGrad;
 use crate::sys::loss as raw;
 use std::cell::Cell;
 use tch::Tensor;
@@ -109,4 +110,87 @@ impl CrossEntropyLoss {
     pub fn last_path(&self) -> Option<KernelPath> {
         self.last.get()
     }
+}
+
+/// How [`f_linear_cross_entropy`] runs. Plain fields with [`Default`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearCrossEntropyConfig {
+    /// Rows whose target is this are not counted (default -100, PyTorch's).
+    pub ignore_index: i64,
+    /// Rows of logits per chunk (default 0: as many as 256 MiB of logits hold).
+    pub chunk_rows: i64,
+    /// How the weight gradient reaches a float32 weight (default [`WeightGrad::Float32`], as
+    /// [`crate::linear::LinearConfig`]'s).
+    pub weight_grad: WeightGrad,
+    /// The chunked path where it applies ([`Kernels::Auto`], the default), ATen's `linear` and
+    /// `cross_entropy_loss` always ([`Kernels::PyTorch`]), or the chunked path only
+    /// ([`Kernels::Own`]: inputs it does not take fail with [`crate::Error::Unsupported`]).
+    pub kernels: Kernels,
+}
+
+impl Default for LinearCrossEntropyConfig {
+    fn default() -> Self {
+        LinearCrossEntropyConfig {
+            ignore_index: -100,
+            chunk_rows: 0,
+            weight_grad: WeightGrad::Float32,
+            kernels: Kernels::Auto,
+        }
+    }
+}
+
+/// The mean cross-entropy of the logits `h · weightᵀ` against `targets` without all the logits in
+/// memory at once: a language model's head and its loss in one call (Liger-Kernel's
+/// `FusedLinearCrossEntropy`).
+///
+/// `h` is [.., C] (the final norm's output), `weight` [V, C] (an untied head's, or the token
+/// embedding's for a tied one), `targets` int64, one per row of `h`. [`f_cross_entropy`] of the
+/// logits holds [rows, V] of them and, in grad mode, their gradient: 2 × 1.2 GB in bf16 for GPT-2
+/// small at 12,288 tokens. Here each chunk of `config.chunk_rows` rows runs its GEMM, the fused
+/// kernel (which overwrites the chunk's logits with their gradient), and its share of `h`'s and
+/// the weight's gradients (the weight's accumulated in the weight-gradient GEMM), so peak memory
+/// stays one chunk of logits as the vocabulary grows. The gradients are made in the forward, for
+/// a loss gradient of 1, and scaled on the device by the backward (a second backward through one
+/// loss is refused, as [`f_cross_entropy`]'s). The crate's path runs where the linear layer's does
+/// (CUDA, a 16-bit compute dtype: autocast's, or bf16 / f16 `h` and weight), reading the weight's
+/// shadow in a step with [`crate::StepOptions::weight_shadows`]; elsewhere ATen's `linear` and
+/// `cross_entropy_loss`. [`crate::Error::Misuse`] where the shapes do not match.
+///
+/// ```
+/// use tch::{Device, Kind, Tensor};
+/// use tch_cuda_graphs::loss::{f_linear_cross_entropy, LinearCrossEntropyConfig};
+/// let h = Tensor::randn([2, 8, 16], (Kind::Float, Device::Cpu));
+/// let head = Tensor::randn([50, 16], (Kind::Float, Device::Cpu));
+/// let targets = Tensor::randint(50, [2, 8], (Kind::Int64, Device::Cpu));
+/// let loss = f_linear_cross_entropy(&h, &head, &targets, &LinearCrossEntropyConfig::default())?;
+/// assert_eq!(loss.size(), Vec::<i64>::new());
+/// # Ok::<(), tch_cuda_graphs::Error>(())
+/// ```
+pub fn f_linear_cross_entropy(
+    h: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    config: &LinearCrossEntropyConfig,
+) -> Result<Tensor> {
+    let c = config;
+    let raw = raw::linear_cross_entropy(
+        h,
+        weight,
+        targets,
+        c.ignore_index,
+        c.chunk_rows,
+        c.weight_grad.raw(),
+        c.kernels.raw(),
+    );
+    Ok(raw?.0)
+}
+
+/// [`f_linear_cross_entropy`], panicking on an error.
+pub fn linear_cross_entropy(
+    h: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    config: &LinearCrossEntropyConfig,
+) -> Tensor {
+    f_linear_cross_entropy(h, weight, targets, config).unwrap_or_else(|e| panic!("{e}"))
 }

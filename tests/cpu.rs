@@ -1172,3 +1172,30 @@ fn bias_gelu_and_deferred_biases_on_the_cpu() {
         assert!(diff < 1e-5 && grad_diff < 1e-5);
     }
 }
+
+/// The chunked head + loss on the CPU is ATen's `linear` and `cross_entropy_loss`, bit for bit;
+/// shapes that do not match and a negative chunk size are misuses.
+#[test]
+fn linear_cross_entropy_on_the_cpu_is_the_composition() {
+    use tch_cuda_graphs::loss::{f_linear_cross_entropy, LinearCrossEntropyConfig};
+    tch::manual_seed(9);
+    let h = Tensor::randn([3, 5, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let head = Tensor::randn([40, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let targets = Tensor::randint(40, [3, 5], (Kind::Int64, Device::Cpu));
+    let config = LinearCrossEntropyConfig { chunk_rows: 4, ..Default::default() };
+    let loss = f_linear_cross_entropy(&h, &head, &targets, &config).unwrap();
+    let want = h.linear::<Tensor>(&head, None).view([-1, 40]).cross_entropy_loss::<Tensor>(
+        &targets.view([-1]),
+        None,
+        tch::Reduction::Mean,
+        -100,
+        0.0,
+    );
+    assert!(loss.equal(&want), "linear and cross_entropy_loss");
+    loss.backward();
+    assert_eq!(h.grad().size(), [3, 5, 16]);
+    let short = Tensor::zeros([14], (Kind::Int64, Device::Cpu));
+    assert!(matches!(f_linear_cross_entropy(&h, &head, &short, &config), Err(Error::Misuse(_))));
+    let negative = LinearCrossEntropyConfig { chunk_rows: -1, ..Default::default() };
+    assert!(matches!(f_linear_cross_entropy(&h, &head, &targets, &negative), Err(Error::Misuse(_))));
+}

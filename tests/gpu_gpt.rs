@@ -43,7 +43,19 @@ fn train_with(
 fn gpt_config(dropout: f64, fused: Option<WeightGrad>) -> model::Config {
     let (weight_grad, fused) = (fused.unwrap_or_default(), fused.is_some());
     let activation = Activation::Gelu;
-    model::Config { vocab: 96, block: 64, layers: 2, heads: 4, embd: 128, dropout, fused, weight_grad, activation }
+    let chunked_loss = false;
+    model::Config {
+        vocab: 96,
+        block: 64,
+        layers: 2,
+        heads: 4,
+        embd: 128,
+        dropout,
+        fused,
+        weight_grad,
+        activation,
+        chunked_loss,
+    }
 }
 
 /// [`train_model`] on the GPT of `config`.
@@ -294,6 +306,7 @@ fn captured_sampling_draws_the_eager_tokens() {
         fused: false,
         weight_grad: WeightGrad::Float32,
         activation: Activation::Gelu,
+        chunked_loss: false,
     };
     tch::manual_seed(11);
     let vs = nn::VarStore::new(dev);

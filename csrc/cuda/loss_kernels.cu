@@ -142,6 +142,12 @@ __device__ void forward(const Forward& a) {
   const int64_t row = rt.row;
   const T* x = static_cast<const T*>(a.logits) + row * a.cols;
   const int32_t cols = static_cast<int32_t>(a.cols);
+  // the target's logit, read before the reduction's barrier (or the warp's shuffles): after it
+  // the gradient may overwrite the row in place (dlogits == logits, as the chunked linear +
+  // cross-entropy runs it), each thread rewriting only what it has just read itself
+  const int64_t target = a.targets[row];
+  float x_target = 0.0f;
+  if (rt.tid == 0 && !ignored(target, a.ignore_index, a.cols)) x_target = load1(x + target);
   MaxSum v, w;  // two running sums: independent chains
   if (a.vec) {
     const int32_t step = 4 * rt.n;
@@ -159,18 +165,16 @@ __device__ void forward(const Forward& a) {
   const MaxSum r = a.warp_rows ? warp_max_sum(v) : block_max_sum(v);
   const float lse = r.m + logf(r.s);
   if (a.dlogits != nullptr) {
-    const int64_t t = a.targets[row];
-    const float scale = ignored(t, a.ignore_index, a.cols) ? 0.0f : *a.inv_count;
-    grad_row(x, static_cast<T*>(a.dlogits) + row * a.cols, cols, t, lse, scale, a.vec, rt);
+    const float scale = ignored(target, a.ignore_index, a.cols) ? 0.0f : *a.inv_count;
+    grad_row(x, static_cast<T*>(a.dlogits) + row * a.cols, cols, target, lse, scale, a.vec, rt);
   }
   if (rt.tid == 0) {
-    const int64_t t = a.targets[row];
-    if (t == a.ignore_index) {
+    if (target == a.ignore_index) {
       a.row_loss[row] = 0.0f;
-    } else if (t < 0 || t >= a.cols) {
+    } else if (target < 0 || target >= a.cols) {
       a.row_loss[row] = CUDART_NAN_F;
     } else {
-      a.row_loss[row] = lse - load1(x + t);
+      a.row_loss[row] = lse - x_target;
     }
   }
 }

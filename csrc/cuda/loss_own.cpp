@@ -13,8 +13,10 @@
 
 #include <algorithm>
 
+#include "../linear_own.h"
 #include "cuda_shim.h"
 #include "loss_params.h"
+#include "lt_matmul.h"
 #include "../kernels.h"
 #include "own_kernels.h"
 
@@ -100,6 +102,97 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
   }
 };
 
+// Scales a gradient the forward wrote for a loss gradient of 1 by the loss's gradient g (0-d
+// float32, on the device), in place.
+void scale_by(const at::Tensor& grad, const at::Tensor& g) {
+  const int64_t n = grad.numel();
+  const int64_t blocks = std::min<int64_t>((n + 4 * kScaleThreads - 1) / (4 * kScaleThreads), kScaleBlocks);
+  Scale p{grad.data_ptr(), g.data_ptr<float>(), n};
+  own::launch(own::loss_kernel(own::Pass::Backward, grad.scalar_type()), grad.get_device(), static_cast<unsigned>(blocks),
+              kScaleThreads, &p);
+}
+
+// The chunked path's settings: not autograd inputs.
+struct ChunkArgs {
+  at::Tensor shadow_w, targets;
+  int64_t ignore_index, chunk_rows;
+  at::ScalarType dt;
+  bool fp32_wgrad, write_grad;
+};
+
+// Rows of logits per chunk when the caller leaves it to the path: 256 MiB of them.
+constexpr int64_t kAutoChunkBytes = int64_t{256} << 20;
+
+struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight, ChunkArgs a) {
+    const int device = h.get_device();
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    const int64_t c = weight.size(1), v = weight.size(0);
+    const at::Tensor h2 = lt::in_dtype(h, at::Tensor(), a.dt).contiguous().view({-1, c});
+    const at::Tensor w = lt::in_dtype(weight, a.shadow_w, a.dt).contiguous();
+    const at::Tensor targets = a.targets.reshape({-1}).contiguous();
+    const int64_t rows = h2.size(0);
+    const int64_t per_chunk = a.chunk_rows > 0 ? a.chunk_rows : std::max<int64_t>(kAutoChunkBytes / (v * h2.element_size()), 1);
+    const int64_t chunk = std::min(per_chunk, rows);
+    const auto f32 = h2.options().dtype(at::kFloat);
+    at::Tensor row_loss = at::empty({rows}, f32), loss = at::empty({}, f32), buf = at::empty({chunk, v}, h2.options());
+    at::Tensor dh, dw, inv_count;
+    if (a.write_grad) {
+      dh = at::empty_like(h2);
+      dw = at::empty({v, c}, h2.options().dtype(a.fp32_wgrad && weight.scalar_type() == at::kFloat ? at::kFloat : a.dt));
+      inv_count = at::empty({}, f32);
+      Count n{targets.data_ptr<int64_t>(), inv_count.data_ptr<float>(), rows, a.ignore_index};
+      own::launch("tcg_ce_count", device, 1, kFinishThreads, &n);
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const int64_t rc = std::min(chunk, rows - r0);
+      at::Tensor logits = buf.narrow(0, 0, rc);
+      const at::Tensor hc = h2.narrow(0, r0, rc);
+      at::mm_out(logits, hc, w.t());
+      const bool vec = vectorized(logits);
+      const Grid g = grid_for(rc, v, vec);
+      // the gradient over the chunk's logits, in place (the kernel reads the target's logit first)
+      Forward p{logits.data_ptr(), targets.data_ptr<int64_t>() + r0, row_loss.data_ptr<float>() + r0, rc, v,
+                a.ignore_index, vec ? 1 : 0, g.warp_rows ? 1 : 0,
+                a.write_grad ? inv_count.data_ptr<float>() : nullptr, a.write_grad ? logits.data_ptr() : nullptr};
+      own::launch(own::loss_kernel(own::Pass::Forward, logits.scalar_type()), device, g.blocks, g.threads, &p);
+      if (a.write_grad) {
+        at::Tensor dhc = dh.narrow(0, r0, rc);
+        at::mm_out(dhc, logits, w);
+        lt::weight_grad_into(hc, logits, dw, r0 > 0);
+      }
+    }
+    Finish f{row_loss.data_ptr<float>(), targets.data_ptr<int64_t>(), loss.data_ptr<float>(), rows, a.ignore_index};
+    own::launch("tcg_ce_finish", device, 1, kFinishThreads, &f);
+    ctx->saved_data["dh"] = dh;  // undefined where no backward can come
+    ctx->saved_data["dw"] = dw;
+    ctx->saved_data["h_sizes"] = h.sizes().vec();
+    ctx->saved_data["h_dtype"] = static_cast<int64_t>(h.scalar_type());
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    return {loss};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (at::GradMode::is_enabled()) misuse("linear_cross_entropy: double backward (create_graph) is not supported");
+    at::Tensor g = grads.at(0);
+    if (!g.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    c10::IValue &dh_slot = ctx->saved_data["dh"], &dw_slot = ctx->saved_data["dw"];
+    if (!dh_slot.isTensor() || !dh_slot.toTensor().defined()) {
+      misuse("linear_cross_entropy: a second backward through the fused loss is not supported");
+    }
+    at::Tensor dh = dh_slot.toTensor(), dw = dw_slot.toTensor();
+    dh_slot = at::Tensor();  // handed on: a second backward would scale them twice
+    dw_slot = at::Tensor();
+    c10::cuda::CUDAGuard guard(dh.device());
+    g = g.to(at::kFloat).contiguous();
+    scale_by(dh, g);
+    scale_by(dw, g);
+    const auto dtype_of = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data.at(key).toInt()); };
+    return {dh.view(ctx->saved_data.at("h_sizes").toIntVector()).to(dtype_of("h_dtype")), dw.to(dtype_of("w_dtype")),
+            at::Tensor()};
+  }
+};
+
 }  // namespace
 
 std::string unsupported(const at::Tensor& logits, const at::Tensor& targets) {
@@ -111,6 +204,23 @@ std::string unsupported(const at::Tensor& logits, const at::Tensor& targets) {
   if (logits.size(0) > INT32_MAX) return "more rows than a grid holds";
   if (logits.size(1) > (int64_t{1} << 30)) return "rows of more than 2^30 classes (the kernels index a row in 32 bits)";
   return kernels::unavailable(logits.get_device());
+}
+
+std::string linear_unsupported(const LinearOperands& in) {
+  std::string why = linear::unsupported(linear::Operands{in.h, in.weight, {}, {}, {}});
+  if (!why.empty()) return why;
+  const at::ScalarType dt = lt::compute_dtype(in.h, in.weight);
+  if (!own::loss_builds(dt)) return std::string("logits dtype ") + c10::toString(dt);
+  if (in.targets.device() != in.h.device()) return "the targets are on another device";
+  if (in.weight.size(0) > (int64_t{1} << 30)) return "more than 2^30 classes (the kernels index a row in 32 bits)";
+  if (in.h.numel() / in.h.size(-1) > INT32_MAX) return "more rows than a grid holds";
+  return kernels::unavailable(in.h.get_device());
+}
+
+at::Tensor linear_cross_entropy(const LinearOperands& in, int64_t ignore_index, int64_t chunk_rows, bool fp32_wgrad) {
+  const bool write_grad = at::GradMode::is_enabled() && (in.h.requires_grad() || in.weight.requires_grad());
+  ChunkArgs a{in.shadow_w, in.targets, ignore_index, chunk_rows, lt::compute_dtype(in.h, in.weight), fp32_wgrad, write_grad};
+  return LinearCrossEntropy::apply(in.h, in.weight, a)[0];
 }
 
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index) {

@@ -68,7 +68,7 @@ uint32_t alignment(const void* p) {
 
 }  // namespace
 
-bool matmul(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue& e) {
+bool matmul(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue& e, bool accumulate) {
   MatmulDesc desc;
   desc.set(CUBLASLT_MATMUL_DESC_TRANSA, static_cast<int32_t>(a.transpose ? CUBLAS_OP_T : CUBLAS_OP_N));
   desc.set(CUBLASLT_MATMUL_DESC_TRANSB, static_cast<int32_t>(b.transpose ? CUBLAS_OP_T : CUBLAS_OP_N));
@@ -98,7 +98,7 @@ bool matmul(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue& e
       n == 0) {
     return false;
   }
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   check_lt(cublasLtMatmul(handle, desc.d, &alpha, a.data, la.l, b.data, lb.l, &beta, d.data, ld.l, d.data, ld.l,
                           &found.algo, at::cuda::getCUDABlasLtWorkspace(), ws_size, at::cuda::getCurrentCUDAStream()),
            "matmul");
@@ -108,31 +108,51 @@ bool matmul(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue& e
 // dw [out, in] (row-major) = dy2ᵀ · x2: in cuBLASLt's terms dwᵀ [in, out] = x2ᵀ [in, N] · (dy2ᵀ
 // [out, N])ᵀ, so A = x2 (no transpose), B = dy2 (transposed), k = N, and BGRADB reduces op(B)
 // over k: one value per column of D, per output feature.
+namespace {
+struct WgradOperands {
+  Matrix a, b, d;
+};
+WgradOperands wgrad_operands(const at::Tensor& x2, const at::Tensor& dy2, const at::Tensor& dw) {
+  const int64_t rows = x2.size(0), in = x2.size(1), out = dy2.size(1);
+  const at::ScalarType dt = x2.scalar_type();
+  return {Matrix{x2.data_ptr(), dt, in, rows, in, false}, Matrix{dy2.data_ptr(), dt, out, rows, out, true},
+          Matrix{dw.data_ptr(), dw.scalar_type(), in, out, in, false}};
+}
+at::Tensor aten_wgrad(const at::Tensor& x2, const at::Tensor& dy2, at::ScalarType type) {
+  return type == x2.scalar_type() ? at::mm(dy2.t(), x2) : at::mm(dy2.t(), x2, type);
+}
+}  // namespace
+
 WeightGrads weight_grads(const at::Tensor& x2, const at::Tensor& dy2, bool want_w, bool want_b, at::ScalarType type) {
   WeightGrads g;
   if (!want_w) {
     if (want_b) g.db = dy2.sum(0, false, type);
     return g;
   }
-  const int64_t rows = x2.size(0), in = x2.size(1), out = dy2.size(1);
-  const at::ScalarType dt = x2.scalar_type();
-  g.dw = at::empty({out, in}, x2.options().dtype(type));
-  const Matrix a{x2.data_ptr(), dt, in, rows, in, false};
-  const Matrix b{dy2.data_ptr(), dt, out, rows, out, true};
-  const Matrix d{g.dw.data_ptr(), type, in, out, in, false};
+  g.dw = at::empty({dy2.size(1), x2.size(1)}, x2.options().dtype(type));
+  const WgradOperands m = wgrad_operands(x2, dy2, g.dw);
   if (want_b) {
-    g.db = at::empty({out}, x2.options().dtype(type));
+    g.db = at::empty({dy2.size(1)}, x2.options().dtype(type));
     Epilogue e;
     e.kind = CUBLASLT_EPILOGUE_BGRADB;
     e.bias = g.db.data_ptr();
     e.bias_type = type;
-    if (matmul(a, b, d, e)) return g;
+    if (matmul(m.a, m.b, m.d, e)) return g;
     g.db = dy2.sum(0, false, type);
   }
-  if (!matmul(a, b, d, Epilogue{})) {
-    g.dw = type == dt ? at::mm(dy2.t(), x2) : at::mm(dy2.t(), x2, type);  // cuBLASLt offered no algorithm
-  }
+  if (!matmul(m.a, m.b, m.d, Epilogue{})) g.dw = aten_wgrad(x2, dy2, type);  // cuBLASLt offered no algorithm
   return g;
+}
+
+void weight_grad_into(const at::Tensor& x2, const at::Tensor& dy2, at::Tensor& dw, bool accumulate) {
+  const WgradOperands m = wgrad_operands(x2, dy2, dw);
+  if (matmul(m.a, m.b, m.d, Epilogue{}, accumulate)) return;
+  const at::Tensor part = aten_wgrad(x2, dy2, dw.scalar_type());
+  if (accumulate) {
+    dw.add_(part);
+  } else {
+    dw.copy_(part);
+  }
 }
 
 }  // namespace tcg::lt

@@ -31,10 +31,11 @@ struct Epilogue {
   int64_t aux_ld = 0;
 };
 
-// d = op(a) · op(b), then the epilogue, in float32 accumulation on the current stream with ATen's
-// cuBLASLt handle and workspace. Returns false, having launched nothing, where cuBLASLt offers no
-// algorithm for it; throws TCG_ERROR where a call fails.
-bool matmul(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue& epilogue);
+// d = op(a) · op(b) (`accumulate`: d += op(a) · op(b)), then the epilogue, in float32
+// accumulation on the current stream with ATen's cuBLASLt handle and workspace. Returns false,
+// having launched nothing, where cuBLASLt offers no algorithm for it; throws TCG_ERROR where a
+// call fails.
+bool matmul(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue& epilogue, bool accumulate = false);
 
 // The weight and bias gradients of y = x · wᵀ + b from x2 [N, in] and dy2 [N, out] (both of the
 // compute dtype, contiguous): dw [out, in] = dy2ᵀ · x2 when `want_w`, db [out] = dy2's column sums
@@ -44,6 +45,10 @@ struct WeightGrads {
   at::Tensor dw, db;
 };
 WeightGrads weight_grads(const at::Tensor& x2, const at::Tensor& dy2, bool want_w, bool want_b, at::ScalarType type);
+
+// dw [out, in] (+)= dy2ᵀ · x2 (dw's dtype: the compute dtype or float32; `accumulate`: added to
+// what dw holds), one GEMM; ATen's mm (and add_) where cuBLASLt offers no algorithm.
+void weight_grad_into(const at::Tensor& x2, const at::Tensor& dy2, at::Tensor& dw, bool accumulate);
 
 // The 16-bit dtype the GEMMs run in for these operands (CUDA autocast's, or x's and weight's when
 // both are bfloat16 or float16), or Undefined when there is none.

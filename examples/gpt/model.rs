@@ -16,7 +16,7 @@ use std::cell::Cell;
 use tch::{nn, nn::Module, Kind, Tensor};
 use tch_cuda_graphs::kernels::Kernels;
 use tch_cuda_graphs::linear::{self, LinearConfig, WeightGrad};
-use tch_cuda_graphs::loss::{f_cross_entropy, CrossEntropyConfig};
+use tch_cuda_graphs::loss::{f_cross_entropy, f_linear_cross_entropy, CrossEntropyConfig, LinearCrossEntropyConfig};
 use tch_cuda_graphs::norm::{layer_norm, LayerNorm, NormConfig};
 use tch_cuda_graphs::transformer::{Activation, ResidualStream, TransformerConfig, TransformerLayer};
 
@@ -43,6 +43,9 @@ pub struct Config {
     /// The MLP's activation: exact GELU (nanoGPT's, the default) or its tanh approximation
     /// (GPT-2's original; with `fused`, in the MLP's GEMM epilogues).
     pub activation: Activation,
+    /// With `fused`: the head and the loss in chunks of rows (`loss::f_linear_cross_entropy`), so
+    /// the logits are never all in memory.
+    pub chunked_loss: bool,
 }
 
 impl Config {
@@ -58,6 +61,7 @@ impl Config {
             fused: false,
             weight_grad: WeightGrad::Float32,
             activation: Activation::Gelu,
+            chunked_loss: false,
         }
     }
 
@@ -73,6 +77,7 @@ impl Config {
             fused: false,
             weight_grad: WeightGrad::Float32,
             activation: Activation::Gelu,
+            chunked_loss: false,
         }
     }
 
@@ -103,6 +108,7 @@ impl Config {
             fused: false,
             weight_grad: WeightGrad::Float32,
             activation: Activation::Gelu,
+            chunked_loss: false,
         }
     }
 }
@@ -153,6 +159,15 @@ impl Gpt {
 
     /// Logits for tokens `idx` ([batch, time], time ≤ block).
     pub fn logits(&self, idx: &Tensor) -> Result<Tensor, tch::TchError> {
+        let h = self.hidden(idx)?;
+        // the head is the token embedding, transposed (weight tying)
+        let head =
+            LinearConfig { weight_grad: self.config.weight_grad, kernels: self.config.kernels(), ..Default::default() };
+        Ok(linear::f_apply(&h, &self.wte.ws, None, &head)?)
+    }
+
+    /// The final norm's output for tokens `idx`: what the head reads.
+    fn hidden(&self, idx: &Tensor) -> Result<Tensor, tch::TchError> {
         let train = self.train.get();
         let (t, p) = (idx.size()[1], self.config.dropout);
         let pos = Tensor::f_arange(t, (Kind::Int64, idx.device()))?;
@@ -162,16 +177,17 @@ impl Gpt {
         for b in &self.blocks {
             b.f_forward_t(&mut stream, train)?;
         }
-        let h = stream.f_norm(&self.ln_f)?;
-        // the head is the token embedding, transposed (weight tying)
-        let head =
-            LinearConfig { weight_grad: self.config.weight_grad, kernels: self.config.kernels(), ..Default::default() };
-        Ok(linear::f_apply(&h, &self.wte.ws, None, &head)?)
+        Ok(stream.f_norm(&self.ln_f)?)
     }
 
     /// Mean cross-entropy of the next-token predictions (with `fused`, on the crate's fused
-    /// kernels: one read of the logits, the gradient written with the loss, in bf16 under autocast).
+    /// kernels: one read of the logits, the gradient written with the loss, in bf16 under autocast;
+    /// with `chunked_loss` too, the head and the loss a chunk of rows at a time).
     pub fn loss(&self, idx: &Tensor, targets: &Tensor) -> Result<Tensor, tch::TchError> {
+        if self.config.fused && self.config.chunked_loss {
+            let config = LinearCrossEntropyConfig { weight_grad: self.config.weight_grad, ..Default::default() };
+            return Ok(f_linear_cross_entropy(&self.hidden(idx)?, &self.wte.ws, targets, &config)?);
+        }
         let logits = self.logits(idx)?;
         let config = CrossEntropyConfig { kernels: self.config.kernels(), ..Default::default() };
         Ok(f_cross_entropy(&logits.f_view([-1, self.config.vocab])?, &targets.f_reshape([-1])?, &config)?)

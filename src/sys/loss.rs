@@ -5,6 +5,7 @@ use crate::error::Result;
 use tch::Tensor;
 
 use super::kernels::RawKernels;
+use super::linear::RawWeightGrad;
 
 /// The mean cross-entropy of `logits` [rows, classes] against `targets` [rows] (differentiable),
 /// and whether the crate's fused kernels ran.
@@ -29,5 +30,36 @@ pub(crate) fn cross_entropy(
     })?;
     // SAFETY: the slot holds a new handle made for this call (or null), owned by nobody else.
     let loss = unsafe { adopt_some(out, "cross_entropy")? };
+    Ok((loss, ran_own))
+}
+
+/// The mean cross-entropy of `h · weightᵀ` against `targets`, `chunk_rows` rows of logits at a time
+/// on the crate's path (differentiable in `h` and `weight`), and whether that path ran.
+pub(crate) fn linear_cross_entropy(
+    h: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    ignore_index: i64,
+    chunk_rows: i64,
+    wgrad: RawWeightGrad,
+    kernels: RawKernels,
+) -> Result<(Tensor, bool)> {
+    let options = ffi::tcg_linear_ce_options { ignore_index, chunk_rows, wgrad };
+    let (mut out, mut ran_own) = (std::ptr::null_mut(), false);
+    // SAFETY: live tensor handles and options for the call; the out slots are valid; the shim
+    // writes a new handle or null into `out`.
+    check(unsafe {
+        ffi::tcg_loss_linear_cross_entropy(
+            tensor_ptr(h),
+            tensor_ptr(weight),
+            tensor_ptr(targets),
+            &options,
+            kernels,
+            &mut out,
+            &mut ran_own,
+        )
+    })?;
+    // SAFETY: the slot holds a new handle made for this call (or null), owned by nobody else.
+    let loss = unsafe { adopt_some(out, "linear_cross_entropy")? };
     Ok((loss, ran_own))
 }

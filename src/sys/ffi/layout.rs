@@ -21,6 +21,7 @@ c_enum!(tcg_layout_struct {
     TCG_LAYOUT_LINEAR_INPUTS = 16,
     TCG_LAYOUT_ROTARY_INPUTS = 17,
     TCG_LAYOUT_MLP_INPUTS = 18,
+    TCG_LAYOUT_LINEAR_CE_OPTIONS = 19,
 });
 
 extern "C" {
