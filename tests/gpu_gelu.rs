@@ -6,11 +6,11 @@
 //! typed errors. Ignored without a GPU; fails loudly there.
 mod common;
 
-use common::{bf16_ulps, cuda, rel};
+use common::{bf16_ulps, captured_minus_eager, cuda, rel};
 use tch::{Kind, Tensor};
 use tch_cuda_graphs::gelu::{Gelu, GeluApproximate, GeluConfig};
 use tch_cuda_graphs::kernels::{KernelPath, Kernels};
-use tch_cuda_graphs::{capture_with_warmup, CaptureOptions, Error};
+use tch_cuda_graphs::Error;
 
 /// y, dx and dbias of `module` on x and bias, the loss sum(y · w).
 fn run(module: &Gelu, x: &Tensor, bias: &Tensor, w: &Tensor) -> (Tensor, Tensor, Tensor) {
@@ -84,16 +84,7 @@ fn bias_gelu_captures_and_refuses_bad_input() {
             0,
         ))
     };
-    let out = Tensor::zeros([1000 * 512 * 2 + 512], (Kind::Float, dev));
-    let (mut graph, ()) = capture_with_warmup(1, CaptureOptions::default(), || {
-        out.shallow_clone().f_copy_(&step()?)?;
-        Ok(())
-    })
-    .expect("capture");
-    let _ = out.shallow_clone().fill_(0.0);
-    graph.replay().expect("replay");
-    let eager = step().expect("eager");
-    let d = f64::try_from((&out - &eager).abs().max()).unwrap();
+    let d = captured_minus_eager(step);
     println!("captured bias + GELU forward and backward against eager: max |difference| {d:e}");
     assert_eq!(d, 0.0);
 

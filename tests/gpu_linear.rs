@@ -8,12 +8,11 @@
 //! Ignored without a GPU; fails loudly there.
 mod common;
 
-use common::cuda;
+use common::{cuda, kernels_of};
 use tch::{nn, Kind, Tensor};
 use tch_cuda_graphs::amp::Autocast;
 use tch_cuda_graphs::kernels::{KernelPath, Kernels};
 use tch_cuda_graphs::linear::{linear, Linear, LinearConfig, WeightGrad};
-use tch_cuda_graphs::profiler::{EventKind, Profiler};
 use tch_cuda_graphs::Error;
 
 /// max |a - b| / max |b|.
@@ -120,18 +119,10 @@ fn the_bias_gradient_comes_out_of_the_gemm() {
         let dy = dy.to_kind(Kind::BFloat16);
         tch::Cuda::synchronize(0);
         let inputs = [x.shallow_clone(), l.ws.shallow_clone(), l.bs.as_ref().unwrap().shallow_clone()];
-        let profiler = Profiler::start().expect("profiler");
-        let grads = tch_cuda_graphs::autograd::grad(&[y], &inputs, Some(&[dy]), false, false).expect("backward");
-        tch::Cuda::synchronize(0);
+        let (grads, kernels) =
+            kernels_of(x.device(), || tch_cuda_graphs::autograd::grad(&[y], &inputs, Some(&[dy]), false, false));
+        let grads = grads.expect("backward");
         assert!(grads.iter().all(Option::is_some), "every gradient");
-        let kernels: Vec<String> = profiler
-            .stop()
-            .expect("profile")
-            .events()
-            .iter()
-            .filter(|e| e.kind == EventKind::Kernel)
-            .map(|e| e.name.clone())
-            .collect();
         println!("{mode:?}: backward kernels {kernels:?}");
         let reductions = kernels.iter().filter(|k| k.contains("reduce_kernel")).count();
         let casts = kernels.iter().filter(|k| k.contains("copy")).count();

@@ -8,7 +8,7 @@
 //! Ignored without a GPU; fails loudly there.
 mod common;
 
-use common::{cross_entropy_ran, cuda};
+use common::{captured_minus_eager, cross_entropy_ran, cuda};
 use tch::{Device, Kind, Reduction, Tensor};
 use tch_cuda_graphs::amp::Autocast;
 use tch_cuda_graphs::kernels::Kernels;
@@ -196,7 +196,6 @@ fn head_and_loss(
 #[ignore = "needs a CUDA device"]
 fn the_chunked_head_and_loss_matches_the_whole_logits_in_less_memory() {
     use tch_cuda_graphs::loss::{f_linear_cross_entropy, LinearCrossEntropyConfig};
-    use tch_cuda_graphs::{capture_with_warmup, CaptureOptions};
     let dev = cuda();
     tch::manual_seed(3);
     let (rows, c, v) = (8192, 768, 50304);
@@ -245,16 +244,7 @@ fn the_chunked_head_and_loss_matches_the_whole_logits_in_less_memory() {
             [loss.detach().reshape([-1]), g[0].as_ref().unwrap().reshape([-1]), g[1].as_ref().unwrap().reshape([-1])];
         Ok(Tensor::cat(&parts, 0))
     };
-    let out = Tensor::zeros([1 + rows * c + v * c], (Kind::Float, dev));
-    let (mut graph, ()) = capture_with_warmup(1, CaptureOptions::default(), || {
-        out.shallow_clone().f_copy_(&step()?)?;
-        Ok(())
-    })
-    .expect("capture");
-    let _ = out.shallow_clone().fill_(0.0);
-    graph.replay().expect("replay");
-    let eager = step().expect("eager");
-    let d = f64::try_from((&out - &eager).abs().max()).unwrap();
+    let d = captured_minus_eager(step);
     println!("captured chunked head + loss (gradient scaled by 3) against eager: max |difference| {d:e}");
     assert_eq!(d, 0.0);
 

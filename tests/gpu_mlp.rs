@@ -8,14 +8,13 @@
 //! without a GPU; fails loudly there.
 mod common;
 
-use common::{bf16_ulps, cuda, rel};
+use common::{bf16_ulps, captured_minus_eager, cuda, kernels_of, rel};
 use tch::{nn, Kind, Tensor};
 use tch_cuda_graphs::amp::Autocast;
 use tch_cuda_graphs::kernels::Kernels;
 use tch_cuda_graphs::linear::{linear, Linear, LinearConfig};
 use tch_cuda_graphs::mlp::f_gelu_tanh_mlp;
-use tch_cuda_graphs::profiler::{EventKind, Profiler};
-use tch_cuda_graphs::{capture_with_warmup, CaptureOptions, Error};
+use tch_cuda_graphs::Error;
 
 fn layers(vs: &nn::VarStore, c: i64, h: i64, kernels: Kernels) -> (Linear, Linear) {
     let cfg = LinearConfig { kernels, bs_init: Some(nn::Init::Randn { mean: 0.0, stdev: 0.5 }), ..Default::default() };
@@ -118,18 +117,8 @@ fn gelu_tanh_mlp_matches_the_epilogue_formula_and_the_composition() {
         }
     });
     // the crate's path runs no GELU kernel and no bias-gradient reduction of its own
-    let prof = Profiler::start().expect("profiler");
-    let ours = run(&x, &fc1, &proj1, &w);
-    tch_cuda_graphs::synchronize(dev).expect("sync");
-    let kernels: Vec<String> = prof
-        .stop()
-        .expect("profile")
-        .events()
-        .iter()
-        .filter(|e| e.kind == EventKind::Kernel)
-        .map(|e| e.name.clone())
-        .collect();
-    let gemms = kernels.iter().filter(|k| k.contains("gemm") || k.contains("xmma")).count();
+    let (ours, kernels) = kernels_of(dev, || run(&x, &fc1, &proj1, &w));
+    let gemms = kernels.iter().filter(|k| k.contains("gemm") || k.contains("nvjet")).count();
     println!("forward and backward: {} kernels, {gemms} of them GEMMs", kernels.len());
     for k in &kernels {
         println!("  {}", k.chars().take(110).collect::<String>());
@@ -177,17 +166,7 @@ fn gelu_tanh_mlp_captures_and_refuses_bad_input() {
         parts.extend(g.iter().map(|g| g.as_ref().expect("used").to_kind(Kind::Float).reshape([-1])));
         Ok(Tensor::cat(&parts, 0))
     };
-    let eager0 = step().expect("eager");
-    let out = Tensor::zeros_like(&eager0);
-    let (mut graph, ()) = capture_with_warmup(1, CaptureOptions::default(), || {
-        out.shallow_clone().f_copy_(&step()?)?;
-        Ok(())
-    })
-    .expect("capture");
-    let _ = out.shallow_clone().fill_(0.0);
-    graph.replay().expect("replay");
-    let eager = step().expect("eager");
-    let d = f64::try_from((&out - &eager).abs().max()).unwrap();
+    let d = captured_minus_eager(step);
     println!("captured GELU-epilogue MLP forward and backward against eager: max |difference| {d:e}");
     assert_eq!(d, 0.0);
 
@@ -202,6 +181,24 @@ fn gelu_tanh_mlp_captures_and_refuses_bad_input() {
     let y = f_gelu_tanh_mlp(&x, &fa, &pa).expect("auto");
     let y_ref = x.linear(&fa.ws, fa.bs.as_ref()).gelu("tanh").linear(&pa.ws, pa.bs.as_ref());
     assert!(y.equal(&y_ref), "Kernels::Auto falls back to ATen's composition");
+    // without biases: the GELU_AUX and DGELU epilogues, against ATen's composition
+    let bare_vs = nn::VarStore::new(dev);
+    let bare = LinearConfig { bias: false, kernels: Kernels::Own, ..Default::default() };
+    let (fb, pb) = (linear(bare_vs.root() / "fc", 256, 1024, bare), linear(bare_vs.root() / "proj", 1024, 256, bare));
+    let xb = x.detach().set_requires_grad(true);
+    let yb = {
+        let _bf16 = Autocast::new(Kind::BFloat16, false).expect("autocast");
+        f_gelu_tanh_mlp(&xb, &fb, &pb).expect("no biases")
+    };
+    yb.to_kind(Kind::Float).sum(Kind::Float).backward();
+    let y_ref = {
+        let _bf16 = Autocast::new(Kind::BFloat16, false).expect("autocast");
+        x.linear::<Tensor>(&fb.ws, None).gelu("tanh").linear::<Tensor>(&pb.ws, None)
+    };
+    let fy = rel(&yb, &y_ref);
+    println!("without biases: y {fy:e} from ATen's composition; dx defined {}", xb.grad().defined());
+    assert!(fy <= 1e-2 && xb.grad().defined() && fb.ws.grad().defined() && pb.ws.grad().defined());
+
     let wrong = Tensor::randn([16, 255], (Kind::Float, dev));
     assert!(matches!(f_gelu_tanh_mlp(&wrong, &fa, &pa), Err(Error::Misuse(_))));
     assert!(matches!(f_gelu_tanh_mlp(&x, &fa, &fa), Err(Error::Misuse(_))), "proj must take fc's width");

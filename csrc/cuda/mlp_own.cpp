@@ -116,14 +116,18 @@ struct GeluTanhMlp : torch::autograd::Function<GeluTanhMlp> {
     const auto grad_type = [&](const char* param) { return fp32 && dtype_of(param) == at::kFloat ? at::kFloat : dt; };
     c10::cuda::CUDAGuard guard(x2.device());
     const at::Tensor dy2 = dy.to(dt).contiguous().view({-1, wproj.size(0)});
+    // the results, one per forward argument; needs_input_grad counts the tensors given (an
+    // absent bias has no index)
     variable_list out(6);
+    const bool fc_bias = ctx->saved_data.at("fc_bias").toBool(), proj_bias = ctx->saved_data.at("proj_bias").toBool();
+    const size_t proj_w_at = fc_bias ? 3 : 2;
+    const bool want_fb = fc_bias && ctx->needs_input_grad(2);
+    const bool want_pb = proj_bias && ctx->needs_input_grad(proj_w_at + 1);
     // proj: its weight and bias gradients from h
-    const bool want_pb = ctx->saved_data.at("proj_bias").toBool() && ctx->needs_input_grad(4);
-    auto proj = tcg::lt::weight_grads(h, dy2, ctx->needs_input_grad(3), want_pb, grad_type("proj_w_dtype"));
+    auto proj = tcg::lt::weight_grads(h, dy2, ctx->needs_input_grad(proj_w_at), want_pb, grad_type("proj_w_dtype"));
     if (proj.dw.defined()) out[3] = proj.dw.to(dtype_of("proj_w_dtype"));
     if (proj.db.defined()) out[4] = proj.db.to(dtype_of("proj_b_dtype"));
     // through GELU: dpre in proj's input-gradient GEMM
-    const bool want_fb = ctx->saved_data.at("fc_bias").toBool() && ctx->needs_input_grad(2);
     if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1) && !want_fb) return out;
     at::Tensor dpre = at::empty_like(pre);
     if (!backward_gemm(dy2, wproj, pre, dpre)) dpre = at::gelu_backward(at::mm(dy2, wproj), pre, "tanh");

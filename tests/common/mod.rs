@@ -185,3 +185,32 @@ pub fn cross_entropy_ran(
     let loss = loss_fn.f_forward(logits, targets)?;
     Ok((loss, loss_fn.last_path() == Some(tch_cuda_graphs::kernels::KernelPath::Own)))
 }
+
+/// `step`'s result captured (into a buffer, after one warmup) and replayed, against the same step
+/// run eagerly afterwards: max |replayed - eager| (0 for a step that replays bit for bit).
+pub fn captured_minus_eager(step: impl Fn() -> tch_cuda_graphs::Result<Tensor>) -> f64 {
+    use tch_cuda_graphs::{capture_with_warmup, CaptureOptions};
+    let out = step().expect("the eager step").zeros_like();
+    let (mut graph, ()) = capture_with_warmup(1, CaptureOptions::default(), || {
+        out.shallow_clone().f_copy_(&step()?)?;
+        Ok(())
+    })
+    .expect("capture");
+    let _ = out.shallow_clone().fill_(0.0);
+    graph.replay().expect("replay");
+    let eager = step().expect("the eager step");
+    f64::try_from((&out - &eager).abs().max()).unwrap()
+}
+
+/// What `f` returns, and the names of the GPU kernels it ran (profiled, the device synchronized
+/// before the profile stops).
+pub fn kernels_of<T>(device: Device, f: impl FnOnce() -> T) -> (T, Vec<String>) {
+    use tch_cuda_graphs::profiler::{EventKind, Profiler};
+    tch_cuda_graphs::synchronize(device).expect("sync");
+    let profiler = Profiler::start().expect("profiler");
+    let out = f();
+    tch_cuda_graphs::synchronize(device).expect("sync");
+    let profile = profiler.stop().expect("profile");
+    let names = profile.events().iter().filter(|e| e.kind == EventKind::Kernel).map(|e| e.name.clone()).collect();
+    (out, names)
+}
