@@ -286,15 +286,11 @@ impl TransformerLayer {
         let p = if train { self.config.dropout } else { 0.0 };
         let h = stream.f_norm(&self.ln_1)?;
         let y = self.attention(&h, p)?;
-        self.push_projection(stream, &self.attn_proj, &y, p, train)?;
+        let (branch, bias) = self.linear_parts(&self.attn_proj, &y)?;
+        stream.push(branch, bias, p, train)?;
         let h = stream.f_norm(&self.ln_2)?;
-        if self.config.activation == Activation::GeluTanh && self.config.kernels != Kernels::PyTorch {
-            // both GEMMs with GELU in their epilogues; the projection's bias into the next norm
-            let branch = f_gelu_tanh_mlp_unbiased(&h, &self.c_fc, &self.mlp_proj)?;
-            return stream.push(branch, self.mlp_proj.bs.as_ref(), p, train);
-        }
-        let a = self.mlp_hidden(&h)?;
-        self.push_projection(stream, &self.mlp_proj, &a, p, train)
+        let (branch, bias) = self.mlp(&h)?;
+        stream.push(branch, bias, p, train)
     }
 
     /// `lin(x)` as `(output, bias still to add)`: with the crate's kernels the bias goes into the
@@ -309,16 +305,15 @@ impl TransformerLayer {
         }
     }
 
-    fn push_projection(
-        &self,
-        stream: &mut ResidualStream,
-        proj: &Linear,
-        x: &Tensor,
-        p: f64,
-        train: bool,
-    ) -> Result<()> {
-        let (branch, bias) = self.linear_parts(proj, x)?;
-        stream.push(branch, bias, p, train)
+    /// The MLP's branch, and the bias still to add (see [`linear_parts`](Self::linear_parts)):
+    /// with GELU's tanh form on the crate's kernels, both GEMMs with the GELU in their epilogues
+    /// ([`crate::mlp`]).
+    fn mlp<'l>(&'l self, h: &Tensor) -> Result<(Tensor, Option<&'l Tensor>)> {
+        if self.config.activation == Activation::GeluTanh && self.config.kernels != Kernels::PyTorch {
+            return Ok((f_gelu_tanh_mlp_unbiased(h, &self.c_fc, &self.mlp_proj)?, self.mlp_proj.bs.as_ref()));
+        }
+        let a = self.mlp_hidden(h)?;
+        self.linear_parts(&self.mlp_proj, &a)
     }
 
     /// The MLP's activation of its first layer (`c_fc`'s bias added in the GELU kernel, see

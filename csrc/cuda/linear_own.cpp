@@ -62,8 +62,7 @@ struct FusedLinear : torch::autograd::Function<FusedLinear> {
     at::Tensor dx;
     if (ctx->needs_input_grad(0)) dx = at::mm(dy2, wc).view(xc.sizes()).to(dtype_of("x_dtype"));
     const bool want_w = ctx->needs_input_grad(1), want_b = has_bias && ctx->needs_input_grad(2);
-    // float32 weight gradients only for float32 parameters (a 16-bit parameter takes its own dtype)
-    const at::ScalarType wt = ctx->saved_data.at("fp32_wgrad").toBool() && dtype_of("w_dtype") == at::kFloat ? at::kFloat : dt;
+    const at::ScalarType wt = tcg::lt::weight_grad_type(ctx->saved_data.at("fp32_wgrad").toBool(), dtype_of("w_dtype"), dt);
     auto [dw, db] = tcg::lt::weight_grads(x2, dy2, want_w, want_b, wt);
     if (dw.defined()) dw = dw.to(dtype_of("w_dtype"));
     if (db.defined()) db = db.to(dtype_of("b_dtype"));

@@ -47,6 +47,16 @@ Grid grid_for(int64_t rows, int64_t cols, bool vec) {
           false};
 }
 
+// Scales a gradient the forward wrote for a loss gradient of 1 by the loss's gradient g (0-d
+// float32, on the device), in place.
+void scale_by(const at::Tensor& grad, const at::Tensor& g) {
+  const int64_t n = grad.numel();
+  const int64_t blocks = std::min<int64_t>((n + 4 * kScaleThreads - 1) / (4 * kScaleThreads), kScaleBlocks);
+  Scale p{grad.data_ptr(), g.data_ptr<float>(), n};
+  own::launch(own::loss_kernel(own::Pass::Backward, grad.scalar_type()), grad.get_device(), static_cast<unsigned>(blocks),
+              kScaleThreads, &p);
+}
+
 // The targets, passed as a plain value: not an autograd input; and whether the forward writes
 // the gradient.
 struct Targets {
@@ -90,27 +100,11 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
     at::Tensor dlogits = written.isTensor() ? written.toTensor() : at::Tensor();
     if (!dlogits.defined()) misuse("cross_entropy: a second backward through the fused loss is not supported");
     written = at::Tensor();  // handed on: a second backward would scale it twice
-    const int device = dlogits.get_device();
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-    g = g.to(at::kFloat).contiguous();
-    const int64_t n = dlogits.numel();
-    const int64_t blocks = std::min<int64_t>((n + 4 * kScaleThreads - 1) / (4 * kScaleThreads), kScaleBlocks);
-    Scale p{dlogits.data_ptr(), g.data_ptr<float>(), n};
-    own::launch(own::loss_kernel(own::Pass::Backward, dlogits.scalar_type()), device, static_cast<unsigned>(blocks),
-                kScaleThreads, &p);
+    c10::cuda::CUDAGuard guard(dlogits.device());
+    scale_by(dlogits, g.to(at::kFloat).contiguous());
     return {dlogits, at::Tensor()};
   }
 };
-
-// Scales a gradient the forward wrote for a loss gradient of 1 by the loss's gradient g (0-d
-// float32, on the device), in place.
-void scale_by(const at::Tensor& grad, const at::Tensor& g) {
-  const int64_t n = grad.numel();
-  const int64_t blocks = std::min<int64_t>((n + 4 * kScaleThreads - 1) / (4 * kScaleThreads), kScaleBlocks);
-  Scale p{grad.data_ptr(), g.data_ptr<float>(), n};
-  own::launch(own::loss_kernel(own::Pass::Backward, grad.scalar_type()), grad.get_device(), static_cast<unsigned>(blocks),
-              kScaleThreads, &p);
-}
 
 // The chunked path's settings: not autograd inputs.
 struct ChunkArgs {
@@ -139,7 +133,7 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     at::Tensor dh, dw, inv_count;
     if (a.write_grad) {
       dh = at::empty_like(h2);
-      dw = at::empty({v, c}, h2.options().dtype(a.fp32_wgrad && weight.scalar_type() == at::kFloat ? at::kFloat : a.dt));
+      dw = at::empty({v, c}, h2.options().dtype(lt::weight_grad_type(a.fp32_wgrad, weight.scalar_type(), a.dt)));
       inv_count = at::empty({}, f32);
       Count n{targets.data_ptr<int64_t>(), inv_count.data_ptr<float>(), rows, a.ignore_index};
       own::launch("tcg_ce_count", device, 1, kFinishThreads, &n);

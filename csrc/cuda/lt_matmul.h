@@ -62,6 +62,13 @@ inline at::ScalarType compute_dtype(const at::Tensor& x, const at::Tensor& weigh
   return at::ScalarType::Undefined;
 }
 
+// The dtype a weight-gradient GEMM writes for a parameter of dtype `param`: float32 where
+// `fp32_wgrad` asks for it and the parameter is float32, else the compute dtype `dt` (a 16-bit
+// parameter takes its own dtype).
+inline at::ScalarType weight_grad_type(bool fp32_wgrad, at::ScalarType param, at::ScalarType dt) {
+  return fp32_wgrad && param == at::kFloat ? at::kFloat : dt;
+}
+
 // An operand in the compute dtype: its shadow when there is one, else a cast (as autocast's);
 // undefined stays undefined.
 inline at::Tensor in_dtype(const at::Tensor& t, const at::Tensor& shadow, at::ScalarType dt) {

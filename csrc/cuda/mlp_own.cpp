@@ -110,10 +110,9 @@ struct GeluTanhMlp : torch::autograd::Function<GeluTanhMlp> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor &x2 = saved[0], &wfc = saved[1], &pre = saved[2], &h = saved[3], &wproj = saved[4];
     const auto dtype_of = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data.at(key).toInt()); };
-    // float32 weight gradients only for float32 parameters (a 16-bit parameter takes its own dtype)
     const bool fp32 = ctx->saved_data.at("fp32_wgrad").toBool();
     const at::ScalarType dt = x2.scalar_type();
-    const auto grad_type = [&](const char* param) { return fp32 && dtype_of(param) == at::kFloat ? at::kFloat : dt; };
+    const auto grad_type = [&](const char* param) { return tcg::lt::weight_grad_type(fp32, dtype_of(param), dt); };
     c10::cuda::CUDAGuard guard(x2.device());
     const at::Tensor dy2 = dy.to(dt).contiguous().view({-1, wproj.size(0)});
     // the results, one per forward argument; needs_input_grad counts the tensors given (an

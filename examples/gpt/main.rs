@@ -115,40 +115,51 @@ with a captured step.
                      from them and compares
   -h, --help         this text";
 
+impl Default for Args {
+    fn default() -> Self {
+        Args {
+            arch: ArchName::Gpt,
+            iters: 2000,
+            batch: 64,
+            accum: 1,
+            eval_every: 250,
+            eval_iters: 20,
+            tiny: false,
+            fp32: false,
+            fused: false,
+            gelu_tanh: false,
+            resume: false,
+            stop_at: None,
+            sample: 500,
+            seed: 1337,
+            peak_tflops: 989.0,
+            data_dir: data::default_source(),
+            out: PathBuf::from("target/gpt"),
+            ddp: false,
+            dropout: None,
+            trajectory: None,
+        }
+    }
+}
+
+/// The value of `flag` among `choices` (name, value).
+fn choice<T: Copy>(parser: &mut lexopt::Parser, flag: &str, choices: &[(&str, T)]) -> Result<T, lexopt::Error> {
+    use lexopt::ValueExt;
+    let given = parser.value()?.string()?;
+    let names: Vec<&str> = choices.iter().map(|c| c.0).collect();
+    let found = choices.iter().find(|c| c.0 == given).map(|c| c.1);
+    found.ok_or_else(|| format!("--{flag}: no {given:?} ({})", names.join(", ")).into())
+}
+
 /// The command line: `None` when it asked for the usage.
 fn parse_args() -> Result<Option<Args>, lexopt::Error> {
     use lexopt::prelude::*;
-    let mut a = Args {
-        arch: ArchName::Gpt,
-        iters: 2000,
-        batch: 64,
-        accum: 1,
-        eval_every: 250,
-        eval_iters: 20,
-        tiny: false,
-        fp32: false,
-        fused: false,
-        gelu_tanh: false,
-        resume: false,
-        stop_at: None,
-        sample: 500,
-        seed: 1337,
-        peak_tflops: 989.0,
-        data_dir: data::default_source(),
-        out: PathBuf::from("target/gpt"),
-        ddp: false,
-        dropout: None,
-        trajectory: None,
-    };
+    let mut a = Args::default();
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
             Long("arch") => {
-                a.arch = match parser.value()?.string()?.as_str() {
-                    "gpt" => ArchName::Gpt,
-                    "llama" => ArchName::Llama,
-                    other => return Err(format!("--arch: no architecture {other:?} (gpt, llama)").into()),
-                }
+                a.arch = choice(&mut parser, "arch", &[("gpt", ArchName::Gpt), ("llama", ArchName::Llama)])?
             }
             Long("iters") => a.iters = parser.value()?.parse()?,
             Long("batch") => a.batch = parser.value()?.parse()?,
@@ -158,13 +169,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
             Long("tiny") => a.tiny = true,
             Long("fp32") => a.fp32 = true,
             Long("fused") => a.fused = true,
-            Long("gelu") => {
-                a.gelu_tanh = match parser.value()?.string()?.as_str() {
-                    "none" => false,
-                    "tanh" => true,
-                    other => return Err(format!("--gelu: no form {other:?} (none, tanh)").into()),
-                }
-            }
+            Long("gelu") => a.gelu_tanh = choice(&mut parser, "gelu", &[("none", false), ("tanh", true)])?,
             Long("resume") => a.resume = true,
             Long("stop-at") => a.stop_at = Some(parser.value()?.parse()?),
             Long("sample") => a.sample = parser.value()?.parse()?,
