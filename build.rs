@@ -70,8 +70,15 @@ fn find_nvcc(torch_root: &Path) -> Option<PathBuf> {
 
 /// The crate's own kernels: each `csrc/cuda/NAME.cu` becomes a fat binary embedded as
 /// `tcg_NAME_fatbin` (loaded by `csrc/cuda/own_kernels.cpp`).
-const OWN_KERNELS: [&str; 6] =
-    ["optim_kernels", "norm_kernels", "loss_kernels", "rotary_kernels", "swiglu_kernels", "gelu_kernels"];
+const OWN_KERNELS: [&str; 7] = [
+    "optim_kernels",
+    "norm_kernels",
+    "loss_kernels",
+    "rotary_kernels",
+    "swiglu_kernels",
+    "gelu_kernels",
+    "embedding_kernels",
+];
 
 /// Compiles the [`OWN_KERNELS`] into fat binaries and writes a C++ file that embeds them. Err: why
 /// not (the optimizers then run PyTorch's fused kernels and the fused layers ATen's operators;
@@ -162,12 +169,13 @@ fn torch_headers_and_abi(torch_root: &Path) -> (Vec<PathBuf>, String) {
 }
 
 /// The shim's files that every build compiles.
-const SHIM_FILES: [&str; 18] = [
+const SHIM_FILES: [&str; 20] = [
     "csrc/amp.cpp",
     "csrc/autograd.cpp",
     "csrc/error.cpp",
     "csrc/feed.cpp",
     "csrc/kernels.cpp",
+    "csrc/gemm.cpp",
     "csrc/optim.cpp",
     "csrc/norm.cpp",
     "csrc/shadow.cpp",
@@ -175,6 +183,7 @@ const SHIM_FILES: [&str; 18] = [
     "csrc/loss.cpp",
     "csrc/rotary.cpp",
     "csrc/swiglu.cpp",
+    "csrc/embedding.cpp",
     "csrc/gelu.cpp",
     "csrc/mlp.cpp",
     "csrc/profiler.cpp",
@@ -184,7 +193,7 @@ const SHIM_FILES: [&str; 18] = [
 ];
 
 /// The shim's files that a libtorch with CUDA adds.
-const SHIM_CUDA_FILES: [&str; 17] = [
+const SHIM_CUDA_FILES: [&str; 18] = [
     "csrc/cuda/device.cpp",
     "csrc/cuda/conditional.cpp",
     "csrc/cuda/graph.cpp",
@@ -201,6 +210,7 @@ const SHIM_CUDA_FILES: [&str; 17] = [
     "csrc/cuda/loss_own.cpp",
     "csrc/cuda/rotary_own.cpp",
     "csrc/cuda/swiglu_own.cpp",
+    "csrc/cuda/embedding_own.cpp",
     "csrc/cuda/gelu_own.cpp",
 ];
 

@@ -24,6 +24,7 @@ mod timing;
 
 use std::fmt::Write as _;
 use tch::{nn, Device, Kind, Tensor};
+use tch_cuda_graphs::gemm::{self, GemmChoice};
 use tch_cuda_graphs::transformer::Activation;
 use tch_cuda_graphs::{empty_cache, memory_stats, reset_peak_stats, synchronize, Result};
 
@@ -44,7 +45,7 @@ fn tanh(c: model::Config) -> model::Config {
 }
 
 const USAGE: &str = "\
-usage: gpt [--iters N] [--rows NAME,...] [--no-torch] [--peak-tflops T] [--chunked-loss] [--profile [--fused]]
+usage: gpt [--iters N] [--rows NAME,...] [--no-torch] [--peak-tflops T] [--chunked-loss] [--timed-gemms] [--profile [--fused] [--top N]]
 
 nanoGPT's training step captured by this crate (with ATen's norms, and with the crate's fused
 norms and weight shadows: `--fused` in examples/gpt), beside PyTorch's eager, graph, compile and compile + graph
@@ -56,15 +57,19 @@ modes of the same step.
   --peak-tflops T    the GPU's dense bf16 peak for MFU (default 989, an H100/H200 SXM)
   --chunked-loss     the fused steps run the head and the loss in chunks of rows
                      (loss::f_linear_cross_entropy: the logits never all in memory)
+  --timed-gemms      this crate's GEMMs choose their algorithm by timing (gemm::GemmChoice::Timed)
   --profile          only: 10 replays of the first row's captured step under the crate's
                      profiler, kernel time per replay grouped by kernel family
   --fused            with --profile: the step with the crate's fused norms and weight shadows
+  --top N            with --profile: list the N kernels that take longest (default 12)
   -h, --help         this text";
 
 struct Args {
     chunked_loss: bool,
+    timed_gemms: bool,
     profile: bool,
     fused: bool,
+    top: usize,
     iters: usize,
     rows: Vec<String>,
     torch: bool,
@@ -76,8 +81,17 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
     use lexopt::prelude::*;
     let all: Vec<&str> = rows().iter().map(|r| r.0).collect();
     let rows = all.iter().map(|r| r.to_string()).collect();
-    let mut a =
-        Args { chunked_loss: false, profile: false, fused: false, iters: 200, rows, torch: true, peak_tflops: 989.0 };
+    let mut a = Args {
+        chunked_loss: false,
+        timed_gemms: false,
+        profile: false,
+        fused: false,
+        top: 12,
+        iters: 200,
+        rows,
+        torch: true,
+        peak_tflops: 989.0,
+    };
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -87,7 +101,9 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
             Long("peak-tflops") => a.peak_tflops = parser.value()?.parse()?,
             Long("profile") => a.profile = true,
             Long("fused") => a.fused = true,
+            Long("top") => a.top = parser.value()?.parse()?,
             Long("chunked-loss") => a.chunked_loss = true,
+            Long("timed-gemms") => a.timed_gemms = true,
             Short('h') | Long("help") => return Ok(None),
             Long("bench") => {} // cargo bench passes --bench
             _ => return Err(arg.unexpected()),
@@ -125,11 +141,14 @@ fn ours(device: Device, config: model::Config, batch: i64, iters: usize, eager: 
 fn main() {
     let args = reference::args_or_exit("gpt", parse_args(), USAGE);
     reference::require_cuda("gpt");
+    if args.timed_gemms {
+        gemm::set_choice(GemmChoice::Timed);
+    }
     if args.profile {
         let row = rows().into_iter().find(|r| args.rows.iter().any(|n| n == r.0)).expect("a row");
         let (name, config, batch) = row;
         let config = model::Config { chunked_loss: args.chunked_loss, ..config };
-        profile(Device::Cuda(0), (name, config, batch), args.fused).expect("the profile");
+        profile(Device::Cuda(0), (name, config, batch), &args).expect("the profile");
         return;
     }
     if args.torch {
@@ -252,7 +271,8 @@ fn tables(args: &Args, ours: Vec<OursRow>, torch: &Torch) -> (String, String) {
 }
 
 /// Kernel time of one replay of the captured step, grouped by family (10 replays profiled).
-fn profile(device: Device, (name, config, batch): (&str, model::Config, i64), fused: bool) -> Result<()> {
+fn profile(device: Device, (name, config, batch): (&str, model::Config, i64), args: &Args) -> Result<()> {
+    let fused = args.fused;
     let config = model::Config { fused, ..config };
     tch::manual_seed(0);
     let vs = nn::VarStore::new(device);
@@ -267,7 +287,7 @@ fn profile(device: Device, (name, config, batch): (&str, model::Config, i64), fu
     let what = if fused { "fused " } else { "" };
     let times = kernel_profile::measure(device, 10, || steps.train.replay().map(drop))?;
     println!("{name}: kernel time of one replay of the {what}captured step, by family (10 replays profiled)\n");
-    println!("{}", kernel_profile::report(&[(name, &times)], 12));
+    println!("{}", kernel_profile::report(&[(name, &times)], args.top));
     println!("GPU busy {:.0} µs of a {:.0} µs span per replay", times.busy_us, times.span_us);
     Ok(())
 }

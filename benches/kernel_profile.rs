@@ -27,7 +27,7 @@ pub fn family(name: &str) -> &'static str {
     let has = |keys: &[&str]| keys.iter().any(|k| n.contains(k));
     if has(&["tcg_norm"]) {
         "norms (+ residual add)"
-    } else if has(&["tcg_ce_"]) {
+    } else if has(&["tcg_ce_", "tcg_embedding"]) {
         "loss and embeddings"
     } else if has(&["tcg_rotary"]) {
         "rotary"

@@ -21,13 +21,14 @@ mod timing;
 
 use std::fmt::Write as _;
 use tch::{nn, Device, Kind, Tensor};
+use tch_cuda_graphs::gemm::{self, GemmChoice};
 use tch_cuda_graphs::linear::WeightGrad;
 use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig, Optimizer};
 use tch_cuda_graphs::{amp, empty_cache, memory_stats, reset_peak_stats, synchronize};
 use tch_cuda_graphs::{Result, StepOptions, TrainStep};
 
 const USAGE: &str = "\
-usage: llama [--iters N] [--rows small,base] [--no-torch] [--expand-kv] [--rounded-grads] [--profile]
+usage: llama [--iters N] [--rows small,base] [--no-torch] [--expand-kv] [--rounded-grads] [--timed-gemms] [--profile]
 
 A Llama-style step captured by this crate (plain and fused) beside PyTorch's four modes.
   --iters N        timed iterations per row (default 200; a quarter for the base row)
@@ -35,6 +36,7 @@ A Llama-style step captured by this crate (plain and fused) beside PyTorch's fou
   --no-torch       skip PyTorch's side (benches/torch_llama.py)
   --expand-kv      this crate's rows with the key and value heads expanded to every query head
                    before attention, instead of SDPA's enable_gqa
+  --timed-gemms    this crate's GEMMs choose their algorithm by timing (gemm::GemmChoice::Timed)
   --rounded-grads  the fused rows' weight gradients in bf16, then cast (WeightGrad::Rounded),
                    instead of float32 from the GEMM
   --profile        only: kernel time of one replay of each row's step, as written and fused,
@@ -47,6 +49,7 @@ struct Args {
     torch: bool,
     expand_kv: bool,
     rounded_grads: bool,
+    timed_gemms: bool,
     profile: bool,
 }
 
@@ -58,6 +61,7 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
         torch: true,
         expand_kv: false,
         rounded_grads: false,
+        timed_gemms: false,
         profile: false,
     };
     let mut parser = lexopt::Parser::from_env();
@@ -68,6 +72,7 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
             Long("no-torch") => a.torch = false,
             Long("expand-kv") => a.expand_kv = true,
             Long("rounded-grads") => a.rounded_grads = true,
+            Long("timed-gemms") => a.timed_gemms = true,
             Long("profile") => a.profile = true,
             Long("bench") => {}
             Short('h') | Long("help") => return Ok(None),
@@ -148,6 +153,9 @@ fn profile(device: Device, name: &str, config: model::Config, batch: i64) -> Res
 fn main() {
     let args = reference::args_or_exit("llama", parse_args(), USAGE);
     reference::require_cuda("llama");
+    if args.timed_gemms {
+        gemm::set_choice(GemmChoice::Timed);
+    }
     let device = Device::Cuda(0);
     let chosen = || {
         rows().into_iter().filter(|r| args.rows.iter().any(|n| n == r.0)).map(|(name, c, batch)| {

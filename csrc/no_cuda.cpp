@@ -2,7 +2,9 @@
 // TCH_CUDA_GRAPHS_NO_CUDA=1 at build time): every entry point reports TCG_NO_CUDA, except the
 // queries that have an honest answer (no device). error.cpp, optim.cpp and watch.cpp are
 // built as usual, so the optimizers and the eager fallback keep working.
+#include "embedding_own.h"
 #include "gelu_own.h"
+#include "gemm.h"
 #include "kernels.h"
 #include "linear_own.h"
 #include "loss_own.h"
@@ -20,6 +22,12 @@ tcg_status no_cuda() noexcept {
                    "TCH_CUDA_GRAPHS_NO_CUDA set at build time): CUDA graphs are unavailable");
 }
 }  // namespace
+
+namespace tcg::gemm {
+// No cuBLASLt GEMM runs without CUDA: no shape has a choice made.
+Shapes shapes() { return Shapes{0, 0}; }
+void forget() {}
+}  // namespace tcg::gemm
 
 extern "C" {
 
@@ -148,14 +156,20 @@ at::Tensor linear_cross_entropy(const LinearOperands&, int64_t, int64_t, bool) {
 }
 }  // namespace tcg::loss
 
-// The rotary, SwiGLU and GELU kernels need CUDA: rotary.cpp, swiglu.cpp and gelu.cpp run ATen's
-// compositions.
+// The rotary, embedding, SwiGLU and GELU kernels need CUDA: rotary.cpp, embedding.cpp, swiglu.cpp
+// and gelu.cpp run ATen's compositions.
 namespace tcg::rotary {
 std::string unsupported(const Inputs&) { return "this binary was built without CUDA"; }
 std::pair<at::Tensor, at::Tensor> fused(const Inputs&) {
   throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
 }
 }  // namespace tcg::rotary
+namespace tcg::embedding {
+std::string unsupported(const at::Tensor&, const at::Tensor&) { return "this binary was built without CUDA"; }
+at::Tensor fused(const at::Tensor&, const at::Tensor&, int64_t) {
+  throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
+}
+}  // namespace tcg::embedding
 namespace tcg::swiglu {
 std::string unsupported(const at::Tensor&) { return "this binary was built without CUDA"; }
 at::Tensor fused(const at::Tensor&) {

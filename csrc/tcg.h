@@ -16,6 +16,7 @@
 //   file                   families                   built
 //   error.cpp              error, string, testing     always
 //   kernels.cpp            kernels                    always
+//   gemm.cpp               gemm                       always
 //   optim.cpp              optim, grads               always
 //   norm.cpp               norm                       always
 //   shadow.cpp             shadows                    always
@@ -23,6 +24,7 @@
 //   loss.cpp               loss                       always
 //   rotary.cpp             rotary                     always
 //   swiglu.cpp             swiglu                     always
+//   embedding.cpp          embedding                  always
 //   gelu.cpp               gelu                       always
 //   mlp.cpp                mlp                        always
 //   autograd.cpp           autograd                   always
@@ -147,6 +149,23 @@ bool tcg_kernels_built(void);
 // TCG_OK if the own kernels can run on CUDA device `device` (loading them there on first
 // call); TCG_UNSUPPORTED with the reason as message if not; TCG_NO_CUDA without CUDA.
 tcg_status tcg_kernels_check(int device);
+
+// ---------------------------------------------------------------- gemm.cpp (CPU and CUDA)
+// How the crate's cuBLASLt GEMMs (the linear layer's forward, input- and weight-gradient GEMMs,
+// the MLP's, the chunked loss's) choose their algorithm, for the whole process.
+// TCG_GEMM_HEURISTIC (the default): cuBLASLt's heuristic's first, the same in every process.
+// TCG_GEMM_TIMED: the fastest of the heuristic's first eight candidates, timed (into scratch
+// outputs) on a GEMM shape's first call outside a stream capture, kept for the shape's later
+// calls; a shape first met under capture keeps the heuristic's first. A candidate replaces the
+// heuristic's first only when 3% faster. As with torch.backends.cudnn.benchmark, two processes
+// may choose differently, and so differ in their results' last bits; one process's eager and
+// captured calls run the same algorithm.
+typedef enum { TCG_GEMM_HEURISTIC = 0, TCG_GEMM_TIMED = 1 } tcg_gemm_choice;
+// Sets the choice and forgets the choices made for each shape (the next call chooses again).
+tcg_status tcg_gemm_set_choice(tcg_gemm_choice choice);
+tcg_status tcg_gemm_get_choice(tcg_gemm_choice* out);
+// How many GEMM shapes have their algorithm chosen, and how many of those were timed.
+tcg_status tcg_gemm_shapes(int64_t* chosen, int64_t* timed);
 
 // ---------------------------------------------------------------- optim.cpp (CPU and CUDA)
 // The own kernels apply to CUDA tensors of float32/64/16/bfloat16, contiguous, grads like their
@@ -343,6 +362,19 @@ tcg_status tcg_rotary_apply(const tcg_rotary_inputs* inputs, int64_t offset, tcg
 // multiple of 4) or ATen's silu and mul, as kernels says (the loss family's rules). An odd last
 // dimension: TCG_MISUSE. *ran_own: whether the kernels ran.
 tcg_status tcg_swiglu(tcg_tensor h, tcg_kernels kernels, tcg_tensor* out, bool* ran_own);
+
+// ---------------------------------------------------------------- embedding.cpp (CPU and CUDA)
+// weight[indices]: the rows of weight [num_embeddings, embedding_dim] that int64 or int32
+// `indices` name (ATen's gather), row padding_idx getting no gradient (negative: none; ATen's
+// convention). On the crate's path (TCG_KERNELS_AUTO: a CUDA weight of float32, bfloat16 or
+// float16, contiguous and 16-byte aligned, a width that is a multiple of 4, the indices on its
+// device) the backward sorts the indices (ATen's stable sort of 32-bit ids) and one kernel writes
+// every row of the weight's gradient, each the sum of its positions' output gradients in
+// a fixed order (the same every run: no atomics), with no zero-fill pass. ATen's
+// at::embedding otherwise. *out: a new tensor; *ran_own: whether the crate's path ran. An index
+// outside the weight fails as ATen's gather fails.
+tcg_status tcg_embedding(tcg_tensor weight, tcg_tensor indices, int64_t padding_idx, tcg_kernels kernels,
+                         tcg_tensor* out, bool* ran_own);
 
 // ---------------------------------------------------------------- gelu.cpp (CPU and CUDA)
 // GELU of x [.., F] plus an optional bias [F] (NULL: none; the bias of the linear layer that made

@@ -30,10 +30,12 @@
 //!   step reads instead of casting each weight at each use.
 //! - [`linear`]: [`linear::Linear`], whose backward computes the bias gradient inside the
 //!   weight-gradient GEMM (cuBLASLt's epilogue) and can write float32 weight gradients directly;
+//!   [`gemm`]: how those GEMMs choose their algorithm (cuBLASLt's heuristic, or timing);
 //!   [`loss`]: the cross-entropy of a language model's head in one read of the logits.
 //! - [`rotary`]: [`rotary::Rotary`], rotary position embeddings on q and k in one kernel each
 //!   way; [`swiglu`]: SwiGLU read from the fused `[gate | up]` projection in one pass each way;
-//!   [`gelu`]: GELU with the preceding layer's bias folded in, its gradient summed in the
+//!   [`embedding`]: [`embedding::Embedding`], tch's embedding with a deterministic one-kernel
+//!   backward; [`gelu`]: GELU with the preceding layer's bias folded in, its gradient summed in the
 //!   backward's one pass; [`mlp`]: an MLP with GELU's tanh approximation in cuBLASLt's GEMM
 //!   epilogues (no GELU kernel either way).
 //! - [`transformer`]: [`transformer::TransformerLayer`], a pre-norm transformer layer on those
@@ -67,9 +69,11 @@ pub mod clip;
 pub mod control;
 pub mod device;
 pub mod dist;
+pub mod embedding;
 pub mod error;
 pub mod feed;
 pub mod gelu;
+pub mod gemm;
 pub mod graph;
 pub mod graphed;
 pub mod kernels;

@@ -34,6 +34,21 @@ fn the_shim_is_built_with_or_without_cuda_as_asked() {
     }
 }
 
+/// The GEMMs' algorithm choice round-trips, and setting it forgets every shape's choice; it runs
+/// in any build (nothing timed without a GEMM on a GPU).
+#[test]
+fn the_gemm_choice_round_trips_and_forgets_the_shapes() {
+    use tch_cuda_graphs::gemm::{self, GemmChoice, GemmShapes};
+    assert_eq!(GemmChoice::default(), GemmChoice::Heuristic);
+    for choice in [GemmChoice::Timed, GemmChoice::Heuristic] {
+        gemm::f_set_choice(choice).expect("set");
+        let (now, shapes) = (gemm::f_choice().expect("choice"), gemm::f_shapes().expect("shapes"));
+        println!("{choice:?}: {now:?}, {shapes:?}");
+        assert_eq!(now, choice);
+        assert_eq!(shapes, GemmShapes { chosen: 0, timed: 0 }, "no shape's choice kept after a set");
+    }
+}
+
 /// Without CUDA every GPU entry point says NoCuda with a message; with CUDA they work. Either
 /// way the test asserts what it sees (it runs in CI without a GPU and on the GPU machine).
 #[test]

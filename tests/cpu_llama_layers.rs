@@ -1,8 +1,10 @@
-//! Rotary embeddings and SwiGLU on the CPU (ATen's compositions, what a machine without a GPU or
+//! Rotary embeddings, SwiGLU and the embedding on the CPU (ATen's compositions, what a machine without a GPU or
 //! nvcc runs): against plain tch written from the formulas (Meta's complex product for the
 //! interleaved layout, Hugging Face's `rotate_half` for the half-split one, `silu(gate) * up`),
-//! positions with an offset, the gradient through both, and the typed errors.
-use tch::{Device, Kind, Tensor};
+//! positions with an offset, the gradient through both, the embedding equal to tch's
+//! `nn::embedding` (rows and gradient, `padding_idx` included), and the typed errors.
+use tch::{nn, nn::Module, Device, Kind, Tensor};
+use tch_cuda_graphs::embedding::{embedding, EmbeddingConfig};
 use tch_cuda_graphs::kernels::KernelPath;
 use tch_cuda_graphs::rotary::{Rotary, RotaryConfig, RotaryLayout};
 use tch_cuda_graphs::swiglu::{f_swiglu, SwiGlu, SwiGluConfig};
@@ -105,4 +107,36 @@ fn swiglu_on_the_cpu_is_silu_of_gate_times_up() {
     assert!(matches!(odd, Err(Error::Misuse(_))), "{odd:?}");
     let ints = f_swiglu(&Tensor::zeros([2, 8], (Kind::Int64, Device::Cpu)), &SwiGluConfig::default());
     assert!(matches!(ints, Err(Error::Misuse(_))), "{ints:?}");
+}
+
+#[test]
+fn the_embedding_on_the_cpu_is_tchs_with_padding_idx() {
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let config = EmbeddingConfig { padding_idx: 3, ..Default::default() };
+    let ours = embedding(vs.root() / "ours", 10, 8, config);
+    let theirs = nn::embedding(vs.root() / "tch", 10, 8, nn::EmbeddingConfig { padding_idx: 3, ..Default::default() });
+    tch::no_grad(|| theirs.ws.shallow_clone().copy_(&ours.ws));
+    let idx = Tensor::from_slice(&[1i64, 3, 3, 7, 1, 0, 9, 1]).view([2, 4]);
+    let (a, b) = (ours.forward(&idx), theirs.forward(&idx));
+    let w = Tensor::randn([2, 4, 8], (Kind::Float, Device::Cpu));
+    (&a * &w).sum(Kind::Float).backward();
+    (&b * &w).sum(Kind::Float).backward();
+    let (ga, gb) = (ours.ws.grad(), theirs.ws.grad());
+    println!(
+        "rows {:e}, gradient {:e}, padding row {:e}",
+        max_diff(&a, &b),
+        max_diff(&ga, &gb),
+        f64::try_from(ga.get(3).abs().max()).unwrap()
+    );
+    assert!(a.equal(&b) && ga.equal(&gb), "the same rows and gradient as tch's embedding");
+    assert_eq!(f64::try_from(ga.get(3).abs().max()).unwrap(), 0.0, "padding_idx gets no gradient");
+    assert_eq!(ours.last_path(), Some(KernelPath::PyTorch));
+    // typed errors: float indices, a padding_idx past the table
+    match ours.f_forward(&idx.to_kind(Kind::Float)) {
+        Err(Error::Misuse(why)) => println!("float indices: {why}"),
+        other => panic!("expected Misuse, got {other:?}"),
+    }
+    let past = embedding(vs.root() / "past", 10, 8, EmbeddingConfig { padding_idx: 10, ..Default::default() });
+    assert!(matches!(past.f_forward(&idx), Err(Error::Misuse(_))), "padding_idx past the table");
 }

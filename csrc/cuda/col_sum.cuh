@@ -2,7 +2,9 @@
 // per block first (norm_kernels.cu: weight, bias and branch-bias gradients; gelu_kernels.cu: the
 // bias gradient): out[k][c] = sum over b < blocks of part[k][b * cols + c], in a fixed order
 // (deterministic). One block of kColSumThreads threads per kColSumCols columns: its threads sum
-// strided rows of partials, then the first row of threads adds the others' sums in order.
+// strided rows of partials, then a tree over the rows of threads adds their sums. The partials
+// are L2-resident (just written): narrow blocks (8 columns, one 32-byte sector a row) make many
+// blocks, each thread few loads, so the sum is not held to L2's latency.
 #pragma once
 #include <stdint.h>
 
@@ -32,11 +34,18 @@ __device__ __forceinline__ void sum_columns(const float* const (&part)[K], float
 #pragma unroll
   for (int k = 0; k < K; ++k) s[k][row][lane] = acc[k];
   __syncthreads();
+  // a tree over the rows of threads, in a fixed order
+  for (int stride = parts / 2; stride > 0; stride /= 2) {
+    if (row < stride) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) s[k][row][lane] += s[k][row + stride][lane];
+    }
+    __syncthreads();
+  }
   if (row == 0 && c < cols) {
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      for (int p = 1; p < parts; ++p) acc[k] += s[k][p][lane];
-      if (sum[k] != nullptr) sum[k][c] = acc[k];
+      if (sum[k] != nullptr) sum[k][c] = s[k][0][lane];
     }
   }
 }

@@ -4,7 +4,7 @@
 
 namespace tcg::cuda {
 
-constexpr int kColSumCols = 32;
+constexpr int kColSumCols = 8;
 constexpr int kColSumThreads = 1024;
 
 }  // namespace tcg::cuda

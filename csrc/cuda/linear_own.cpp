@@ -1,6 +1,7 @@
-// The crate's linear layer path: an autograd function whose forward is ATen's at::linear on the
-// 16-bit operands (weight shadows where a step made them, casts otherwise) and whose backward
-// computes the weight gradient and the bias gradient in one cuBLASLt GEMM (the BGRADB epilogue:
+// The crate's linear layer path: an autograd function whose forward is one cuBLASLt GEMM on the
+// 16-bit operands (weight shadows where a step made them, casts otherwise; the bias in its
+// epilogue) and whose backward runs the input-gradient GEMM and computes the weight gradient and
+// the bias gradient in one cuBLASLt GEMM (the BGRADB epilogue:
 // the bias gradient is the reduction of the output gradient over the GEMM's k dimension, made
 // while the GEMM reads it), optionally writing the weight gradient in float32 directly.
 #include "../linear_own.h"
@@ -36,7 +37,9 @@ struct FusedLinear : torch::autograd::Function<FusedLinear> {
     const at::Tensor xc = in_dtype(x, at::Tensor(), args.dt).contiguous();
     const at::Tensor wc = in_dtype(weight, args.shadow_w, args.dt);
     const at::Tensor bc = in_dtype(bias, args.shadow_b, args.dt);
-    at::Tensor y = at::linear(xc, wc, bc.defined() ? std::optional<at::Tensor>(bc) : std::nullopt);
+    std::vector<int64_t> sizes = xc.sizes().vec();
+    sizes.back() = wc.size(0);
+    const at::Tensor y = tcg::lt::linear(xc.view({-1, xc.size(-1)}), wc.contiguous(), bc).view(sizes);
     ctx->save_for_backward({xc, wc});
     ctx->saved_data["has_bias"] = bias.defined();
     ctx->saved_data["fp32_wgrad"] = args.fp32_wgrad;
@@ -60,7 +63,7 @@ struct FusedLinear : torch::autograd::Function<FusedLinear> {
     const at::Tensor dy2 = dy.to(dt).contiguous().view({-1, out});
     const at::Tensor x2 = xc.view({-1, in});
     at::Tensor dx;
-    if (ctx->needs_input_grad(0)) dx = at::mm(dy2, wc).view(xc.sizes()).to(dtype_of("x_dtype"));
+    if (ctx->needs_input_grad(0)) dx = tcg::lt::input_grad(dy2, wc.contiguous()).view(xc.sizes()).to(dtype_of("x_dtype"));
     const bool want_w = ctx->needs_input_grad(1), want_b = has_bias && ctx->needs_input_grad(2);
     const at::ScalarType wt = tcg::lt::weight_grad_type(ctx->saved_data.at("fp32_wgrad").toBool(), dtype_of("w_dtype"), dt);
     auto [dw, db] = tcg::lt::weight_grads(x2, dy2, want_w, want_b, wt);

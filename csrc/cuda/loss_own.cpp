@@ -142,7 +142,7 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
       const int64_t rc = std::min(chunk, rows - r0);
       at::Tensor logits = buf.narrow(0, 0, rc);
       const at::Tensor hc = h2.narrow(0, r0, rc);
-      at::mm_out(logits, hc, w.t());
+      lt::linear_into(hc, w, at::Tensor(), logits);
       const bool vec = vectorized(logits);
       const Grid g = grid_for(rc, v, vec);
       // the gradient over the chunk's logits, in place (the kernel reads the target's logit first)
@@ -152,7 +152,7 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
       own::launch(own::loss_kernel(own::Pass::Forward, logits.scalar_type()), device, g.blocks, g.threads, &p);
       if (a.write_grad) {
         at::Tensor dhc = dh.narrow(0, r0, rc);
-        at::mm_out(dhc, logits, w);
+        lt::input_grad_into(logits, w, dhc);
         lt::weight_grad_into(hc, logits, dw, r0 > 0);
       }
     }

@@ -1,9 +1,18 @@
 // One cuBLASLt GEMM with an epilogue (lt_matmul.h): the descriptors of a call, created and
-// destroyed with it, and the weight-gradient GEMM the linear layers share.
+// destroyed with it; the algorithm chosen once per GEMM shape (gemm.h: the heuristic's first, or
+// the fastest of its candidates); the forward, input- and weight-gradient GEMMs the linear layers
+// share.
 #include "lt_matmul.h"
 
 #include <ATen/cuda/CUDAContext.h>
 
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "../gemm.h"
 #include "cuda_shim.h"
 
 namespace tcg::lt {
@@ -66,43 +75,224 @@ uint32_t alignment(const void* p) {
   return a;
 }
 
-}  // namespace
-
-bool matmul(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue& e, bool accumulate) {
-  MatmulDesc desc;
+// The descriptor of a call: the operations, the epilogue and its pointers.
+void describe(MatmulDesc& desc, const Matrix& a, const Matrix& b, const Epilogue& e) {
   desc.set(CUBLASLT_MATMUL_DESC_TRANSA, static_cast<int32_t>(a.transpose ? CUBLAS_OP_T : CUBLAS_OP_N));
   desc.set(CUBLASLT_MATMUL_DESC_TRANSB, static_cast<int32_t>(b.transpose ? CUBLAS_OP_T : CUBLAS_OP_N));
-  if (e.kind != CUBLASLT_EPILOGUE_DEFAULT) {
-    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(e.kind));
-    if (e.bias != nullptr) {
-      desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, e.bias);
-      desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(cuda_type(e.bias_type)));
-    }
-    if (e.aux != nullptr) {
-      desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, e.aux);
-      desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, e.aux_ld);
+  if (e.kind == CUBLASLT_EPILOGUE_DEFAULT) return;
+  desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(e.kind));
+  if (e.bias != nullptr) {
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, e.bias);
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(cuda_type(e.bias_type)));
+  }
+  if (e.aux != nullptr) {
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, e.aux);
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, e.aux_ld);
+  }
+}
+
+// One GEMM as cuBLASLt runs it: descriptors, operands, scale factors.
+struct Call {
+  cublasLtHandle_t handle;
+  const MatmulDesc& desc;
+  const Layout &la, &lb, &ld;
+  const void *a, *b;
+  void* d;
+  float beta;
+  cublasStatus_t run(const cublasLtMatmulAlgo_t& algo) const {
+    const float alpha = 1.0f;
+    return cublasLtMatmul(handle, desc.d, &alpha, a, la.l, b, lb.l, &beta, d, ld.l, d, ld.l, &algo,
+                          at::cuda::getCUDABlasLtWorkspace(), at::cuda::getCUDABlasLtWorkspaceSize(),
+                          at::cuda::getCurrentCUDAStream());
+  }
+};
+
+// What makes two calls the same GEMM to cuBLASLt: device, operands' shapes, layouts, dtypes and
+// alignments, the epilogue, beta.
+using Key = std::vector<int64_t>;
+Key key_of(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue& e, bool accumulate) {
+  Key k{c10::cuda::current_device(), static_cast<int64_t>(e.kind), static_cast<int64_t>(e.bias_type),
+        e.bias != nullptr, e.aux != nullptr, e.aux_ld, accumulate};
+  for (const Matrix* m : {&a, &b, &d}) {
+    k.insert(k.end(), {static_cast<int64_t>(m->type), m->rows, m->cols, m->ld, m->transpose, alignment(m->data)});
+  }
+  return k;
+}
+
+struct Cache {
+  std::mutex mutex;
+  std::map<Key, cublasLtMatmulAlgo_t> chosen;
+  int64_t timed = 0;
+};
+Cache& cache() {
+  static Cache* c = new Cache();  // leaked: no destruction order to get wrong at exit
+  return *c;
+}
+
+// An event pair timing one call on the current stream, µs.
+struct Timer {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  Timer() {
+    check_cuda(cudaEventCreateWithFlags(&start, cudaEventDefault), "cudaEventCreate");
+    check_cuda(cudaEventCreateWithFlags(&stop, cudaEventDefault), "cudaEventCreate");
+  }
+  ~Timer() {
+    (void)cudaEventDestroy(start);
+    (void)cudaEventDestroy(stop);
+  }
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+  float us(const Call& call, const cublasLtMatmulAlgo_t& algo) {
+    cudaStream_t s = at::cuda::getCurrentCUDAStream();
+    check_cuda(cudaEventRecord(start, s), "cudaEventRecord");
+    const cublasStatus_t status = call.run(algo);
+    check_cuda(cudaEventRecord(stop, s), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    return status == CUBLAS_STATUS_SUCCESS ? ms * 1000.0f : std::numeric_limits<float>::infinity();
+  }
+};
+
+// The epilogue's outputs pointed at scratch (what timing may overwrite): the bias gradient of a
+// *BGRAD* epilogue, GELU's input of a GELU_AUX* one. `keep` holds the scratch tensors.
+Epilogue scratch_epilogue(const Epilogue& e, const Matrix& d, std::vector<at::Tensor>& keep) {
+  Epilogue s = e;
+  const auto opts = at::TensorOptions().device(at::kCUDA, c10::cuda::current_device()).dtype(at::kFloat);
+  const bool writes_bias = e.kind == CUBLASLT_EPILOGUE_BGRADA || e.kind == CUBLASLT_EPILOGUE_BGRADB ||
+                           e.kind == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  const bool writes_aux = e.kind == CUBLASLT_EPILOGUE_GELU_AUX || e.kind == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  if (writes_bias && e.bias != nullptr) s.bias = keep.emplace_back(at::empty({std::max(d.rows, d.cols)}, opts)).data_ptr();
+  if (writes_aux && e.aux != nullptr) s.aux = keep.emplace_back(at::empty({e.aux_ld * d.cols}, opts)).data_ptr();
+  return s;
+}
+
+// Whether the current stream is capturing (no timing there: a capture records, runs nothing).
+bool capturing() {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(at::cuda::getCurrentCUDAStream(), &st), "cudaStreamIsCapturing");
+  return st != cudaStreamCaptureStatusNone;
+}
+
+// The fastest of `found` for this GEMM, each run into scratch outputs (one warm-up, then the
+// median of five); the first unless another is 3% faster.
+cublasLtMatmulAlgo_t fastest(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue& e, bool accumulate,
+                             const std::vector<cublasLtMatmulHeuristicResult_t>& found) {
+  std::vector<at::Tensor> keep;
+  const Epilogue se = scratch_epilogue(e, d, keep);
+  const auto opts = at::TensorOptions().device(at::kCUDA, c10::cuda::current_device()).dtype(at::kFloat);
+  const int64_t d_bytes = d.ld * d.cols * static_cast<int64_t>(c10::elementSize(d.type));
+  at::Tensor scratch_d = accumulate ? at::zeros({(d_bytes + 3) / 4}, opts) : at::empty({(d_bytes + 3) / 4}, opts);
+  MatmulDesc desc;
+  describe(desc, a, b, se);
+  const Layout la(a), lb(b), ld(d);
+  const Call call{at::cuda::getCurrentCUDABlasLtHandle(), desc, la, lb, ld, a.data, b.data, scratch_d.data_ptr(),
+                  accumulate ? 1.0f : 0.0f};
+  Timer timer;
+  size_t best = 0;
+  float best_us = std::numeric_limits<float>::infinity(), first_us = best_us;
+  for (size_t i = 0; i < found.size(); ++i) {
+    (void)timer.us(call, found[i].algo);  // warm-up
+    float t[5];
+    for (float& x : t) x = timer.us(call, found[i].algo);
+    std::sort(t, t + 5);
+    if (i == 0) first_us = t[2];
+    if (t[2] < best_us) {
+      best_us = t[2];
+      best = i;
     }
   }
-  const Layout la(a), lb(b), ld(d);
-  const size_t ws_size = at::cuda::getCUDABlasLtWorkspaceSize();
+  return best_us < 0.97f * first_us ? found[best].algo : found[0].algo;
+}
+
+// The algorithm for this GEMM: the cache's, else chosen now (and kept), or false where the
+// heuristic offers none.
+bool algorithm(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue& e, bool accumulate,
+               const MatmulDesc& desc, const Layout& la, const Layout& lb, const Layout& ld,
+               cublasLtMatmulAlgo_t& out) {
+  Cache& c = cache();
+  const Key key = key_of(a, b, d, e, accumulate);
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    const auto it = c.chosen.find(key);
+    if (it != c.chosen.end()) {
+      out = it->second;
+      return true;
+    }
+  }
+  const bool timed = tcg::gemm::choice() == TCG_GEMM_TIMED && !capturing();
   Preference pref;
-  pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(ws_size));
+  pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(at::cuda::getCUDABlasLtWorkspaceSize()));
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(a.data));
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(b.data));
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(d.data));
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(d.data));
-  cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
-  cublasLtMatmulHeuristicResult_t found{};
+  std::vector<cublasLtMatmulHeuristicResult_t> found(timed ? 8 : 1);
   int n = 0;
-  if (cublasLtMatmulAlgoGetHeuristic(handle, desc.d, la.l, lb.l, ld.l, ld.l, pref.p, 1, &found, &n) != CUBLAS_STATUS_SUCCESS ||
+  if (cublasLtMatmulAlgoGetHeuristic(at::cuda::getCurrentCUDABlasLtHandle(), desc.d, la.l, lb.l, ld.l, ld.l, pref.p,
+                                     static_cast<int>(found.size()), found.data(), &n) != CUBLAS_STATUS_SUCCESS ||
       n == 0) {
     return false;
   }
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  check_lt(cublasLtMatmul(handle, desc.d, &alpha, a.data, la.l, b.data, lb.l, &beta, d.data, ld.l, d.data, ld.l,
-                          &found.algo, at::cuda::getCUDABlasLtWorkspace(), ws_size, at::cuda::getCurrentCUDAStream()),
-           "matmul");
+  found.resize(static_cast<size_t>(n));
+  out = timed && n > 1 ? fastest(a, b, d, e, accumulate, found) : found[0].algo;
+  std::lock_guard<std::mutex> lock(c.mutex);
+  if (c.chosen.emplace(key, out).second && timed) ++c.timed;
   return true;
+}
+
+}  // namespace
+
+bool matmul(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue& e, bool accumulate) {
+  MatmulDesc desc;
+  describe(desc, a, b, e);
+  const Layout la(a), lb(b), ld(d);
+  cublasLtMatmulAlgo_t algo;
+  if (!algorithm(a, b, d, e, accumulate, desc, la, lb, ld, algo)) return false;
+  const Call call{at::cuda::getCurrentCUDABlasLtHandle(), desc, la, lb, ld, a.data, b.data, d.data, accumulate ? 1.0f : 0.0f};
+  check_lt(call.run(algo), "matmul");
+  return true;
+}
+
+void linear_into(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias, at::Tensor& y2) {
+  const int64_t n = x2.size(0), in = x2.size(1), out = w.size(0);
+  const at::ScalarType dt = x2.scalar_type();
+  Epilogue e;
+  if (bias.defined()) {
+    e.kind = CUBLASLT_EPILOGUE_BIAS;
+    e.bias = bias.data_ptr();
+    e.bias_type = bias.scalar_type();
+  }
+  if (matmul(Matrix{w.data_ptr(), dt, in, out, in, true}, Matrix{x2.data_ptr(), dt, in, n, in, false},
+             Matrix{y2.data_ptr(), dt, out, n, out, false}, e)) {
+    return;
+  }
+  if (bias.defined()) {
+    at::addmm_out(y2, bias, x2, w.t());
+  } else {
+    at::mm_out(y2, x2, w.t());
+  }
+}
+
+at::Tensor linear(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias) {
+  at::Tensor y2 = at::empty({x2.size(0), w.size(0)}, x2.options());
+  linear_into(x2, w, bias, y2);
+  return y2;
+}
+
+void input_grad_into(const at::Tensor& dy2, const at::Tensor& w, at::Tensor& dx2) {
+  const int64_t n = dy2.size(0), out = w.size(0), in = w.size(1);
+  const at::ScalarType dt = dy2.scalar_type();
+  if (!matmul(Matrix{w.data_ptr(), dt, in, out, in, false}, Matrix{dy2.data_ptr(), dt, out, n, out, false},
+              Matrix{dx2.data_ptr(), dt, in, n, in, false}, Epilogue{})) {
+    at::mm_out(dx2, dy2, w);
+  }
+}
+
+at::Tensor input_grad(const at::Tensor& dy2, const at::Tensor& w) {
+  at::Tensor dx2 = at::empty({dy2.size(0), w.size(1)}, dy2.options());
+  input_grad_into(dy2, w, dx2);
+  return dx2;
 }
 
 // dw [out, in] (row-major) = dy2ᵀ · x2: in cuBLASLt's terms dwᵀ [in, out] = x2ᵀ [in, N] · (dy2ᵀ
@@ -156,3 +346,20 @@ void weight_grad_into(const at::Tensor& x2, const at::Tensor& dy2, at::Tensor& d
 }
 
 }  // namespace tcg::lt
+
+namespace tcg::gemm {
+
+Shapes shapes() {
+  tcg::lt::Cache& c = tcg::lt::cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return Shapes{static_cast<int64_t>(c.chosen.size()), c.timed};
+}
+
+void forget() {
+  tcg::lt::Cache& c = tcg::lt::cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.chosen.clear();
+  c.timed = 0;
+}
+
+}  // namespace tcg::gemm

@@ -1,5 +1,7 @@
 // One cuBLASLt GEMM with an epilogue, shared by the layers that use cuBLASLt (linear_own.cpp:
-// bias gradients in the weight-gradient GEMM; mlp_own.cpp: GELU in the GEMMs' epilogues).
+// every GEMM of the linear layer, bias gradients in the weight-gradient GEMM; mlp_own.cpp: GELU
+// in the GEMMs' epilogues; loss_own.cpp: the chunked head). Each GEMM shape's algorithm is
+// chosen once, as gemm.h's choice says.
 // cuBLASLt is column-major: a row-major tensor [r, c] is, to it, a c × r matrix with leading
 // dimension c. CUDA builds only.
 #pragma once
@@ -36,6 +38,17 @@ struct Epilogue {
 // having launched nothing, where cuBLASLt offers no algorithm for it; throws TCG_ERROR where a
 // call fails.
 bool matmul(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue& epilogue, bool accumulate = false);
+
+// y2 [N, out] = x2 [N, in] · wᵀ (+ bias [out], the BIAS epilogue): the forward GEMM, x2 and w
+// contiguous and of the compute dtype, the bias of it too; ATen's addmm or mm where cuBLASLt
+// offers no algorithm. `_into`: into y2, contiguous [N, out] of that dtype.
+at::Tensor linear(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias);
+void linear_into(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias, at::Tensor& y2);
+
+// dx2 [N, in] = dy2 [N, out] · w [out, in]: the input-gradient GEMM (both contiguous, of the
+// compute dtype); ATen's mm where cuBLASLt offers no algorithm. `_into`: into dx2, contiguous.
+at::Tensor input_grad(const at::Tensor& dy2, const at::Tensor& w);
+void input_grad_into(const at::Tensor& dy2, const at::Tensor& w, at::Tensor& dx2);
 
 // The weight and bias gradients of y = x · wᵀ + b from x2 [N, in] and dy2 [N, out] (both of the
 // compute dtype, contiguous): dw [out, in] = dy2ᵀ · x2 when `want_w`, db [out] = dy2's column sums

@@ -87,7 +87,7 @@ struct GeluTanhMlp : torch::autograd::Function<GeluTanhMlp> {
       pre = at::linear(x2, wfc, opt(bfc));
       h = at::gelu(pre, "tanh");
     }
-    const at::Tensor y2 = at::linear(h, wproj, opt(in_dtype(proj_b, args.shadow_proj_b, dt)));
+    const at::Tensor y2 = tcg::lt::linear(h, wproj, in_dtype(proj_b, args.shadow_proj_b, dt));
     std::vector<int64_t> sizes = x.sizes().vec();
     sizes.back() = proj_w.size(0);
     ctx->save_for_backward({x2, wfc, pre, h, wproj});
@@ -135,7 +135,7 @@ struct GeluTanhMlp : torch::autograd::Function<GeluTanhMlp> {
     if (fc.dw.defined()) out[1] = fc.dw.to(dtype_of("fc_w_dtype"));
     if (fc.db.defined()) out[2] = fc.db.to(dtype_of("fc_b_dtype"));
     if (ctx->needs_input_grad(0)) {
-      out[0] = at::mm(dpre, wfc).view(ctx->saved_data.at("x_sizes").toIntVector()).to(dtype_of("x_dtype"));
+      out[0] = tcg::lt::input_grad(dpre, wfc).view(ctx->saved_data.at("x_sizes").toIntVector()).to(dtype_of("x_dtype"));
     }
     return out;
   }

@@ -86,6 +86,6 @@ struct Finish {
   int32_t blocks;
   int32_t cols;
 };
-// The finishing kernel is col_sum.cuh's sum_columns: ceil(cols / 32) blocks of 1024 threads.
+// The finishing kernel is col_sum.cuh's sum_columns: ceil(cols / kColSumCols) blocks of kColSumThreads.
 
 }  // namespace tcg::norm

@@ -31,6 +31,9 @@
 // SwiGLU (swiglu_kernels.cu), per dtype T: tcg_swiglu_<fwd|bwd>_<T>.
 #define TCG_SWIGLU_TYPES(X) X(Float) X(BFloat16) X(Half)
 
+// The embedding's backward (embedding_kernels.cu), per weight dtype T: tcg_embedding_bwd_<T>.
+#define TCG_EMBEDDING_TYPES(X) X(Float) X(BFloat16) X(Half)
+
 // Bias + GELU (gelu_kernels.cu), per dtype T and form (erf: exact; tanh: the approximation):
 // tcg_gelu_<fwd|bwd>_<T>_<erf|tanh>.
 #define TCG_GELU_TYPES(X) X(Float) X(BFloat16) X(Half)

@@ -24,6 +24,7 @@ extern "C" const unsigned char tcg_loss_kernels_fatbin[];
 extern "C" const unsigned char tcg_rotary_kernels_fatbin[];
 extern "C" const unsigned char tcg_swiglu_kernels_fatbin[];
 extern "C" const unsigned char tcg_gelu_kernels_fatbin[];
+extern "C" const unsigned char tcg_embedding_kernels_fatbin[];
 #endif
 
 namespace tcg::own {
@@ -41,6 +42,7 @@ constexpr at::ScalarType kLossTypes[] = {TCG_LOSS_TYPES(TCG_TYPE)};
 constexpr at::ScalarType kRotaryTypes[] = {TCG_ROTARY_TYPES(TCG_TYPE)};
 constexpr at::ScalarType kSwigluTypes[] = {TCG_SWIGLU_TYPES(TCG_TYPE)};
 constexpr at::ScalarType kGeluTypes[] = {TCG_GELU_TYPES(TCG_TYPE)};
+constexpr at::ScalarType kEmbeddingTypes[] = {TCG_EMBEDDING_TYPES(TCG_TYPE)};
 const char* const kSingleKernels[] = {TCG_SINGLE_KERNELS(TCG_NAME)};
 #undef TCG_TYPE
 #undef TCG_TYPE_PAIR
@@ -101,6 +103,12 @@ std::vector<std::string> gelu_kernel_names() {
   return names;
 }
 
+std::vector<std::string> embedding_kernel_names() {
+  std::vector<std::string> names;
+  for (at::ScalarType t : kEmbeddingTypes) names.push_back(embedding_kernel(t));
+  return names;
+}
+
 // The loaded libraries, their kernels, and what each device made of them. One per process,
 // never unloaded (kernels may be captured in graphs that live until exit).
 struct Library {
@@ -121,7 +129,8 @@ Library& library() {
         {tcg_loss_kernels_fatbin, loss_kernel_names()},
         {tcg_rotary_kernels_fatbin, rotary_kernel_names()},
         {tcg_swiglu_kernels_fatbin, swiglu_kernel_names()},
-        {tcg_gelu_kernels_fatbin, gelu_kernel_names()}};
+        {tcg_gelu_kernels_fatbin, gelu_kernel_names()},
+        {tcg_embedding_kernels_fatbin, embedding_kernel_names()}};
     for (const auto& [image, names] : images) {
       cudaLibrary_t lib = nullptr;
       cudaError_t e = cudaLibraryLoadData(&lib, image, nullptr, nullptr, 0, nullptr, nullptr, 0);
@@ -244,6 +253,7 @@ bool loss_builds(at::ScalarType logits) { return holds(kLossTypes, logits); }
 bool rotary_builds(at::ScalarType t) { return holds(kRotaryTypes, t); }
 bool swiglu_builds(at::ScalarType t) { return holds(kSwigluTypes, t); }
 bool gelu_builds(at::ScalarType t) { return holds(kGeluTypes, t); }
+bool embedding_builds(at::ScalarType t) { return holds(kEmbeddingTypes, t); }
 
 // The names, as own_kernel_list.h documents them; c10::toString spells a dtype as its enumerator.
 std::string adam_kernel(at::ScalarType param, bool adamw, bool amsgrad) {
@@ -273,6 +283,8 @@ std::string gelu_kernel(Pass pass, at::ScalarType t, bool tanh) {
   return std::string(pass == Pass::Forward ? "tcg_gelu_fwd_" : "tcg_gelu_bwd_") + c10::toString(t) +
          (tanh ? "_tanh" : "_erf");
 }
+
+std::string embedding_kernel(at::ScalarType t) { return std::string("tcg_embedding_bwd_") + c10::toString(t); }
 
 }  // namespace tcg::own
 

@@ -1,5 +1,5 @@
 // The crate's own CUDA kernels as one library: the fat binaries build.rs compiles from
-// csrc/cuda/*_kernels.cu and embeds (optimizers, conditional-node setter, normalization, loss, rotary, SwiGLU, GELU),
+// csrc/cuda/*_kernels.cu and embeds (optimizers, conditional-node setter, normalization, loss, rotary, SwiGLU, GELU, embedding),
 // loaded once per process with the CUDA runtime's library API and checked per device, so that no
 // lazy loading ever happens inside a capture. The launchers (optim_own.cpp, conditional.cpp,
 // norm_own.cpp, loss_own.cpp) take their kernels from here by name.
@@ -38,6 +38,7 @@ bool loss_builds(at::ScalarType logits);
 bool rotary_builds(at::ScalarType t);
 bool swiglu_builds(at::ScalarType t);
 bool gelu_builds(at::ScalarType t);
+bool embedding_builds(at::ScalarType t);
 std::string adam_kernel(at::ScalarType param, bool adamw, bool amsgrad);
 std::string sgd_kernel(at::ScalarType param, bool momentum);
 // `vec`: 4 for rows up to 512 wide, 8 up to 1024 (norm_params.h's kMaxCols).
@@ -47,5 +48,6 @@ std::string loss_kernel(Pass pass, at::ScalarType logits);
 std::string rotary_kernel(at::ScalarType t);
 std::string swiglu_kernel(Pass pass, at::ScalarType t);
 std::string gelu_kernel(Pass pass, at::ScalarType t, bool tanh);
+std::string embedding_kernel(at::ScalarType t);
 
 }  // namespace tcg::own

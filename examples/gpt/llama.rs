@@ -10,7 +10,8 @@
 //! `benches/torch_llama.py`.
 #![allow(dead_code)]
 
-use tch::{nn, nn::Module, Tensor};
+use tch::{nn, Tensor};
+use tch_cuda_graphs::embedding::{embedding, Embedding, EmbeddingConfig};
 use tch_cuda_graphs::kernels::Kernels;
 use tch_cuda_graphs::linear::{linear, Linear, LinearConfig, WeightGrad};
 use tch_cuda_graphs::loss::{f_cross_entropy, CrossEntropyConfig};
@@ -119,7 +120,7 @@ struct Block {
 #[derive(Debug)]
 pub struct Llama {
     pub config: Config,
-    tok: nn::Embedding,
+    tok: Embedding,
     blocks: Vec<Block>,
     norm: LayerNorm,
     head: Linear,
@@ -158,11 +159,11 @@ impl Llama {
         let rope = RotaryConfig { base: c.rope_base, kernels: c.kernels(), ..Default::default() };
         Llama {
             config: c,
-            tok: nn::embedding(
+            tok: embedding(
                 p / "tok",
                 c.vocab,
                 e,
-                nn::EmbeddingConfig { ws_init: normal(0.02), ..Default::default() },
+                EmbeddingConfig { ws_init: normal(0.02), kernels: c.kernels(), ..Default::default() },
             ),
             blocks,
             norm: rms_norm(p / "norm", vec![e], norm),
@@ -193,7 +194,7 @@ impl Llama {
 
     /// Logits for tokens `idx` [batch, time].
     pub fn logits(&self, idx: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
-        let mut stream = ResidualStream::new(self.tok.forward(idx));
+        let mut stream = ResidualStream::new(self.tok.f_forward(idx)?);
         for b in &self.blocks {
             stream.f_residual(&b.attn_norm, 0.0, false, |h| self.attention(b, h))?;
             stream

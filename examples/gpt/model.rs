@@ -13,7 +13,8 @@
 #![allow(dead_code)]
 
 use std::cell::Cell;
-use tch::{nn, nn::Module, Kind, Tensor};
+use tch::{nn, Kind, Tensor};
+use tch_cuda_graphs::embedding::{embedding, Embedding, EmbeddingConfig};
 use tch_cuda_graphs::kernels::Kernels;
 use tch_cuda_graphs::linear::{self, LinearConfig, WeightGrad};
 use tch_cuda_graphs::loss::{f_cross_entropy, f_linear_cross_entropy, CrossEntropyConfig, LinearCrossEntropyConfig};
@@ -118,8 +119,8 @@ impl Config {
 #[derive(Debug)]
 pub struct Gpt {
     pub config: Config,
-    wte: nn::Embedding,
-    wpe: nn::Embedding,
+    wte: Embedding,
+    wpe: Embedding,
     blocks: Vec<TransformerLayer>,
     ln_f: LayerNorm,
     train: Cell<bool>,
@@ -141,11 +142,11 @@ impl Gpt {
             ..Default::default()
         };
         let blocks = (0..config.layers).map(|l| TransformerLayer::new(p / "h" / l, e, layer)).collect();
-        let emb = nn::EmbeddingConfig { ws_init: normal(0.02), ..Default::default() };
+        let emb = EmbeddingConfig { ws_init: normal(0.02), kernels, ..Default::default() };
         Gpt {
             config,
-            wte: nn::embedding(p / "wte", config.vocab, e, emb),
-            wpe: nn::embedding(p / "wpe", config.block, e, emb),
+            wte: embedding(p / "wte", config.vocab, e, emb),
+            wpe: embedding(p / "wpe", config.block, e, emb),
             blocks,
             ln_f: layer_norm(p / "ln_f", vec![e], NormConfig { kernels, ..Default::default() }),
             train: Cell::new(true),
@@ -171,7 +172,7 @@ impl Gpt {
         let train = self.train.get();
         let (t, p) = (idx.size()[1], self.config.dropout);
         let pos = Tensor::f_arange(t, (Kind::Int64, idx.device()))?;
-        let x = self.wte.forward(idx).f_add(&self.wpe.forward(&pos))?.f_dropout(p, train)?;
+        let x = self.wte.f_forward(idx)?.f_add(&self.wpe.f_forward(&pos)?)?.f_dropout(p, train)?;
         // each norm takes the residual stream and the branch before it: x += dropout(branch)
         let mut stream = ResidualStream::new(x);
         for b in &self.blocks {

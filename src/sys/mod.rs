@@ -17,13 +17,15 @@
 //! | `autograd.rs` | `csrc/autograd.cpp` |
 //! | `amp.rs` | `csrc/amp.cpp` |
 //! | `kernels.rs` | `csrc/kernels.cpp` (the own kernels' choice and availability) |
+//! | `gemm.rs` | `csrc/gemm.cpp`, `csrc/cuda/lt_matmul.cpp` (the cuBLASLt GEMMs' algorithms) |
 //! | `optim.rs` | `csrc/optim.cpp`, `csrc/cuda/optim_own.cpp` |
 //! | `norm.rs` | `csrc/norm.cpp`, `csrc/cuda/norm_own.cpp` |
 //! | `shadow.rs` | `csrc/shadow.cpp` |
-//! | `linear.rs` | `csrc/linear.cpp`, `csrc/cuda/linear_own.cpp`, `csrc/cuda/lt_matmul.cpp` |
+//! | `linear.rs` | `csrc/linear.cpp`, `csrc/cuda/linear_own.cpp` |
 //! | `loss.rs` | `csrc/loss.cpp`, `csrc/cuda/loss_own.cpp` |
 //! | `rotary.rs` | `csrc/rotary.cpp`, `csrc/cuda/rotary_own.cpp` |
 //! | `swiglu.rs` | `csrc/swiglu.cpp`, `csrc/cuda/swiglu_own.cpp` |
+//! | `embedding.rs` | `csrc/embedding.cpp`, `csrc/cuda/embedding_own.cpp` |
 //! | `gelu.rs` | `csrc/gelu.cpp`, `csrc/cuda/gelu_own.cpp` |
 //! | `mlp.rs` | `csrc/mlp.cpp`, `csrc/cuda/mlp_own.cpp` |
 //! | `dist.rs` | `csrc/cuda/dist.cpp`, `csrc/cuda/grad_buckets.cpp`, `csrc/bucket_plan.cpp` |
@@ -37,10 +39,12 @@ pub(crate) mod autograd;
 pub(crate) mod conditional;
 pub(crate) mod device;
 pub(crate) mod dist;
+pub(crate) mod embedding;
 pub(crate) mod error;
 pub(crate) mod feed;
 mod ffi;
 pub(crate) mod gelu;
+pub(crate) mod gemm;
 pub(crate) mod graph;
 pub(crate) mod graphed;
 pub(crate) mod kernels;

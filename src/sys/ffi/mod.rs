@@ -11,9 +11,11 @@ mod amp;
 mod autograd;
 mod cuda;
 mod dist;
+mod embedding;
 mod error;
 mod feed;
 mod gelu;
+mod gemm;
 mod kernels;
 #[cfg(test)]
 mod layout;
@@ -32,9 +34,11 @@ pub use amp::*;
 pub use autograd::*;
 pub use cuda::*;
 pub use dist::*;
+pub use embedding::*;
 pub use error::*;
 pub use feed::*;
 pub use gelu::*;
+pub use gemm::*;
 pub use kernels::*;
 #[cfg(test)]
 pub use layout::*;

@@ -1,0 +1,79 @@
+// The launcher of the crate's embedding backward (embedding_kernels.cu, loaded by
+// own_kernels.cpp) and the autograd function around it: ATen's gather forward; backward, the
+// indices sorted (ATen's stable sort, of 32-bit ids) and one kernel writing every row of the
+// weight's gradient, summed in a fixed order (deterministic, no atomics, no zero-fill pass).
+#include "../embedding_own.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "../kernels.h"
+#include "cuda_shim.h"
+#include "embedding_params.h"
+#include "own_kernels.h"
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace tcg::embedding {
+namespace {
+
+struct FusedEmbedding : torch::autograd::Function<FusedEmbedding> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& weight, const at::Tensor& indices,
+                               int64_t padding_idx) {
+    c10::cuda::CUDAGuard guard(weight.device());
+    at::Tensor y = at::embedding(weight, indices, padding_idx, false, false);
+    ctx->save_for_backward({indices});
+    ctx->saved_data["padding_idx"] = padding_idx;
+    ctx->saved_data["weight_sizes"] = weight.sizes().vec();
+    return {y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (at::GradMode::is_enabled()) misuse("embedding: double backward (create_graph) is not supported");
+    const at::Tensor& g = grads.at(0);
+    if (!g.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    const at::Tensor indices = ctx->get_saved_variables()[0];
+    const std::vector<int64_t> wsizes = ctx->saved_data.at("weight_sizes").toIntVector();
+    const int device = indices.get_device();
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    const int64_t vocab = wsizes[0], dim = wsizes[1], n = indices.numel();
+    const at::Tensor dy = g.contiguous().view({n, dim});
+    at::Tensor dw = at::empty({vocab, dim}, dy.options());
+    // the ids sorted, stably: a row's positions in increasing order
+    const auto [sorted, order] = at::sort(indices.reshape({-1}).to(at::kInt), /*stable=*/true, 0, false);
+    // a block's warps share a row where rows average 8 positions or more (a small vocabulary)
+    const int32_t per_row = n >= 8 * vocab ? kWarps : 1;
+    Backward p{sorted.data_ptr<int32_t>(), order.data_ptr<int64_t>(), dy.data_ptr(), dw.data_ptr(), n, vocab,
+               ctx->saved_data.at("padding_idx").toInt(), static_cast<int32_t>(dim), per_row};
+    const int64_t rows_per_block = kWarps / per_row;
+    const int64_t blocks = std::clamp<int64_t>((vocab + rows_per_block - 1) / rows_per_block, 1, own::sm_count(device) * 64);
+    own::launch(own::embedding_kernel(dy.scalar_type()), device, static_cast<unsigned>(blocks), kThreads, &p);
+    return {dw, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+std::string unsupported(const at::Tensor& weight, const at::Tensor& indices) {
+  if (!weight.is_cuda() || indices.device() != weight.device()) {
+    return "the weight is not on a CUDA device, or the indices are on another";
+  }
+  if (!own::embedding_builds(weight.scalar_type())) return std::string("weight dtype ") + c10::toString(weight.scalar_type());
+  if (weight.size(1) % 4 != 0 || !weight.is_contiguous() || !own::aligned16(weight)) {
+    return "the embedding width (" + std::to_string(weight.size(1)) + ") is not a multiple of 4, or the weight is not contiguous and 16-byte aligned";
+  }
+  if (weight.size(0) > INT32_MAX || indices.numel() > INT32_MAX) return "more rows or indices than the kernel indexes";
+  if (indices.numel() == 0 || weight.numel() == 0) return "no indices, or an empty weight";
+  return kernels::unavailable(weight.get_device());
+}
+
+at::Tensor fused(const at::Tensor& weight, const at::Tensor& indices, int64_t padding_idx) {
+  return FusedEmbedding::apply(weight, indices, padding_idx)[0];
+}
+
+}  // namespace tcg::embedding

@@ -1,0 +1,31 @@
+// The launch parameters of the crate's embedding backward: the one layout that the kernel
+// (csrc/cuda/embedding_kernels.cu, compiled by nvcc into a fat binary) and its launcher
+// (csrc/cuda/embedding_own.cpp, host compiler) share. Plain data, the kernel's only argument.
+//
+// What it computes: dw [vocab, dim], each row v the sum over the positions p with ids[p] == v of
+// dy[p] (float32 accumulation, in a fixed order: deterministic without atomics),
+// zero for a row no position names and for padding_idx. The positions come sorted by id (a
+// stable sort: `sorted` the ids, `order` their positions), so a row's positions are one run of
+// `sorted`, found by binary search. `warps_per_row` warps (1 or kWarps) share a row: each sums
+// every warps_per_row-th of its positions, and the row's first warp adds their sums in order
+// (through shared memory); four columns per lane at a time.
+#pragma once
+#include <stdint.h>
+
+namespace tcg::embedding {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+struct Backward {
+  const int32_t* sorted;  // [n] ids, ascending
+  const int64_t* order;   // [n] their positions (ascending within an id)
+  const void* dy;         // [n, dim], the weight's dtype
+  void* dw;               // [vocab, dim]
+  int64_t n, vocab;
+  int64_t padding_idx;  // a row left zero; negative: none
+  int32_t dim;          // a multiple of 4
+  int32_t warps_per_row;  // 1 or kWarps
+};
+
+}  // namespace tcg::embedding

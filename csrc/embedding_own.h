@@ -1,0 +1,18 @@
+// The crate's embedding backward, as embedding.cpp sees it (no CUDA types here). Defined in
+// csrc/cuda/embedding_own.cpp in CUDA builds, in csrc/no_cuda.cpp otherwise.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <string>
+
+namespace tcg::embedding {
+
+// Why the kernel cannot take this weight [vocab, dim] and these indices, or "".
+std::string unsupported(const at::Tensor& weight, const at::Tensor& indices);
+
+// weight[indices] (ATen's gather) through one autograd node whose backward is the crate's
+// deterministic kernel; row `padding_idx` (negative: none) gets no gradient. Call only where
+// unsupported() is "".
+at::Tensor fused(const at::Tensor& weight, const at::Tensor& indices, int64_t padding_idx);
+
+}  // namespace tcg::embedding

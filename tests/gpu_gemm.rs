@@ -1,0 +1,114 @@
+//! How the crate's GEMMs choose their algorithm (`gemm::GemmChoice`) on a GPU, each figure
+//! printed: under `Timed`, the linear layer's forward and backward at GPT-2 small's MLP shapes
+//! time each GEMM shape once (the count says so), agree with the heuristic's results within 1e-2
+//! of the largest value, repeat bit for bit within the process, and replay captured equal to eager bit
+//! for bit; a shape first met under a capture keeps the heuristic's first (nothing timed) and its
+//! eager calls then run the captured algorithm (equal bit for bit); setting the choice forgets
+//! the shapes. In its own binary: the choice is the process's. Ignored without a GPU; fails
+//! loudly there.
+mod common;
+
+use common::{captured_minus_eager, cuda, rel};
+use tch::{nn, Kind, Tensor};
+use tch_cuda_graphs::amp::Autocast;
+use tch_cuda_graphs::gemm::{self, GemmChoice};
+use tch_cuda_graphs::kernels::Kernels;
+use tch_cuda_graphs::linear::{linear, Linear, LinearConfig, WeightGrad};
+use tch_cuda_graphs::{CaptureOptions, CudaGraph};
+
+/// Puts the heuristic back however the test ends.
+struct HeuristicAfter;
+impl Drop for HeuristicAfter {
+    fn drop(&mut self) {
+        let _ = gemm::f_set_choice(GemmChoice::Heuristic);
+    }
+}
+
+/// c_fc and c_proj of GPT-2 small's MLP on the crate's path, float32 weight gradients.
+fn mlp(vs: &nn::VarStore) -> (Linear, Linear) {
+    let cfg = LinearConfig { kernels: Kernels::Own, weight_grad: WeightGrad::Float32, ..Default::default() };
+    (linear(vs.root() / "fc", 768, 3072, cfg), linear(vs.root() / "proj", 3072, 768, cfg))
+}
+
+/// proj(fc(x)) and the gradients of x and both weights and biases for the loss sum(y · w),
+/// under bf16 autocast, concatenated flat (float32; y detached: nothing keeps the autograd graph).
+fn step(x: &Tensor, (fc, proj): &(Linear, Linear), w: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
+    let x = x.detach().set_requires_grad(true);
+    let y = {
+        let _bf16 = Autocast::new(Kind::BFloat16, false)?;
+        proj.f_forward(&fc.f_forward(&x)?)?
+    };
+    let loss = (y.to_kind(Kind::Float) * w).sum(Kind::Float);
+    let inputs = [&x, &fc.ws, fc.bs.as_ref().unwrap(), &proj.ws, proj.bs.as_ref().unwrap()].map(|t| t.shallow_clone());
+    let grads = tch_cuda_graphs::autograd::grad(&[loss], &inputs, None, false, false)?;
+    let mut flat = vec![y.detach().to_kind(Kind::Float).reshape([-1])];
+    flat.extend(grads.iter().map(|g| g.as_ref().expect("used").to_kind(Kind::Float).reshape([-1])));
+    Ok(Tensor::cat(&flat, 0))
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn timed_gemms_agree_with_the_heuristic_and_replay_as_eager() {
+    let dev = cuda();
+    let _after = HeuristicAfter;
+    tch::manual_seed(5);
+    let vs = nn::VarStore::new(dev);
+    let layers = mlp(&vs);
+    let x = Tensor::randn([4096, 768], (Kind::Float, dev)).to_kind(Kind::BFloat16);
+    let w = Tensor::randn([4096, 768], (Kind::Float, dev));
+
+    gemm::f_set_choice(GemmChoice::Heuristic).expect("set");
+    assert_eq!(gemm::f_choice().expect("choice"), GemmChoice::Heuristic);
+    let heuristic = step(&x, &layers, &w).expect("heuristic step");
+    let h_shapes = gemm::f_shapes().expect("shapes");
+    println!("heuristic: {h_shapes:?}");
+    assert!(h_shapes.chosen >= 6 && h_shapes.timed == 0, "six GEMMs chosen by the heuristic: {h_shapes:?}");
+
+    gemm::f_set_choice(GemmChoice::Timed).expect("set");
+    assert_eq!(gemm::f_shapes().expect("shapes").chosen, 0, "setting the choice forgets the shapes");
+    let timed = step(&x, &layers, &w).expect("timed step");
+    let shapes = gemm::f_shapes().expect("shapes");
+    let again = step(&x, &layers, &w).expect("timed step again");
+    let after = gemm::f_shapes().expect("shapes");
+    let diff = rel(&timed, &heuristic);
+    let repeat = f64::try_from((&again - &timed).abs().max()).unwrap();
+    let captured = captured_minus_eager(|| step(&x, &layers, &w));
+    println!("timed: {shapes:?} then {after:?}; timed vs heuristic {diff:.2e} (of the largest value); repeat {repeat:e}; captured - eager {captured:e}");
+    assert!(shapes.timed >= 6 && shapes.timed == shapes.chosen, "every GEMM shape timed: {shapes:?}");
+    assert_eq!(after, shapes, "a shape is timed once");
+    assert!(diff < 1e-2, "timed GEMMs agree with the heuristic's within 1e-2: {diff:e}");
+    assert_eq!(repeat, 0.0, "the timed choice repeats bit for bit");
+    assert_eq!(captured, 0.0, "captured equals eager bit for bit under timed GEMMs");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_shape_first_met_under_capture_keeps_the_heuristics_choice() {
+    let dev = cuda();
+    let _after = HeuristicAfter;
+    tch::manual_seed(6);
+    let vs = nn::VarStore::new(dev);
+    let fc = linear(vs.root() / "fc", 512, 1024, LinearConfig { kernels: Kernels::Own, ..Default::default() });
+    let x = Tensor::randn([1000, 512], (Kind::Float, dev)).to_kind(Kind::BFloat16);
+    let forward_of = |x: &Tensor| -> tch_cuda_graphs::Result<Tensor> {
+        let _bf16 = Autocast::new(Kind::BFloat16, false)?;
+        tch::no_grad(|| fc.f_forward(x))
+    };
+    let forward = || forward_of(&x);
+    // cuBLASLt's handle and workspace made eagerly, by another shape
+    let _ = forward_of(&Tensor::randn([64, 512], (Kind::Float, dev))).expect("warm-up");
+    gemm::f_set_choice(GemmChoice::Timed).expect("set");
+    let mut graph = CudaGraph::new().expect("graph");
+    let out = graph.capture(CaptureOptions::default(), forward).expect("capture");
+    let shapes = gemm::f_shapes().expect("shapes");
+    graph.replay().expect("replay");
+    let eager = forward().expect("eager");
+    let diff = f64::try_from((&out - &eager).abs().max()).unwrap();
+    println!(
+        "after a capture: {shapes:?}, then eager {:?}; replay - eager {diff:e}",
+        gemm::f_shapes().expect("shapes")
+    );
+    assert!(shapes.chosen == 1 && shapes.timed == 0, "the heuristic's first, nothing timed under capture: {shapes:?}");
+    assert_eq!(gemm::f_shapes().expect("shapes"), shapes, "the eager call keeps the captured choice");
+    assert_eq!(diff, 0.0, "eager runs the captured algorithm: equal bit for bit");
+}
