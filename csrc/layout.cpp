@@ -191,6 +191,15 @@ size_t tcg_layout(tcg_layout_struct s, size_t* size, size_t* align, size_t* offs
       TCG_FIELD(tcg_rotary_inputs, sin);
       TCG_FIELD(tcg_rotary_inputs, offset);
       break;
+    case TCG_LAYOUT_ROTARY_QKV_INPUTS:
+      set(sizeof(tcg_rotary_qkv_inputs), alignof(tcg_rotary_qkv_inputs));
+      TCG_FIELD(tcg_rotary_qkv_inputs, qkv);
+      TCG_FIELD(tcg_rotary_qkv_inputs, cos);
+      TCG_FIELD(tcg_rotary_qkv_inputs, sin);
+      TCG_FIELD(tcg_rotary_qkv_inputs, offset);
+      TCG_FIELD(tcg_rotary_qkv_inputs, heads);
+      TCG_FIELD(tcg_rotary_qkv_inputs, kv_heads);
+      break;
     case TCG_LAYOUT_MLP_INPUTS:
       set(sizeof(tcg_mlp_inputs), alignof(tcg_mlp_inputs));
       TCG_FIELD(tcg_mlp_inputs, x);

@@ -4,6 +4,7 @@
 #include "rotary_own.h"
 #include "shim.h"
 
+#include <array>
 #include <limits>
 #include <memory>
 
@@ -95,6 +96,42 @@ tcg_status tcg_rotary_apply(const tcg_rotary_inputs* inputs, int64_t offset, tcg
     }
     *q_out = std::make_unique<at::Tensor>(std::move(q)).release();
     *k_out = std::make_unique<at::Tensor>(std::move(k)).release();
+    *ran_own = own;
+  });
+}
+
+tcg_status tcg_rotary_apply_qkv(const tcg_rotary_qkv_inputs* inputs, int64_t offset, tcg_rotary_layout layout,
+                                tcg_kernels kernels, tcg_tensor* q_out, tcg_tensor* k_out, tcg_tensor* v_out,
+                                bool* ran_own) {
+  return guard([&] {
+    *q_out = *k_out = *v_out = nullptr;
+    *ran_own = false;
+    if (inputs == nullptr) misuse("rotary: null inputs");
+    if (layout != TCG_ROTARY_INTERLEAVED && layout != TCG_ROTARY_HALF_SPLIT) misuse("rotary: unknown layout");
+    const at::Tensor& qkv = tensor_ref(inputs->qkv);
+    const int64_t heads = inputs->heads, kv_heads = inputs->kv_heads;
+    if (heads < 1 || kv_heads < 1 || qkv.dim() != 4 || qkv.size(2) != heads + 2 * kv_heads) {
+      misuse("rotary: qkv must be [batch, seq, heads + 2 kv_heads, head_dim] with heads and kv_heads >= 1");
+    }
+    // one split (its backward one concatenation, where three narrows would each zero-fill qkv's
+    // shape and autograd add the three)
+    const std::vector<at::Tensor> parts = qkv.split_with_sizes({heads, kv_heads, kv_heads}, 2);
+    const at::Tensor &q = parts[0], &k = parts[1], &v = parts[2];
+    tcg::rotary::Inputs in{q, k, tensor_ref(inputs->cos), tensor_ref(inputs->sin),
+                           inputs->offset != nullptr ? tensor_ref(inputs->offset) : at::Tensor(), offset,
+                           layout == TCG_ROTARY_HALF_SPLIT};
+    check(in);
+    const bool own = tcg::kernels::own(kernels, "rotary", [&] { return tcg::rotary::unsupported(in); });
+    std::array<at::Tensor, 3> out;
+    if (own) {
+      out = tcg::rotary::fused_qkv(qkv, heads, kv_heads, in);
+    } else {
+      const at::Tensor c = rows_at(in.cos, in, q.size(1)), s = rows_at(in.sin, in, q.size(1));
+      out = {compose(q, c, s, in.half_split), compose(k, c, s, in.half_split), v};
+    }
+    *q_out = std::make_unique<at::Tensor>(std::move(out[0])).release();
+    *k_out = std::make_unique<at::Tensor>(std::move(out[1])).release();
+    *v_out = std::make_unique<at::Tensor>(std::move(out[2])).release();
     *ran_own = own;
   });
 }

@@ -3,6 +3,7 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <array>
 #include <string>
 #include <utility>
 
@@ -23,5 +24,10 @@ std::string unsupported(const Inputs& in);
 // q and k rotated (contiguous), differentiable through one autograd node. Call only where
 // unsupported() is "".
 std::pair<at::Tensor, at::Tensor> fused(const Inputs& in);
+
+// q and k of the packed qkv [B, T, heads + 2 kv_heads, D] rotated and its v copied (contiguous,
+// new), differentiable in qkv through one autograd node whose backward writes qkv's gradient
+// directly. `in` holds q and k as views of qkv, as unsupported() checked them.
+std::array<at::Tensor, 3> fused_qkv(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const Inputs& in);
 
 }  // namespace tcg::rotary

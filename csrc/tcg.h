@@ -354,6 +354,18 @@ typedef struct {
 } tcg_rotary_inputs;
 tcg_status tcg_rotary_apply(const tcg_rotary_inputs* inputs, int64_t offset, tcg_rotary_layout layout, tcg_kernels kernels,
                             tcg_tensor* q_out, tcg_tensor* k_out, bool* ran_own);
+// The same from a fused projection's output qkv [B, T, heads + 2 kv_heads, D] (q | k | v along
+// the head dimension, last dimension contiguous): *q_out and *k_out rotated as above, *v_out
+// v, all differentiable in qkv. On the crate's kernel q, k and v are new contiguous tensors
+// made in one launch (v copied), and the backward writes qkv's gradient in one launch, where
+// autograd would concatenate dq, dk and dv; ATen's composition returns v as a view of qkv.
+typedef struct {
+  tcg_tensor qkv, cos, sin, offset;
+  int64_t heads, kv_heads;
+} tcg_rotary_qkv_inputs;
+tcg_status tcg_rotary_apply_qkv(const tcg_rotary_qkv_inputs* inputs, int64_t offset, tcg_rotary_layout layout,
+                                tcg_kernels kernels, tcg_tensor* q_out, tcg_tensor* k_out, tcg_tensor* v_out,
+                                bool* ran_own);
 
 // ---------------------------------------------------------------- swiglu.cpp (CPU and CUDA)
 // SwiGLU of the fused projection h [.., 2F] = [gate | up]: *out = silu(gate) · up [.., F], a new
@@ -729,6 +741,7 @@ typedef enum {
   TCG_LAYOUT_ROTARY_INPUTS,
   TCG_LAYOUT_MLP_INPUTS,
   TCG_LAYOUT_LINEAR_CE_OPTIONS,
+  TCG_LAYOUT_ROTARY_QKV_INPUTS,
 } tcg_layout_struct;
 // The size and alignment of struct `s` as this shim was compiled, and the offsets of its fields
 // in declaration order (at most `cap` written); returns the number of fields (0: unknown `s`).

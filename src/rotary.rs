@@ -120,13 +120,53 @@ impl Rotary {
         self.run(q, k, 0, Some(offset))
     }
 
-    fn run(&self, q: &Tensor, k: &Tensor, offset: i64, offset_dev: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
-        let layout = match self.config.layout {
+    /// q and k rotated and v, from a fused projection's output `qkv` [batch, seq, heads +
+    /// 2 kv_heads, head_dim] (q | k | v along the head dimension) at positions
+    /// `offset..offset + seq`, differentiable in `qkv`. On the crate's kernel one launch makes
+    /// the three (v copied) and the backward writes `qkv`'s gradient in one launch, where
+    /// splitting `qkv` first would have autograd concatenate dq, dk and dv; ATen's composition
+    /// returns v as a view of `qkv`. [`Error::Misuse`] as [`f_forward`](Self::f_forward), and for
+    /// a head count that does not add up.
+    ///
+    /// ```
+    /// use tch::{Device, Kind, Tensor};
+    /// use tch_cuda_graphs::rotary::{Rotary, RotaryConfig};
+    /// let rope = Rotary::new(64, 256, Device::Cpu, RotaryConfig::default());
+    /// let qkv = Tensor::randn([2, 16, 12 + 2 * 4, 64], (Kind::Float, Device::Cpu)); // 12 heads, 4 KV
+    /// let (q, k, v) = rope.f_forward_qkv(&qkv, 12, 4, 0)?;
+    /// assert_eq!((q.size()[2], k.size()[2], v.size()[2]), (12, 4, 4));
+    /// # Ok::<(), tch_cuda_graphs::Error>(())
+    /// ```
+    pub fn f_forward_qkv(
+        &self,
+        qkv: &Tensor,
+        heads: i64,
+        kv_heads: i64,
+        offset: i64,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let tables = (&self.cos, &self.sin);
+        let (q, k, v, own) = raw::apply_qkv(
+            qkv,
+            (heads, kv_heads),
+            tables,
+            (offset, None),
+            self.raw_layout(),
+            self.config.kernels.raw(),
+        )?;
+        self.last.set(Some(KernelPath::of_one(own)));
+        Ok((q, k, v))
+    }
+
+    fn raw_layout(&self) -> RawRotaryLayout {
+        match self.config.layout {
             RotaryLayout::Interleaved => RawRotaryLayout::TCG_ROTARY_INTERLEAVED,
             RotaryLayout::HalfSplit => RawRotaryLayout::TCG_ROTARY_HALF_SPLIT,
-        };
+        }
+    }
+
+    fn run(&self, q: &Tensor, k: &Tensor, offset: i64, offset_dev: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
         let tables = (&self.cos, &self.sin);
-        let (q, k, own) = raw::apply(q, k, tables, offset, offset_dev, layout, self.config.kernels.raw())?;
+        let (q, k, own) = raw::apply(q, k, tables, offset, offset_dev, self.raw_layout(), self.config.kernels.raw())?;
         self.last.set(Some(KernelPath::of_one(own)));
         Ok((q, k))
     }

@@ -140,3 +140,15 @@ fn the_embedding_on_the_cpu_is_tchs_with_padding_idx() {
     let past = embedding(vs.root() / "past", 10, 8, EmbeddingConfig { padding_idx: 10, ..Default::default() });
     assert!(matches!(past.f_forward(&idx), Err(Error::Misuse(_))), "padding_idx past the table");
 }
+
+#[test]
+fn rotary_from_a_fused_qkv_on_the_cpu_is_split_then_rotate() {
+    tch::manual_seed(1);
+    let rope = Rotary::new(16, 64, Device::Cpu, RotaryConfig::default());
+    let qkv = Tensor::randn([2, 12, 4 + 2 * 2, 16], (Kind::Float, Device::Cpu));
+    let (q, k, v) = rope.f_forward_qkv(&qkv, 4, 2, 3).expect("qkv");
+    let (q2, k2) = rope.forward(&qkv.narrow(2, 0, 4), &qkv.narrow(2, 4, 2), 3);
+    println!("q {:e}, k {:e}, v {:e}", max_diff(&q, &q2), max_diff(&k, &k2), max_diff(&v, &qkv.narrow(2, 6, 2)));
+    assert!(q.equal(&q2) && k.equal(&k2) && v.equal(&qkv.narrow(2, 6, 2)));
+    assert!(matches!(rope.f_forward_qkv(&qkv, 4, 1, 0), Err(Error::Misuse(_))), "heads that do not add up");
+}

@@ -2,11 +2,12 @@
 //! (the bar, each figure printed): float32 within 1e-6 relative (the forward bit for bit
 //! where both round the same operations), bf16 within one bf16 ulp of the float32 computation
 //! on the same values rounded once; both rotary layouts, strided q and k (views of a fused
-//! projection), a device offset read at replay (a captured decode step), and a captured step
-//! equal to the eager one bit for bit. Ignored without a GPU; fails loudly there.
+//! projection), a fused projection read whole (`f_forward_qkv`: q, k, v and the packed gradient
+//! equal bit for bit to splitting it first, with no concatenation kernel), a device offset read
+//! at replay (a captured decode step), and a captured step equal to the eager one bit for bit. Ignored without a GPU; fails loudly there.
 mod common;
 
-use common::{bf16_ulps, cuda, rel};
+use common::{bf16_ulps, cuda, kernels_of, rel};
 use tch::{Kind, Tensor};
 use tch_cuda_graphs::kernels::{KernelPath, Kernels};
 use tch_cuda_graphs::rotary::{Rotary, RotaryConfig, RotaryLayout};
@@ -54,6 +55,55 @@ fn rotary_kernel_matches_the_composition() {
             dq3.kind()
         );
         assert!(uq <= 1.0 && uk <= 1.0);
+    }
+}
+
+/// q, k, v and the packed gradient of `qkv` for the loss sum(q · w) + sum(k · u) + sum(v · u),
+/// read whole (`fused`) or split first and rotated as two tensors.
+fn rotary_qkv(rope: &Rotary, qkv: &Tensor, (h, kv): (i64, i64), w: &Tensor, u: &Tensor, fused: bool) -> Vec<Tensor> {
+    let qkv = qkv.detach().set_requires_grad(true);
+    let (q, k, v) = if fused {
+        rope.f_forward_qkv(&qkv, h, kv, 0).expect("qkv")
+    } else {
+        let parts = qkv.split_with_sizes([h, kv, kv], 2);
+        let (q, k) = rope.forward(&parts[0], &parts[1], 0);
+        (q, k, parts[2].shallow_clone())
+    };
+    let f = |t: &Tensor, m: &Tensor| (t.to_kind(Kind::Float) * m).sum(Kind::Float);
+    (f(&q, w) + f(&k, u) + f(&v, u)).backward();
+    vec![q.detach(), k.detach(), v.detach(), qkv.grad()]
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn rotary_reads_a_fused_qkv_whole_and_writes_its_gradient_packed() {
+    let dev = cuda();
+    tch::manual_seed(4);
+    let (b, t, h, kv, d) = (4, 256, 12, 4, 64);
+    let (w, u) = (Tensor::randn([b, t, h, d], (Kind::Float, dev)), Tensor::randn([b, t, kv, d], (Kind::Float, dev)));
+    for kind in [Kind::Float, Kind::BFloat16] {
+        let qkv = Tensor::randn([b, t, h + 2 * kv, d], (Kind::Float, dev)).to_kind(kind);
+        let rope = Rotary::new(d, 1024, dev, RotaryConfig::default());
+        let ((fused, names), split) = (
+            kernels_of(dev, || rotary_qkv(&rope, &qkv, (h, kv), &w, &u, true)),
+            rotary_qkv(&rope, &qkv, (h, kv), &w, &u, false),
+        );
+        let equal: Vec<bool> = fused.iter().zip(&split).map(|(a, b)| a.equal(b)).collect();
+        let cats = names.iter().filter(|n| n.contains("CatArray")).count();
+        println!("{kind:?}: q, k, v, dqkv equal to split-then-rotate {equal:?}; {cats} concatenation kernels");
+        assert!(equal.iter().all(|e| *e), "bit for bit as splitting first: {equal:?}");
+        assert_eq!(cats, 0, "the packed gradient is written, not concatenated: {names:?}");
+        assert_eq!(rope.last_path(), Some(KernelPath::Own));
+    }
+    // ATen's composition reads the same; a head count that does not add up is refused
+    let qkv = Tensor::randn([2, 16, h + 2 * kv, d], (Kind::Float, dev));
+    let aten = Rotary::new(d, 1024, dev, RotaryConfig { kernels: Kernels::PyTorch, ..Default::default() });
+    let own = Rotary::new(d, 1024, dev, RotaryConfig::default());
+    let (a, o) = (aten.f_forward_qkv(&qkv, h, kv, 0).expect("aten"), own.f_forward_qkv(&qkv, h, kv, 0).expect("own"));
+    assert!(a.0.equal(&o.0) && a.1.equal(&o.1) && a.2.equal(&o.2), "the composition's q, k, v");
+    match own.f_forward_qkv(&qkv, h, kv + 1, 0) {
+        Err(Error::Misuse(why)) => println!("heads that do not add up: {why}"),
+        other => panic!("expected Misuse, got {other:?}"),
     }
 }
 

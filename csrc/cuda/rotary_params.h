@@ -17,17 +17,21 @@ namespace tcg::rotary {
 
 constexpr int kThreads = 256;
 
-// One of the two tensors: the input (last dimension contiguous, the others strided), the output
-// (contiguous [B, T, heads, D]).
+// One of the tensors: the input and the output, each with its last dimension contiguous and the
+// others strided (the output: contiguous [B, T, heads, D], or a slice of the packed [B, T,
+// H + 2KV, D] gradient of a fused q | k | v projection).
 struct Part {
   const void* x;
   void* out;
-  int64_t stride_b, stride_t, stride_h;  // elements
-  int32_t heads;
+  int64_t stride_b, stride_t, stride_h;  // x's, elements
+  int64_t out_b, out_t, out_h;           // out's, elements
+  int32_t heads;                         // 0: no such part
 };
 
+// q and k are rotated; v (heads 0 where there is none) is copied as it is, in the same launch:
+// the values of a fused q | k | v projection, in and out of the packed layout.
 struct Params {
-  Part q, k;
+  Part q, k, v;
   const float* cos;  // [positions, D/2]
   const float* sin;
   const int64_t* offset_dev;  // null, or a device value added to offset

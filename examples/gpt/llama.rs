@@ -175,12 +175,10 @@ impl Llama {
     fn attention(&self, b: &Block, h: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
         let c = &self.config;
         let (bsz, t, d) = (h.size()[0], h.size()[1], c.head_dim());
-        // one projection split into heads: its backward is one concatenation of dq, dk and dv
-        // (separate projections would add their input gradients, narrows would zero-fill)
+        // one projection, q | k | v along the heads: rotary reads it whole, and its backward writes
+        // the projection's gradient in place of the concatenation of dq, dk and dv
         let qkv = b.wqkv.f_forward(h)?.f_view([bsz, t, c.heads + 2 * c.kv_heads, d])?;
-        let parts = qkv.f_split_with_sizes([c.heads, c.kv_heads, c.kv_heads], 2)?;
-        let (q, k) = self.rope.f_forward(&parts[0], &parts[1], 0)?;
-        let v = &parts[2];
+        let (q, k, v) = self.rope.f_forward_qkv(&qkv, c.heads, c.kv_heads, 0)?;
         let (q, mut k, mut v) = (q.f_transpose(1, 2)?, k.f_transpose(1, 2)?, v.f_transpose(1, 2)?);
         let group = c.heads / c.kv_heads;
         if c.expand_kv && group > 1 {

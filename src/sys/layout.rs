@@ -74,6 +74,11 @@ mod tests {
         same_layout!(TCG_LAYOUT_NORM_OPTIONS, ffi::tcg_norm_options, [eps, dropout, kind, out, train]);
         same_layout!(TCG_LAYOUT_LINEAR_INPUTS, ffi::tcg_linear_inputs, [x, weight, bias]);
         same_layout!(TCG_LAYOUT_ROTARY_INPUTS, ffi::tcg_rotary_inputs, [q, k, cos, sin, offset]);
+        same_layout!(
+            TCG_LAYOUT_ROTARY_QKV_INPUTS,
+            ffi::tcg_rotary_qkv_inputs,
+            [qkv, cos, sin, offset, heads, kv_heads]
+        );
         same_layout!(TCG_LAYOUT_LINEAR_CE_OPTIONS, ffi::tcg_linear_ce_options, [ignore_index, chunk_rows, wgrad]);
         same_layout!(TCG_LAYOUT_MLP_INPUTS, ffi::tcg_mlp_inputs, [x, fc_weight, fc_bias, proj_weight, proj_bias]);
     }

@@ -22,6 +22,7 @@ c_enum!(tcg_layout_struct {
     TCG_LAYOUT_ROTARY_INPUTS = 17,
     TCG_LAYOUT_MLP_INPUTS = 18,
     TCG_LAYOUT_LINEAR_CE_OPTIONS = 19,
+    TCG_LAYOUT_ROTARY_QKV_INPUTS = 20,
 });
 
 extern "C" {

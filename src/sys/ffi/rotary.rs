@@ -13,6 +13,17 @@ pub struct tcg_rotary_inputs {
     pub offset: tcg_tensor,
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct tcg_rotary_qkv_inputs {
+    pub qkv: tcg_tensor,
+    pub cos: tcg_tensor,
+    pub sin: tcg_tensor,
+    pub offset: tcg_tensor,
+    pub heads: i64,
+    pub kv_heads: i64,
+}
+
 extern "C" {
     pub fn tcg_rotary_apply(
         inputs: *const tcg_rotary_inputs,
@@ -21,6 +32,16 @@ extern "C" {
         kernels: tcg_kernels,
         q_out: *mut tcg_tensor,
         k_out: *mut tcg_tensor,
+        ran_own: *mut bool,
+    ) -> tcg_status;
+    pub fn tcg_rotary_apply_qkv(
+        inputs: *const tcg_rotary_qkv_inputs,
+        offset: i64,
+        layout: tcg_rotary_layout,
+        kernels: tcg_kernels,
+        q_out: *mut tcg_tensor,
+        k_out: *mut tcg_tensor,
+        v_out: *mut tcg_tensor,
         ran_own: *mut bool,
     ) -> tcg_status;
 }
