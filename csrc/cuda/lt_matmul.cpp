@@ -154,16 +154,21 @@ struct Timer {
   }
 };
 
+// `floats` float32 values of scratch on the current device (zeroed with `zero`).
+at::Tensor scratch(int64_t floats, bool zero = false) {
+  const auto opts = at::TensorOptions().device(at::kCUDA, c10::cuda::current_device()).dtype(at::kFloat);
+  return zero ? at::zeros({floats}, opts) : at::empty({floats}, opts);
+}
+
 // The epilogue's outputs pointed at scratch (what timing may overwrite): the bias gradient of a
 // *BGRAD* epilogue, GELU's input of a GELU_AUX* one. `keep` holds the scratch tensors.
 Epilogue scratch_epilogue(const Epilogue& e, const Matrix& d, std::vector<at::Tensor>& keep) {
   Epilogue s = e;
-  const auto opts = at::TensorOptions().device(at::kCUDA, c10::cuda::current_device()).dtype(at::kFloat);
   const bool writes_bias = e.kind == CUBLASLT_EPILOGUE_BGRADA || e.kind == CUBLASLT_EPILOGUE_BGRADB ||
                            e.kind == CUBLASLT_EPILOGUE_DGELU_BGRAD;
   const bool writes_aux = e.kind == CUBLASLT_EPILOGUE_GELU_AUX || e.kind == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-  if (writes_bias && e.bias != nullptr) s.bias = keep.emplace_back(at::empty({std::max(d.rows, d.cols)}, opts)).data_ptr();
-  if (writes_aux && e.aux != nullptr) s.aux = keep.emplace_back(at::empty({e.aux_ld * d.cols}, opts)).data_ptr();
+  if (writes_bias && e.bias != nullptr) s.bias = keep.emplace_back(scratch(std::max(d.rows, d.cols))).data_ptr();
+  if (writes_aux && e.aux != nullptr) s.aux = keep.emplace_back(scratch(e.aux_ld * d.cols)).data_ptr();
   return s;
 }
 
@@ -180,9 +185,8 @@ cublasLtMatmulAlgo_t fastest(const Matrix& a, const Matrix& b, const Matrix& d, 
                              const std::vector<cublasLtMatmulHeuristicResult_t>& found) {
   std::vector<at::Tensor> keep;
   const Epilogue se = scratch_epilogue(e, d, keep);
-  const auto opts = at::TensorOptions().device(at::kCUDA, c10::cuda::current_device()).dtype(at::kFloat);
   const int64_t d_bytes = d.ld * d.cols * static_cast<int64_t>(c10::elementSize(d.type));
-  at::Tensor scratch_d = accumulate ? at::zeros({(d_bytes + 3) / 4}, opts) : at::empty({(d_bytes + 3) / 4}, opts);
+  const at::Tensor scratch_d = scratch((d_bytes + 3) / 4, accumulate);
   MatmulDesc desc;
   describe(desc, a, b, se);
   const Layout la(a), lb(b), ld(d);
@@ -254,19 +258,31 @@ bool matmul(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue& e
   return true;
 }
 
-void linear_into(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias, at::Tensor& y2) {
+// y2 [N, out] = x2 [N, in] · wᵀ: in cuBLASLt's terms y2ᵀ [out, N] = (w stored [in, out])ᵀ ·
+// x2ᵀ [in, N]; a bias is one value per row of D.
+bool forward(const at::Tensor& x2, const at::Tensor& w, at::Tensor& y2, const Epilogue& e) {
   const int64_t n = x2.size(0), in = x2.size(1), out = w.size(0);
   const at::ScalarType dt = x2.scalar_type();
+  return matmul(Matrix{w.data_ptr(), dt, in, out, in, true}, Matrix{x2.data_ptr(), dt, in, n, in, false},
+                Matrix{y2.data_ptr(), dt, out, n, out, false}, e);
+}
+
+// dx2 [N, in] = dy2 [N, out] · w [out, in]: dx2ᵀ [in, N] = (w stored [in, out]) · dy2ᵀ [out, N].
+bool input_gradient(const at::Tensor& dy2, const at::Tensor& w, at::Tensor& dx2, const Epilogue& e) {
+  const int64_t n = dy2.size(0), out = w.size(0), in = w.size(1);
+  const at::ScalarType dt = dy2.scalar_type();
+  return matmul(Matrix{w.data_ptr(), dt, in, out, in, false}, Matrix{dy2.data_ptr(), dt, out, n, out, false},
+                Matrix{dx2.data_ptr(), dt, in, n, in, false}, e);
+}
+
+void linear_into(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias, at::Tensor& y2) {
   Epilogue e;
   if (bias.defined()) {
     e.kind = CUBLASLT_EPILOGUE_BIAS;
     e.bias = bias.data_ptr();
     e.bias_type = bias.scalar_type();
   }
-  if (matmul(Matrix{w.data_ptr(), dt, in, out, in, true}, Matrix{x2.data_ptr(), dt, in, n, in, false},
-             Matrix{y2.data_ptr(), dt, out, n, out, false}, e)) {
-    return;
-  }
+  if (forward(x2, w, y2, e)) return;
   if (bias.defined()) {
     at::addmm_out(y2, bias, x2, w.t());
   } else {
@@ -281,12 +297,7 @@ at::Tensor linear(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& b
 }
 
 void input_grad_into(const at::Tensor& dy2, const at::Tensor& w, at::Tensor& dx2) {
-  const int64_t n = dy2.size(0), out = w.size(0), in = w.size(1);
-  const at::ScalarType dt = dy2.scalar_type();
-  if (!matmul(Matrix{w.data_ptr(), dt, in, out, in, false}, Matrix{dy2.data_ptr(), dt, out, n, out, false},
-              Matrix{dx2.data_ptr(), dt, in, n, in, false}, Epilogue{})) {
-    at::mm_out(dx2, dy2, w);
-  }
+  if (!input_gradient(dy2, w, dx2, Epilogue{})) at::mm_out(dx2, dy2, w);
 }
 
 at::Tensor input_grad(const at::Tensor& dy2, const at::Tensor& w) {

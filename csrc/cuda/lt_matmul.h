@@ -39,6 +39,14 @@ struct Epilogue {
 // call fails.
 bool matmul(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue& epilogue, bool accumulate = false);
 
+// The forward GEMM y2 [N, out] = x2 [N, in] · wᵀ and the input-gradient GEMM dx2 [N, in] =
+// dy2 [N, out] · w [out, in], each then `e`, into the given output (all contiguous, of the
+// compute dtype): false, having launched nothing, where cuBLASLt offers no algorithm. The
+// operands' layouts for cuBLASLt are written here once, for the linear layer and the MLP's
+// epilogue GEMMs alike.
+bool forward(const at::Tensor& x2, const at::Tensor& w, at::Tensor& y2, const Epilogue& e);
+bool input_gradient(const at::Tensor& dy2, const at::Tensor& w, at::Tensor& dx2, const Epilogue& e);
+
 // y2 [N, out] = x2 [N, in] · wᵀ (+ bias [out], the BIAS epilogue): the forward GEMM, x2 and w
 // contiguous and of the compute dtype, the bias of it too; ATen's addmm or mm where cuBLASLt
 // offers no algorithm. `_into`: into y2, contiguous [N, out] of that dtype.

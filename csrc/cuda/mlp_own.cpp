@@ -23,13 +23,10 @@ namespace {
 
 using tcg::lt::compute_dtype;
 using tcg::lt::in_dtype;
-using tcg::lt::Matrix;
 
-// h [N, H] = gelu_tanh(x2 [N, C] · fcᵀ + bias) with `pre` [N, H] = its input, in one GEMM: in
-// cuBLASLt's terms hᵀ [H, N] = (fc stored [C, H])ᵀ · x2ᵀ [C, N], the bias one value per row of D.
+// h [N, H] = gelu_tanh(x2 [N, C] · fcᵀ + bias) with `pre` [N, H] = its input, in fc's forward
+// GEMM (the GELU_AUX_BIAS epilogue).
 bool forward_gemm(const at::Tensor& x2, const at::Tensor& fc, const at::Tensor& bias, at::Tensor& pre, at::Tensor& h) {
-  const int64_t n = x2.size(0), c = x2.size(1), hid = fc.size(0);
-  const at::ScalarType dt = x2.scalar_type();
   tcg::lt::Epilogue e;
   e.kind = bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
   if (bias.defined()) {
@@ -37,24 +34,20 @@ bool forward_gemm(const at::Tensor& x2, const at::Tensor& fc, const at::Tensor& 
     e.bias_type = bias.scalar_type();
   }
   e.aux = pre.data_ptr();
-  e.aux_ld = hid;
-  return tcg::lt::matmul(Matrix{fc.data_ptr(), dt, c, hid, c, true}, Matrix{x2.data_ptr(), dt, c, n, c, false},
-                         Matrix{h.data_ptr(), dt, hid, n, hid, false}, e);
+  e.aux_ld = fc.size(0);
+  return tcg::lt::forward(x2, fc, h, e);
 }
 
-// dpre [N, H] = (dy2 [N, C'] · proj [C', H]) ⊙ gelu_tanh'(pre) in one GEMM: dpreᵀ [H, N] =
-// (proj stored [H, C']) · dy2ᵀ [C', N]. (DGELU, not DGELU_BGRAD: cuBLASLt 13 on sm_90 sums
-// DGELU_BGRAD's bias gradient in a separate pass that takes 3.5 times the GEMM; fc's weight-
-// gradient GEMM sums it instead, in its BGRADB epilogue.)
+// dpre [N, H] = (dy2 [N, C'] · proj [C', H]) ⊙ gelu_tanh'(pre) in proj's input-gradient GEMM.
+// (DGELU, not DGELU_BGRAD: cuBLASLt 13 on sm_90 sums DGELU_BGRAD's bias gradient in a separate
+// pass that takes 3.5 times the GEMM; fc's weight-gradient GEMM sums it instead, in its BGRADB
+// epilogue.)
 bool backward_gemm(const at::Tensor& dy2, const at::Tensor& proj, const at::Tensor& pre, at::Tensor& dpre) {
-  const int64_t n = dy2.size(0), c = dy2.size(1), hid = proj.size(1);
-  const at::ScalarType dt = dy2.scalar_type();
   tcg::lt::Epilogue e;
   e.kind = CUBLASLT_EPILOGUE_DGELU;
   e.aux = pre.data_ptr();
-  e.aux_ld = hid;
-  return tcg::lt::matmul(Matrix{proj.data_ptr(), dt, hid, c, hid, false}, Matrix{dy2.data_ptr(), dt, c, n, c, false},
-                         Matrix{dpre.data_ptr(), dt, hid, n, hid, false}, e);
+  e.aux_ld = proj.size(1);
+  return tcg::lt::input_gradient(dy2, proj, dpre, e);
 }
 
 // The non-tensor arguments: autograd's Function does not track them.

@@ -131,8 +131,6 @@ struct FusedRotaryQkv : torch::autograd::Function<FusedRotaryQkv> {
            Rotation{cos, sin, offset_dev, w.offset, w.half_split, false});
     ctx->save_for_backward({cos, sin, offset_dev});
     ctx->saved_data["qkv_sizes"] = qkv.sizes().vec();
-    ctx->saved_data["q_sizes"] = q.sizes().vec();
-    ctx->saved_data["kv_sizes"] = k.sizes().vec();
     ctx->saved_data["offset"] = w.offset;
     ctx->saved_data["half_split"] = w.half_split;
     ctx->saved_data["heads"] = w.heads;
@@ -146,12 +144,13 @@ struct FusedRotaryQkv : torch::autograd::Function<FusedRotaryQkv> {
     const auto it = std::find_if(grads.begin(), grads.end(), [](const at::Tensor& g) { return g.defined(); });
     if (it == grads.end()) return variable_list(5);
     const auto options = it->options();
-    const c10::IValue &q_sizes = ctx->saved_data.at("q_sizes"), &kv_sizes = ctx->saved_data.at("kv_sizes");
-    const at::Tensor dq = grad_or_zeros(grads.at(0), q_sizes, options);
-    const at::Tensor dk = grad_or_zeros(grads.at(1), kv_sizes, options);
-    const at::Tensor dv = grad_or_zeros(grads.at(2), kv_sizes, options);
     at::Tensor dqkv = at::empty(ctx->saved_data.at("qkv_sizes").toIntVector(), options);
     const auto [sq, sk, sv] = split_qkv(dqkv, ctx->saved_data.at("heads").toInt(), ctx->saved_data.at("kv_heads").toInt());
+    // a missing gradient is zeros of its slot's shape
+    const auto given = [&](size_t i, const at::Tensor& slot) {
+      return grads.at(i).defined() ? grads.at(i).contiguous() : at::zeros(slot.sizes(), options);
+    };
+    const at::Tensor dq = given(0, sq), dk = given(1, sk), dv = given(2, sv);
     launch(dq, part_of(dq, sq), part_of(dk, sk), part_of(dv, sv),
            Rotation{saved[0], saved[1], saved[2], ctx->saved_data.at("offset").toInt(),
                     ctx->saved_data.at("half_split").toBool(), true});
