@@ -3,10 +3,12 @@
 // fp32) with fp32 math. Where the loss will be differentiated, the forward also writes the
 // gradient (for a loss gradient of 1) from the row it has just read, which the L2 cache still
 // holds: one read of the logits from memory in all, and the backward only scales the gradient,
-// where the loss's gradient is not 1. The kernel is bound by its arithmetic, not by memory (ncu
-// on an H200: 83% of the SMs' throughput, 35% of DRAM's at [12288, 32000] bf16), so the
-// exponentials are the hardware's (`__expf`: ex2.approx of x·log2 e; a few ulp, far below a bf16
-// rounding of the gradient, and the sums they feed are of terms at most 1). ATen's path under
+// where the loss's gradient is not 1. The kernel is bound by its instructions more than by
+// memory, so the exponentials are the hardware's (fast_math.cuh's exp_ftz: ex2.approx.ftz of
+// x·log2 e; a few ulp, far below a bf16 rounding of the gradient, and the sums they feed are of
+// terms at most 1), and the target's 1 is subtracted once per row, not compared for at every
+// value (with `__expf`'s subnormal handling and that compare: 463 M instructions at [12288,
+// 32000] bf16 and 598 µs on an H200; now 320 M and 465 µs). ATen's path under
 // autocast casts the logits to fp32, runs log_softmax and nll_loss, and in the backward writes
 // the fp32 gradient, its log_softmax gradient and the cast back: five passes over the largest
 // tensor of a language model. One block per row (see loss_params.h for what each computes); the
@@ -19,11 +21,13 @@
 
 #include "loss_params.h"
 #include "own_kernel_list.h"
+#include "fast_math.cuh"
 #include "vec_io.cuh"
 
 namespace tcg::loss {
 namespace {
 
+using tcg::cuda::exp_ftz;
 using tcg::cuda::load1;
 using tcg::cuda::load4;
 using tcg::cuda::load4_last;
@@ -37,16 +41,16 @@ struct MaxSum {
   float s = 0.0f;
   __device__ __forceinline__ void add(float x) {
     if (x > m) {
-      s = s * __expf(m - x) + 1.0f;
+      s = s * exp_ftz(m - x) + 1.0f;
       m = x;
     } else if (m != -CUDART_INF_F) {  // (x and m both -inf: nothing to add)
-      s += __expf(x - m);
+      s += exp_ftz(x - m);
     }
   }
   __device__ __forceinline__ void merge(float m2, float s2) {
     const float mm = fmaxf(m, m2);
     if (mm == -CUDART_INF_F) return;  // both empty (or all -inf)
-    s = s * __expf(m - mm) + s2 * __expf(m2 - mm);
+    s = s * exp_ftz(m - mm) + s2 * exp_ftz(m2 - mm);
     m = mm;
   }
 };
@@ -99,35 +103,38 @@ struct RowThread {
 __device__ __forceinline__ void add4(MaxSum& v, float4 q) {
   const float mx = fmaxf(fmaxf(q.x, q.y), fmaxf(q.z, q.w));
   if (mx > v.m) {
-    v.s *= __expf(v.m - mx);
+    v.s *= exp_ftz(v.m - mx);
     v.m = mx;
   }
-  if (v.m != -CUDART_INF_F) v.s += __expf(q.x - v.m) + __expf(q.y - v.m) + __expf(q.z - v.m) + __expf(q.w - v.m);
+  if (v.m != -CUDART_INF_F) v.s += exp_ftz(q.x - v.m) + exp_ftz(q.y - v.m) + exp_ftz(q.z - v.m) + exp_ftz(q.w - v.m);
 }
 
 // One row's gradient, dx = (exp(x - lse) - [i == t]) * scale, this thread's share of it: the
 // row read for the last time (the forward has just read it, the L2 cache holds it) and the
-// gradient streamed out past the cache.
+// gradient streamed out past the cache. The target's value is written again afterwards, with its
+// 1 subtracted, by the thread that wrote it (program order: its last write wins), from the
+// logit every thread read before the row's reduction: no compare per value.
 // Indices within a row are 32-bit (the launcher refuses rows of more than 2^30 classes): a
 // 64-bit index's arithmetic and compares cost twice the instructions of a kernel bound by them.
 template <typename T>
-__device__ __forceinline__ void grad_row(const T* x, T* dx, int32_t cols, int64_t target, float lse, float scale,
-                                         bool vec, const RowThread& rt) {
-  const int32_t t = target >= 0 && target < cols ? static_cast<int32_t>(target) : -1;  // -1: no class
+__device__ __forceinline__ void grad_row(const T* x, T* dx, int32_t cols, int64_t target, float x_target, float lse,
+                                         float scale, bool vec, const RowThread& rt) {
   if (vec) {
-    for (int32_t i = 4 * rt.tid; i < cols; i += 4 * rt.n) {
-      const float4 q = load4_last<T>(x + i);
-      const int32_t k = t - i;  // the target's place in these four, if it is one of them
-      const float4 d = make_float4(__expf(q.x - lse) - (k == 0 ? 1.0f : 0.0f), __expf(q.y - lse) - (k == 1 ? 1.0f : 0.0f),
-                                   __expf(q.z - lse) - (k == 2 ? 1.0f : 0.0f), __expf(q.w - lse) - (k == 3 ? 1.0f : 0.0f));
-      store4_streaming<T>(dx + i, make_float4(d.x * scale, d.y * scale, d.z * scale, d.w * scale));
+    const int32_t step = 4 * rt.n;
+    const T* xp = x + 4 * rt.tid;
+    T* dp = dx + 4 * rt.tid;
+    for (int32_t i = 4 * rt.tid; i < cols; i += step, xp += step, dp += step) {
+      const float4 q = load4_last<T>(xp);
+      store4_streaming<T>(dp, make_float4(exp_ftz(q.x - lse) * scale, exp_ftz(q.y - lse) * scale,
+                                          exp_ftz(q.z - lse) * scale, exp_ftz(q.w - lse) * scale));
     }
   } else {
-    for (int32_t i = rt.tid; i < cols; i += rt.n) {
-      const float p = __expf(load1(x + i) - lse) - (i == t ? 1.0f : 0.0f);
-      store1(dx + i, p * scale);
-    }
+    for (int32_t i = rt.tid; i < cols; i += rt.n) store1(dx + i, exp_ftz(load1(x + i) - lse) * scale);
   }
+  if (target < 0 || target >= cols) return;  // no class: nothing to subtract
+  const int32_t t = static_cast<int32_t>(target);
+  const int owner = vec ? (t / 4) % rt.n : t % rt.n;
+  if (rt.tid == owner) store1(dx + t, (exp_ftz(x_target - lse) - 1.0f) * scale);
 }
 
 __device__ __forceinline__ bool ignored(int64_t t, int64_t ignore_index, int64_t cols) {
@@ -146,8 +153,9 @@ __device__ void forward(const Forward& a) {
   // the gradient may overwrite the row in place (dlogits == logits, as the chunked linear +
   // cross-entropy runs it), each thread rewriting only what it has just read itself
   const int64_t target = a.targets[row];
+  // (every thread reads it: the one that writes the target's gradient needs it too)
   float x_target = 0.0f;
-  if (rt.tid == 0 && !ignored(target, a.ignore_index, a.cols)) x_target = load1(x + target);
+  if (!ignored(target, a.ignore_index, a.cols)) x_target = load1(x + target);
   MaxSum v, w;  // two running sums: independent chains
   if (a.vec) {
     const int32_t step = 4 * rt.n;
@@ -166,7 +174,9 @@ __device__ void forward(const Forward& a) {
   const float lse = r.m + logf(r.s);
   if (a.dlogits != nullptr) {
     const float scale = ignored(target, a.ignore_index, a.cols) ? 0.0f : *a.inv_count;
-    grad_row(x, static_cast<T*>(a.dlogits) + row * a.cols, cols, target, lse, scale, a.vec, rt);
+    if (a.warp_rows) __syncwarp();  // every lane's read of the target's logit before any write
+    grad_row(x, static_cast<T*>(a.dlogits) + row * a.cols, cols, ignored(target, a.ignore_index, a.cols) ? -1 : target,
+             x_target, lse, scale, a.vec, rt);
   }
   if (rt.tid == 0) {
     if (target == a.ignore_index) {

@@ -1,9 +1,12 @@
 // The crate's rotary-embedding kernel: q and k rotated in one launch, forward and backward (the
 // backward is the same rotation with sin negated), v of a fused q | k | v projection copied in
-// the same launch where there is one (into or out of the packed layout), fp32 math, bf16 / fp16 / fp32 in and out (see
-// rotary_params.h). One thread per 4 pairs of one row (8 values: two 4-value loads), the tables
-// read 4 angles at a time. Products and sums use the _rn intrinsics (no fused multiply-add), so
-// the result equals ATen's element-wise composition on the same tables bit for bit in fp32.
+// the same launch where there is one (into or out of the packed layout), fp32 math, bf16 / fp16
+// / fp32 in and out (see rotary_params.h). One thread per 4 pairs of a head's row (8 values: a
+// 4-value load from each half of the row, so that a warp's loads and stores are whole sectors)
+// and per token of its block's run; which head and which pairs a thread holds is worked out
+// once, not per value (the index arithmetic had made the kernel bound by its instructions, at a
+// third of DRAM's bandwidth). Products and sums use the _rn intrinsics (no fused multiply-add),
+// so the result equals ATen's element-wise composition on the same tables bit for bit in fp32.
 //
 // Compiled by nvcc into a fat binary that build.rs embeds in the shim; the launcher
 // (rotary_own.cpp) launches the extern "C" kernels by name.
@@ -21,73 +24,132 @@ namespace {
 using tcg::cuda::load4;
 using tcg::cuda::store4;
 
+// Two floats at p (8-byte aligned).
+__device__ __forceinline__ float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+
 __device__ __forceinline__ void rotate(float x0, float x1, float c, float s, float* o0, float* o1) {
   *o0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
   *o1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
-// The first and second 4-value group of item g: interleaved, values 8g..8g+7 (pairs within
-// each group of 4); half-split, values 4g..4g+3 and D/2 + 4g..D/2 + 4g + 3 (pairs across the
-// two). Over g < D/8 they cover each value of a row once.
+// The first and second 4-value group of item g: values 4g..4g+3 and D/2 + 4g..D/2 + 4g + 3 in
+// both layouts, so that a warp's threads read and write whole sectors (pairs across the two
+// groups when half-split; two pairs within each group when interleaved). Over g < D/8 they cover
+// each value of a row once.
 __device__ __forceinline__ void groups_of(const Params& a, int g, int64_t* first, int64_t* second) {
-  *first = a.half_split ? 4 * g : 8 * g;
-  *second = a.half_split ? a.dim / 2 + 4 * g : 8 * g + 4;
+  *first = 4 * g;
+  *second = a.dim / 2 + 4 * g;
 }
 
+// Item j of every token (of q's, k's and v's heads × D/8 groups): its part's pointers moved to
+// its head, the part's token strides, its group and the group's two offsets. Fixed for a thread
+// over the tokens it visits: no division per value.
+template <typename T>
+struct Item {
+  const T* x;
+  T* out;
+  int64_t stride_b, stride_t, out_b, out_t, first, second;
+  int g;
+  bool copy;  // v: copied, not rotated
+};
+
+template <typename T>
+__device__ __forceinline__ Item<T> item_of(const Params& a, int j) {
+  const int groups = a.dim / 8;
+  const int slot = j / groups;
+  const int which = slot < a.q.heads ? 0 : slot < a.q.heads + a.k.heads ? 1 : 2;
+  const Part p = which == 0 ? a.q : which == 1 ? a.k : a.v;  // a copy: no indexing of the parameters
+  const int h = slot - (which == 0 ? 0 : which == 1 ? a.q.heads : a.q.heads + a.k.heads);
+  Item<T> it;
+  it.x = static_cast<const T*>(p.x) + h * p.stride_h;
+  it.out = static_cast<T*>(p.out) + h * p.out_h;
+  it.stride_b = p.stride_b;
+  it.stride_t = p.stride_t;
+  it.out_b = p.out_b;
+  it.out_t = p.out_t;
+  it.g = j - slot * groups;
+  groups_of(a, it.g, &it.first, &it.second);
+  it.copy = which == 2;
+  return it;
+}
+
+// The cos and sin of an item's 4 angles at position pos (NaN past the tables' rows).
+template <typename T>
+__device__ __forceinline__ void angles(const Params& a, const Item<T>& it, int64_t pos, float4* c, float4* s) {
+  if (pos < 0 || pos >= a.positions) {
+    *c = *s = make_float4(CUDART_NAN_F, CUDART_NAN_F, CUDART_NAN_F, CUDART_NAN_F);
+    return;
+  }
+  const int64_t row = pos * (a.dim / 2);
+  if (a.half_split) {  // angles 4g..4g+3, one per pair (i, i + D/2)
+    *c = load4<float>(a.cos + row + 4 * it.g);
+    *s = load4<float>(a.sin + row + 4 * it.g);
+  } else {  // angles 2g, 2g+1 (the first group's pairs) and D/4 + 2g, D/4 + 2g + 1 (the second's)
+    const float2 c0 = load2(a.cos + row + 2 * it.g), c1 = load2(a.cos + row + a.dim / 4 + 2 * it.g);
+    const float2 s0 = load2(a.sin + row + 2 * it.g), s1 = load2(a.sin + row + a.dim / 4 + 2 * it.g);
+    *c = make_float4(c0.x, c0.y, c1.x, c1.y);
+    *s = make_float4(s0.x, s0.y, s1.x, s1.y);
+  }
+}
+
+// Writes one item read as (u, v) at o: rotated at position pos (sin negated in the backward), or
+// copied.
+template <typename T>
+__device__ __forceinline__ void store_item(const Params& a, const Item<T>& it, float4 u, float4 v, int64_t pos, T* o) {
+  if (it.copy) {
+    store4<T>(o + it.first, u);
+    store4<T>(o + it.second, v);
+    return;
+  }
+  float4 c, s;
+  angles<T>(a, it, pos, &c, &s);
+  if (a.negate_sin) s = make_float4(-s.x, -s.y, -s.z, -s.w);
+  float4 ou, ov;
+  if (a.half_split) {
+    rotate(u.x, v.x, c.x, s.x, &ou.x, &ov.x);
+    rotate(u.y, v.y, c.y, s.y, &ou.y, &ov.y);
+    rotate(u.z, v.z, c.z, s.z, &ou.z, &ov.z);
+    rotate(u.w, v.w, c.w, s.w, &ou.w, &ov.w);
+  } else {
+    rotate(u.x, u.y, c.x, s.x, &ou.x, &ou.y);
+    rotate(u.z, u.w, c.y, s.y, &ou.z, &ou.w);
+    rotate(v.x, v.y, c.z, s.z, &ov.x, &ov.y);
+    rotate(v.z, v.w, c.w, s.w, &ov.z, &ov.w);
+  }
+  store4<T>(o + it.first, ou);
+  store4<T>(o + it.second, ov);
+}
+
+// A block's threads cover a token's items (j = threadIdx.x, + blockDim.x, ...) over the block's
+// run of consecutive tokens, the pointers stepped on from token to token (no division, no
+// 64-bit product per token: the index arithmetic had made the kernel bound by its
+// instructions). (Reading several tokens before writing any took more registers than it gained
+// in loads in flight: slower.)
 template <typename T>
 __device__ void rotary(const Params& a) {
-  const int groups = a.dim / 8;  // 4 pairs per thread
-  const int64_t row_items = static_cast<int64_t>(a.batch) * a.seq * groups;
-  const int64_t q_items = row_items * a.q.heads, k_items = row_items * a.k.heads, v_items = row_items * a.v.heads;
+  const int per_token = (a.q.heads + a.k.heads + a.v.heads) * (a.dim / 8);
+  const int tokens = a.batch * a.seq;  // the launcher's check: every part's elements fit 32 bits
+  const int run = (tokens + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
+  const int first = static_cast<int>(blockIdx.x) * run;
+  const int last = min(tokens, first + run);
   const int64_t offset = a.offset + (a.offset_dev ? *a.offset_dev : 0);
-  for (int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; item < q_items + k_items + v_items;
-       item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int which = item < q_items ? 0 : item < q_items + k_items ? 1 : 2;
-    const Part& part = which == 0 ? a.q : which == 1 ? a.k : a.v;
-    // 32-bit unsigned division (each part holds at most INT32_MAX values: the launcher's
-    // check), several times cheaper than 64-bit
-    uint32_t r = static_cast<uint32_t>(item - (which == 0 ? 0 : which == 1 ? q_items : q_items + k_items));
-    const int g = static_cast<int>(r % static_cast<uint32_t>(groups));
-    r /= static_cast<uint32_t>(groups);
-    const int h = static_cast<int>(r % static_cast<uint32_t>(part.heads));
-    r /= static_cast<uint32_t>(part.heads);
-    const int t = static_cast<int>(r % static_cast<uint32_t>(a.seq));
-    const int b = static_cast<int>(r / static_cast<uint32_t>(a.seq));
-    const int64_t in = b * part.stride_b + t * part.stride_t + h * part.stride_h;
-    const int64_t out = b * part.out_b + t * part.out_t + h * part.out_h;
-    int64_t first, second;
-    groups_of(a, g, &first, &second);
-    const float4 u = load4<T>(static_cast<const T*>(part.x) + in + first);
-    const float4 v = load4<T>(static_cast<const T*>(part.x) + in + second);
-    T* o = static_cast<T*>(part.out) + out;
-    if (which == 2) {  // v: copied
-      store4<T>(o + first, u);
-      store4<T>(o + second, v);
-      continue;
+  const int b0 = first / a.seq, t0 = first - b0 * a.seq;
+  for (int j = threadIdx.x; j < per_token; j += blockDim.x) {
+    const Item<T> it = item_of<T>(a, j);
+    const T* x = it.x + b0 * it.stride_b + t0 * it.stride_t;
+    T* o = it.out + b0 * it.out_b + t0 * it.out_t;
+    const int64_t x_wrap = it.stride_b - a.seq * it.stride_t, o_wrap = it.out_b - a.seq * it.out_t;
+    int t = t0;
+    for (int token = first; token < last; ++token) {
+      store_item<T>(a, it, load4<T>(x + it.first), load4<T>(x + it.second), offset + t, o);
+      x += it.stride_t;
+      o += it.out_t;
+      if (++t == a.seq) {
+        t = 0;
+        x += x_wrap;
+        o += o_wrap;
+      }
     }
-    const int64_t pos = offset + t;
-    float4 c, s;
-    if (pos < 0 || pos >= a.positions) {
-      c = s = make_float4(CUDART_NAN_F, CUDART_NAN_F, CUDART_NAN_F, CUDART_NAN_F);
-    } else {
-      c = load4<float>(a.cos + pos * (a.dim / 2) + 4 * g);
-      s = load4<float>(a.sin + pos * (a.dim / 2) + 4 * g);
-    }
-    if (a.negate_sin) s = make_float4(-s.x, -s.y, -s.z, -s.w);
-    float4 ou, ov;
-    if (a.half_split) {
-      rotate(u.x, v.x, c.x, s.x, &ou.x, &ov.x);
-      rotate(u.y, v.y, c.y, s.y, &ou.y, &ov.y);
-      rotate(u.z, v.z, c.z, s.z, &ou.z, &ov.z);
-      rotate(u.w, v.w, c.w, s.w, &ou.w, &ov.w);
-    } else {
-      rotate(u.x, u.y, c.x, s.x, &ou.x, &ou.y);
-      rotate(u.z, u.w, c.y, s.y, &ou.z, &ou.w);
-      rotate(v.x, v.y, c.z, s.z, &ov.x, &ov.y);
-      rotate(v.z, v.w, c.w, s.w, &ov.z, &ov.w);
-    }
-    store4<T>(o + first, ou);
-    store4<T>(o + second, ov);
   }
 }
 

@@ -54,10 +54,15 @@ void launch(const at::Tensor& q, const Part& pq, const Part& pk, const Part& pv,
   p.dim = static_cast<int32_t>(q.size(3));
   p.half_split = r.half_split ? 1 : 0;
   p.negate_sin = r.backward ? 1 : 0;
-  const int64_t items = q.size(0) * q.size(1) * (pq.heads + pk.heads + pv.heads) * q.size(3) / 8;
-  if (items > 0) {
-    const int64_t blocks = std::min<int64_t>((items + kThreads - 1) / kThreads, own::sm_count(device) * 16);
-    own::launch(own::rotary_kernel(q.scalar_type()), device, static_cast<unsigned>(blocks), kThreads, &p);
+  // a block's threads: one per item of a token (whole warps, at most kThreads); the blocks: as
+  // many as fill the SMs' threads, each striding over the tokens
+  const int64_t per_token = (pq.heads + pk.heads + pv.heads) * q.size(3) / 8;
+  const int64_t tokens = q.size(0) * q.size(1);
+  if (per_token > 0 && tokens > 0) {
+    const int64_t threads = std::min<int64_t>((per_token + 31) / 32 * 32, kThreads);
+    const int64_t blocks = std::min<int64_t>(tokens, own::sm_count(device) * (2048 / threads));
+    own::launch(own::rotary_kernel(q.scalar_type()), device, static_cast<unsigned>(blocks),
+                static_cast<unsigned>(threads), &p);
   }
 }
 

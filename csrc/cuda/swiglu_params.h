@@ -3,8 +3,8 @@
 // (csrc/cuda/swiglu_own.cpp, host compiler) share. Plain data, each kernel's only argument.
 //
 // What they compute, h [rows, 2F] the fused projection's output, gate = h[:, :F], up = h[:, F:]
-// (fp32 math, read and written in h's dtype, each operation rounded once as ATen's element-wise
-// composition rounds it in fp32):
+// (fp32 math, read and written in h's dtype; the exponential and the divisions the hardware's
+// approximations):
 //   forward:  s = gate / (1 + exp(-gate)),  out = s · up                       [rows, F]
 //   backward: sig = 1 / (1 + exp(-gate)),
 //             dgate = (dout · up) · sig · (1 + gate · (1 − sig)),  dup = dout · s
