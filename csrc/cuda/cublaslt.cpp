@@ -29,6 +29,8 @@ TCG_FORWARD_LT(cublasLtMatrixLayoutCreate,
                (cublasLtMatrixLayout_t * l, cudaDataType t, uint64_t rows, uint64_t cols, int64_t ld),
                (l, t, rows, cols, ld))
 TCG_FORWARD_LT(cublasLtMatrixLayoutDestroy, (cublasLtMatrixLayout_t l), (l))
+TCG_FORWARD_LT(cublasLtMatrixLayoutSetAttribute,
+               (cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a, const void* buf, size_t n), (l, a, buf, n))
 TCG_FORWARD_LT(cublasLtMatmulPreferenceCreate, (cublasLtMatmulPreference_t * p), (p))
 TCG_FORWARD_LT(cublasLtMatmulPreferenceDestroy, (cublasLtMatmulPreference_t p), (p))
 TCG_FORWARD_LT(cublasLtMatmulPreferenceSetAttribute,

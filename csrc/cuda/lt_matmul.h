@@ -14,12 +14,15 @@
 namespace tcg::lt {
 
 // A matrix as cuBLASLt reads it: column-major `rows` × `cols` with leading dimension `ld`, and
-// whether the GEMM takes its transpose.
+// whether the GEMM takes its transpose; `batch` of them, `batch_stride` elements apart (a strided
+// batched GEMM: every operand of one call has the same batch).
 struct Matrix {
   void* data;
   at::ScalarType type;
   int64_t rows, cols, ld;
   bool transpose;
+  int32_t batch = 1;
+  int64_t batch_stride = 0;
 };
 
 // What runs after the product. `bias`: the bias (read; CUBLASLT_EPILOGUE_*BIAS) or the bias
