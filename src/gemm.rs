@@ -6,7 +6,7 @@
 //! for the process:
 //! - [`GemmChoice::Heuristic`] (the default): cuBLASLt's heuristic's first. Every process makes
 //!   the same choice on the same GPU, library and shapes, so results repeat bit for bit.
-//! - [`GemmChoice::Timed`]: the fastest of the heuristic's first eight candidates, each timed on
+//! - [`GemmChoice::Timed`]: the fastest of the heuristic's first 32 candidates, each timed on
 //!   the shape's first call outside a stream capture (into scratch outputs; the call's own
 //!   outputs are written once, by the chosen algorithm). A candidate replaces the heuristic's
 //!   first only when 3% faster. As with PyTorch's `torch.backends.cudnn.benchmark = True`, two
@@ -37,7 +37,7 @@ pub enum GemmChoice {
     /// cuBLASLt's heuristic's first: the same in every process (the default).
     #[default]
     Heuristic,
-    /// The fastest of the heuristic's first eight, timed on the shape's first eager call.
+    /// The fastest of the heuristic's first 32, timed on the shape's first eager call.
     Timed,
 }
 
