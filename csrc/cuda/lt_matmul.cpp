@@ -341,11 +341,13 @@ at::Tensor aten_wgrad(const at::Tensor& x2, const at::Tensor& dy2, at::ScalarTyp
 // Llama's [384, 384] over 16,384 rows: 26 µs, where cuBLAS's split-k GEMM into bf16 takes 16).
 // Split where D is at most 2^19 values and each slice keeps at least twice D's longer side in
 // rows (on an H200 the small Llama's step gains 0.1 ms; at 2^21, the 124 M one's [1280, 768]
-// and [768, 768] lost what the slices' sum costs).
+// and [768, 768] lost what the slices' sum costs), and where every slice starts as aligned as
+// the first (both widths multiples of 8: the alignment cuBLASLt is told holds for each).
 constexpr int kWgradSlices = 4;
 int wgrad_slices(const at::Tensor& x2, const at::Tensor& dy2, at::ScalarType type) {
   const int64_t rows = x2.size(0), in = x2.size(1), out = dy2.size(1);
-  if (type != at::kFloat || out * in > (int64_t{1} << 19) || rows % kWgradSlices != 0 ||
+  if (type != at::kFloat || in % 8 != 0 || out % 8 != 0 || out * in > (int64_t{1} << 19) ||
+      rows % kWgradSlices != 0 ||
       rows / kWgradSlices < 2 * std::max(out, in)) {
     return 1;
   }
