@@ -336,7 +336,7 @@ at::Tensor aten_wgrad(const at::Tensor& x2, const at::Tensor& dy2, at::ScalarTyp
   return type == x2.scalar_type() ? at::mm(dy2.t(), x2) : at::mm(dy2.t(), x2, type);
 }
 
-// The slices of the rows (k) a float32 weight gradient is summed in: cuBLASLt's heuristic offers
+// Whether a float32 weight gradient is summed in slices of the rows (k): cuBLASLt's heuristic offers
 // no split-k for a float32 D, and a D of few tiles then runs its whole k on a few SMs (the small
 // Llama's [384, 384] over 16,384 rows: 26 µs, where cuBLAS's split-k GEMM into bf16 takes 16).
 // Split where D is at most 2^19 values and each slice keeps at least twice D's longer side in
@@ -344,20 +344,18 @@ at::Tensor aten_wgrad(const at::Tensor& x2, const at::Tensor& dy2, at::ScalarTyp
 // and [768, 768] lost what the slices' sum costs), and where every slice starts as aligned as
 // the first (both widths multiples of 8: the alignment cuBLASLt is told holds for each).
 constexpr int kWgradSlices = 4;
-int wgrad_slices(const at::Tensor& x2, const at::Tensor& dy2, at::ScalarType type) {
+bool sliced(const at::Tensor& x2, const at::Tensor& dy2, const at::Tensor& dw) {
   const int64_t rows = x2.size(0), in = x2.size(1), out = dy2.size(1);
-  if (type != at::kFloat || in % 8 != 0 || out % 8 != 0 || out * in > (int64_t{1} << 19) ||
-      rows % kWgradSlices != 0 ||
-      rows / kWgradSlices < 2 * std::max(out, in)) {
-    return 1;
-  }
-  return kWgradSlices;
+  return dw.scalar_type() == at::kFloat && in % 8 == 0 && out % 8 == 0 && out * in <= (int64_t{1} << 19) &&
+         rows % kWgradSlices == 0 && rows / kWgradSlices >= 2 * std::max(out, in);
 }
 
-// dw = dy2ᵀ · x2 summed in `slices` slices of the rows: one strided batched GEMM into float32
-// partials [slices, out, in], then their sum in slice order (deterministic); false, having
-// launched nothing, where cuBLASLt offers no algorithm.
-bool sliced_wgrad(const at::Tensor& x2, const at::Tensor& dy2, at::Tensor& dw, bool accumulate, int slices) {
+// dw (+)= dy2ᵀ · x2 summed in slices of the rows where sliced() says so: one strided batched
+// GEMM into float32 partials [slices, out, in], then their sum in slice order (deterministic);
+// false, having launched nothing, where it does not apply or cuBLASLt offers no algorithm.
+bool sliced_wgrad(const at::Tensor& x2, const at::Tensor& dy2, at::Tensor& dw, bool accumulate) {
+  if (!sliced(x2, dy2, dw)) return false;
+  const int slices = kWgradSlices;
   const int64_t rows = x2.size(0) / slices, in = x2.size(1), out = dy2.size(1);
   const at::ScalarType dt = x2.scalar_type();
   at::Tensor part = at::empty({slices, out, in}, dw.options());
@@ -381,8 +379,7 @@ WeightGrads weight_grads(const at::Tensor& x2, const at::Tensor& dy2, bool want_
     return g;
   }
   g.dw = at::empty({dy2.size(1), x2.size(1)}, x2.options().dtype(type));
-  const int slices = want_b ? 1 : wgrad_slices(x2, dy2, type);
-  if (slices > 1 && sliced_wgrad(x2, dy2, g.dw, false, slices)) return g;
+  if (!want_b && sliced_wgrad(x2, dy2, g.dw, false)) return g;
   const WgradOperands m = wgrad_operands(x2, dy2, g.dw);
   if (want_b) {
     g.db = at::empty({dy2.size(1)}, x2.options().dtype(type));
@@ -398,8 +395,7 @@ WeightGrads weight_grads(const at::Tensor& x2, const at::Tensor& dy2, bool want_
 }
 
 void weight_grad_into(const at::Tensor& x2, const at::Tensor& dy2, at::Tensor& dw, bool accumulate) {
-  const int slices = wgrad_slices(x2, dy2, dw.scalar_type());
-  if (slices > 1 && sliced_wgrad(x2, dy2, dw, accumulate, slices)) return;
+  if (sliced_wgrad(x2, dy2, dw, accumulate)) return;
   const WgradOperands m = wgrad_operands(x2, dy2, dw);
   if (matmul(m.a, m.b, m.d, Epilogue{}, accumulate)) return;
   const at::Tensor part = aten_wgrad(x2, dy2, dw.scalar_type());

@@ -32,18 +32,11 @@ __device__ __forceinline__ void rotate(float x0, float x1, float c, float s, flo
   *o1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
-// The first and second 4-value group of item g: values 4g..4g+3 and D/2 + 4g..D/2 + 4g + 3 in
-// both layouts, so that a warp's threads read and write whole sectors (pairs across the two
-// groups when half-split; two pairs within each group when interleaved). Over g < D/8 they cover
-// each value of a row once.
-__device__ __forceinline__ void groups_of(const Params& a, int g, int64_t* first, int64_t* second) {
-  *first = 4 * g;
-  *second = a.dim / 2 + 4 * g;
-}
-
 // Item j of every token (of q's, k's and v's heads × D/8 groups): its part's pointers moved to
-// its head, the part's token strides, its group and the group's two offsets. Fixed for a thread
-// over the tokens it visits: no division per value.
+// its head, the part's token strides, its group g and the group's two offsets, values 4g..4g+3
+// and D/2 + 4g..D/2 + 4g + 3 in both layouts (so that a warp's threads read and write whole
+// sectors; pairs across the two groups when half-split, two pairs within each when interleaved).
+// Fixed for a thread over the tokens it visits: no division per value.
 template <typename T>
 struct Item {
   const T* x;
@@ -68,7 +61,8 @@ __device__ __forceinline__ Item<T> item_of(const Params& a, int j) {
   it.out_b = p.out_b;
   it.out_t = p.out_t;
   it.g = j - slot * groups;
-  groups_of(a, it.g, &it.first, &it.second);
+  it.first = 4 * it.g;
+  it.second = a.dim / 2 + 4 * it.g;
   it.copy = which == 2;
   return it;
 }

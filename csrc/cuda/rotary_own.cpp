@@ -74,8 +74,8 @@ std::pair<at::Tensor, at::Tensor> rotated(const at::Tensor& q, const at::Tensor&
 }
 
 // A gradient as given, or zeros of `sizes` where none came (contiguous either way).
-at::Tensor grad_or_zeros(const at::Tensor& g, const c10::IValue& sizes, const at::TensorOptions& options) {
-  return g.defined() ? g.contiguous() : at::zeros(sizes.toIntVector(), options);
+at::Tensor grad_or_zeros(const at::Tensor& g, at::IntArrayRef sizes, const at::TensorOptions& options) {
+  return g.defined() ? g.contiguous() : at::zeros(sizes, options);
 }
 
 // The host offset and the layout, passed as plain values (not autograd inputs).
@@ -103,8 +103,8 @@ struct FusedRotary : torch::autograd::Function<FusedRotary> {
     const at::Tensor &dq_in = grads.at(0), &dk_in = grads.at(1);
     if (!dq_in.defined() && !dk_in.defined()) return variable_list(6);
     const auto options = (dq_in.defined() ? dq_in : dk_in).options();
-    const at::Tensor dq = grad_or_zeros(dq_in, ctx->saved_data.at("q_sizes"), options);
-    const at::Tensor dk = grad_or_zeros(dk_in, ctx->saved_data.at("k_sizes"), options);
+    const at::Tensor dq = grad_or_zeros(dq_in, ctx->saved_data.at("q_sizes").toIntVector(), options);
+    const at::Tensor dk = grad_or_zeros(dk_in, ctx->saved_data.at("k_sizes").toIntVector(), options);
     auto [gq, gk] = rotated(dq, dk, Rotation{saved[0], saved[1], saved[2], ctx->saved_data.at("offset").toInt(),
                                              ctx->saved_data.at("half_split").toBool(), true});
     return {dq_in.defined() ? gq : at::Tensor(), dk_in.defined() ? gk : at::Tensor(), at::Tensor(), at::Tensor(),
@@ -151,11 +151,9 @@ struct FusedRotaryQkv : torch::autograd::Function<FusedRotaryQkv> {
     const auto options = it->options();
     at::Tensor dqkv = at::empty(ctx->saved_data.at("qkv_sizes").toIntVector(), options);
     const auto [sq, sk, sv] = split_qkv(dqkv, ctx->saved_data.at("heads").toInt(), ctx->saved_data.at("kv_heads").toInt());
-    // a missing gradient is zeros of its slot's shape
-    const auto given = [&](size_t i, const at::Tensor& slot) {
-      return grads.at(i).defined() ? grads.at(i).contiguous() : at::zeros(slot.sizes(), options);
-    };
-    const at::Tensor dq = given(0, sq), dk = given(1, sk), dv = given(2, sv);
+    const at::Tensor dq = grad_or_zeros(grads.at(0), sq.sizes(), options);
+    const at::Tensor dk = grad_or_zeros(grads.at(1), sk.sizes(), options);
+    const at::Tensor dv = grad_or_zeros(grads.at(2), sv.sizes(), options);
     launch(dq, part_of(dq, sq), part_of(dk, sk), part_of(dv, sv),
            Rotation{saved[0], saved[1], saved[2], ctx->saved_data.at("offset").toInt(),
                     ctx->saved_data.at("half_split").toBool(), true});

@@ -33,8 +33,8 @@ __device__ __forceinline__ void grads(float g, float u, float d, float* dg, floa
   *dg = ((d * u) * sig) * (1.0f + g * (1.0f - sig));
 }
 
-// Where a thread works: a row's columns are covered by `lanes` threads (whole warps, at most the
-// block), the block holds blockDim.x / lanes rows at a time, the rows strided over the grid.
+// Where a thread works: a row's columns are covered by lanes_for(F) threads, the block holds
+// blockDim.x / lanes rows at a time, the rows strided over the grid.
 // Worked out once per thread: no division per value (a division per 4 values had made the
 // kernels bound by their instructions).
 struct RowSpan {
@@ -42,9 +42,7 @@ struct RowSpan {
   int64_t col;  // this thread's first column; then every 4 · lanes
   int64_t col_step;
   __device__ RowSpan(int64_t f) {
-    const int64_t groups = f / 4;
-    const int64_t whole = (groups + 31) / 32 * 32;
-    const int lanes = static_cast<int>(whole < blockDim.x ? whole : blockDim.x);
+    const int lanes = static_cast<int>(lanes_for(f));  // the launcher's blocks are kThreads wide
     const int rows_per_block = static_cast<int>(blockDim.x) / lanes;
     const int r = static_cast<int>(threadIdx.x) / lanes;
     // threads past the block's last whole row get no row

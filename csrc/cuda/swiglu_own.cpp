@@ -20,8 +20,11 @@ using torch::autograd::variable_list;
 namespace tcg::swiglu {
 namespace {
 
-unsigned blocks_for(int64_t items, int device) {
-  return static_cast<unsigned>(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1, own::sm_count(device) * 16));
+// One block per kThreads / lanes_for(f) rows (a thread per 4 values of a row), at most 16 an SM.
+unsigned blocks_for(int64_t rows, int64_t f, int device) {
+  const int64_t rows_per_block = kThreads / lanes_for(f);
+  return static_cast<unsigned>(
+      std::clamp<int64_t>((rows + rows_per_block - 1) / rows_per_block, 1, own::sm_count(device) * 16));
 }
 
 struct FusedSwiGLU : torch::autograd::Function<FusedSwiGLU> {
@@ -34,7 +37,7 @@ struct FusedSwiGLU : torch::autograd::Function<FusedSwiGLU> {
     at::Tensor out = at::empty(sizes, h.options());
     Forward p{h.data_ptr(), out.data_ptr(), rows, f};
     if (rows * f > 0) {
-      own::launch(own::swiglu_kernel(own::Pass::Forward, h.scalar_type()), device, blocks_for(rows * f / 4, device),
+      own::launch(own::swiglu_kernel(own::Pass::Forward, h.scalar_type()), device, blocks_for(rows, f, device),
                   kThreads, &p);
     }
     ctx->save_for_backward({h});
@@ -53,7 +56,7 @@ struct FusedSwiGLU : torch::autograd::Function<FusedSwiGLU> {
     at::Tensor dh = at::empty_like(h);
     Backward p{h.data_ptr(), d.data_ptr(), dh.data_ptr(), rows, f};
     if (rows * f > 0) {
-      own::launch(own::swiglu_kernel(own::Pass::Backward, h.scalar_type()), device, blocks_for(rows * f / 4, device),
+      own::launch(own::swiglu_kernel(own::Pass::Backward, h.scalar_type()), device, blocks_for(rows, f, device),
                   kThreads, &p);
     }
     return {dh};

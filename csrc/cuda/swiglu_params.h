@@ -16,6 +16,13 @@ namespace tcg::swiglu {
 
 constexpr int kThreads = 256;
 
+// The threads that cover one row of F values, 4 each: whole warps, at most a block (a block holds
+// kThreads / lanes rows at a time). The kernels' layout and the launcher's grid, in one place.
+constexpr int64_t lanes_for(int64_t f) {
+  const int64_t whole = (f / 4 + 31) / 32 * 32;
+  return whole < kThreads ? whole : kThreads;
+}
+
 struct Forward {
   const void* h;  // [rows, 2F]
   void* out;      // [rows, F]
