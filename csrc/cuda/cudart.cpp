@@ -113,6 +113,8 @@ TCG_FORWARD(cudaLibraryLoadData,
 TCG_FORWARD(cudaLibraryGetKernel, (cudaKernel_t * k, cudaLibrary_t lib, const char* name),
             (k, lib, name))
 TCG_FORWARD(cudaFuncGetAttributes, (struct cudaFuncAttributes * attr, const void* f), (attr, f))
+TCG_FORWARD(cudaOccupancyMaxActiveBlocksPerMultiprocessor, (int* blocks, const void* f, int threads, size_t smem),
+            (blocks, f, threads, smem))
 TCG_FORWARD(cudaLaunchKernel,
             (const void* f, dim3 grid, dim3 block, void** args, size_t smem, cudaStream_t s),
             (f, grid, block, args, smem, s))

@@ -21,12 +21,12 @@ using torch::autograd::variable_list;
 namespace tcg::gelu {
 namespace {
 
-// Both passes' grid: the columns (4 a thread) across x, the rows strided over y, about
-// kBlocksPerSm blocks an SM in all, and at least kMinRows rows a block.
-dim3 grid(int64_t rows, int64_t f, int device) {
+// Both passes' grid: the columns (4 a thread) across x, the rows strided over y, about `per_sm`
+// blocks an SM in all, and at least kMinRows rows a block.
+dim3 grid(int64_t rows, int64_t f, int device, int64_t per_sm) {
   const int64_t tiles = (f / 4 + kThreads - 1) / kThreads;
   const int64_t most = std::min<int64_t>((rows + kMinRows - 1) / kMinRows, 65535);
-  const int64_t splits = std::clamp<int64_t>((own::sm_count(device) * kBlocksPerSm + tiles - 1) / tiles, 1, std::max<int64_t>(most, 1));
+  const int64_t splits = std::clamp<int64_t>((own::sm_count(device) * per_sm + tiles - 1) / tiles, 1, std::max<int64_t>(most, 1));
   return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits));
 }
 
@@ -40,7 +40,8 @@ struct FusedGelu : torch::autograd::Function<FusedGelu> {
     at::Tensor y = at::empty_like(x);
     Forward p{x.data_ptr(), bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr(), rows, f};
     if (rows * f > 0) {
-      own::launch(own::gelu_kernel(own::Pass::Forward, x.scalar_type(), tanh), device, grid(rows, f, device), kThreads, &p);
+      own::launch(own::gelu_kernel(own::Pass::Forward, x.scalar_type(), tanh), device,
+                  grid(rows, f, device, kBlocksPerSm), kThreads, &p);
     }
     ctx->save_for_backward({x, bias});
     ctx->saved_data["tanh"] = tanh;
@@ -63,12 +64,15 @@ struct FusedGelu : torch::autograd::Function<FusedGelu> {
       if (bias.defined()) dbias.zero_();
       return {dx, dbias, at::Tensor()};
     }
-    const dim3 blocks = grid(rows, f, device);
+    // the backward: as many blocks as the SMs hold at once (one wave), so that the bias
+    // gradient's partials, one row a block in y, are as few as can be
+    const bool tanh = ctx->saved_data.at("tanh").toBool();
+    const std::string name = own::gelu_kernel(own::Pass::Backward, x.scalar_type(), tanh);
+    const dim3 blocks = grid(rows, f, device, own::resident_blocks(name, device, kThreads));
     at::Tensor part = bias.defined() ? at::empty({static_cast<int64_t>(blocks.y), f}, x.options().dtype(at::kFloat)) : at::Tensor();
     Backward p{x.data_ptr(), bias.defined() ? bias.data_ptr<float>() : nullptr, dy.data_ptr(), dx.data_ptr(),
                bias.defined() ? part.data_ptr<float>() : nullptr, rows, f};
-    const bool tanh = ctx->saved_data.at("tanh").toBool();
-    own::launch(own::gelu_kernel(own::Pass::Backward, x.scalar_type(), tanh), device, blocks, kThreads, &p);
+    own::launch(name, device, blocks, kThreads, &p);
     if (bias.defined()) {
       Finish fin{{part.data_ptr<float>()}, {dbias.data_ptr<float>()}, static_cast<int32_t>(blocks.y), static_cast<int32_t>(f)};
       own::launch("tcg_gelu_finish", device, static_cast<unsigned>((f + cuda::kColSumCols - 1) / cuda::kColSumCols),

@@ -3,18 +3,22 @@
 // (csrc/cuda/gelu_own.cpp, host compiler) share. Plain data, each kernel's only argument.
 //
 // What they compute, x [rows, F] the output of a linear layer run without its bias, b [F] that
-// bias in float32 (fp32 math, read and written in x's dtype; ATen's formulas, ActivationGeluKernel.cu):
-//   forward:  z = x + b,  y = z · Φ(z) = z/2 · (1 + erf(z/√2))                          (exact)
-//                         y = z/2 · (1 + tanh(√(2/π) · (z + 0.044715 z³)))               (tanh)
+// bias in float32 (fp32 math, read and written in x's dtype):
+//   forward:  z = x + b,  y = z · Φ(z)                (exact: Φ through the normal distribution's
+//                                                      tail, gelu_kernels.cu's tail_of)
+//                         y = z/2 · (1 + tanh(√(2/π) · (z + 0.044715 z³)))   (tanh: ATen's
+//                                                      formula, ActivationGeluKernel.cu)
 //   backward: dx = dy · gelu'(z)  (dx is also the gradient of the bias's input: dz)
 //             db = sum over rows of dx, before dx's rounding (per block of rows, then summed by
 //             col_sum.cuh's finishing kernel: a fixed order)
 // Both passes: one thread per 4 columns, kThreads threads a block across the columns (the grid's
 // x), blocks of the grid's y dimension striding over the rows, a few rows' loads in flight
-// together (kFwdRows, kBwdRows); about kBlocksPerSm blocks an SM in all, at least kMinRows rows
-// a block. The kernels are bound by their math (erf, exp) as much as by memory: few registers,
-// many threads (H200, measured against the variants of 2 to 8 rows and 8 columns a thread, 128
-// and 256 threads).
+// together (kFwdRows, kBwdRows); the forward about kBlocksPerSm blocks an SM in all, the
+// backward as many as the SMs hold at once (its partials, a row a block in y, as few as can be);
+// at least kMinRows rows a block. The kernels are bound by their math (a reciprocal, an
+// exponential and a polynomial a value) as much as by memory: few registers, many threads
+// (H200, measured against the variants of 2 to 8 rows and 8 columns a thread, 128 and 256
+// threads).
 #pragma once
 #include <stdint.h>
 

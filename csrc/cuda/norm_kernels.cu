@@ -65,6 +65,37 @@ __device__ __forceinline__ float4 keep4(uint64_t seed, uint64_t offset, uint64_t
                      static_cast<float>(r.w >> 8) * k < keep ? scale : 0.0f);
 }
 
+// Four floats of a parameter (gamma, beta, a bias) through the read-only path: loads the
+// compiler may move ahead of the row's stores.
+__device__ __forceinline__ float4 param4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+
+// Four values of T as loaded, not yet widened to floats (8 bytes for the 16-bit types): half the
+// registers of four floats while a row's loads are in flight.
+template <typename T>
+struct Raw4 {
+  uint2 u;
+};
+template <>
+struct Raw4<float> {
+  float4 f;
+};
+template <typename T>
+__device__ __forceinline__ Raw4<T> load_raw4(const T* p) {
+  return {*reinterpret_cast<const uint2*>(p)};
+}
+template <>
+__device__ __forceinline__ Raw4<float> load_raw4<float>(const float* p) {
+  return {load4<float>(p)};
+}
+template <typename T>
+__device__ __forceinline__ float4 widen(const Raw4<T>& r) {
+  return load4<T>(reinterpret_cast<const T*>(&r.u));
+}
+template <>
+__device__ __forceinline__ float4 widen<float>(const Raw4<float>& r) {
+  return r.f;
+}
+
 template <typename TB, typename TY, int VEC>
 __device__ void forward(const Forward& a) {
   const int lane = threadIdx.x & 31;
@@ -74,17 +105,29 @@ __device__ void forward(const Forward& a) {
   const int64_t base = row * cols;
   uint64_t seed = 0, offset = 0;
   if (a.dropout) unpack(a.philox, &seed, &offset);
+  // every group's loads first, in flight together, then the sums and the stores (the stores of
+  // the residual stream may alias its loads, so the compiler keeps a load after an earlier
+  // group's store: loading group by group, a row waited on VEC round trips to memory)
   float4 v[VEC];
+  Raw4<TB> br[VEC];
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    const int c = (lane + 32 * i) * 4;
+    if (c < cols) {
+      v[i] = load4<float>(a.res + base + c);
+      if (a.branch != nullptr) br[i] = load_raw4<TB>(static_cast<const TB*>(a.branch) + base + c);
+    }
+  }
   float sum = 0.0f;
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
     const int c = (lane + 32 * i) * 4;
     if (c < cols) {
-      float4 x = load4<float>(a.res + base + c);
+      float4 x = v[i];
       if (a.branch != nullptr) {
-        float4 b = load4<TB>(static_cast<const TB*>(a.branch) + base + c);
+        float4 b = widen<TB>(br[i]);
         if (a.branch_bias != nullptr) {
-          const float4 bb = load4<float>(a.branch_bias + c);
+          const float4 bb = param4(a.branch_bias + c);
           b = make_float4(b.x + bb.x, b.y + bb.y, b.z + bb.z, b.w + bb.w);
         }
         if (a.dropout) {
@@ -113,8 +156,8 @@ __device__ void forward(const Forward& a) {
   for (int i = 0; i < VEC; ++i) {
     const int c = (lane + 32 * i) * 4;
     if (c < cols) {
-      const float4 g = a.gamma ? load4<float>(a.gamma + c) : make_float4(1.f, 1.f, 1.f, 1.f);
-      const float4 b = a.beta ? load4<float>(a.beta + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float4 g = a.gamma ? param4(a.gamma + c) : make_float4(1.f, 1.f, 1.f, 1.f);
+      const float4 b = a.beta ? param4(a.beta + c) : make_float4(0.f, 0.f, 0.f, 0.f);
       const float4 y = make_float4((v[i].x - mean) * rstd * g.x + b.x, (v[i].y - mean) * rstd * g.y + b.y,
                                    (v[i].z - mean) * rstd * g.z + b.z, (v[i].w - mean) * rstd * g.w + b.w);
       store4<TY>(static_cast<TY*>(a.y) + base + c, y);

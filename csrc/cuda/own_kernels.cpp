@@ -240,6 +240,16 @@ int64_t sm_count(int device) {
   return at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device))->multiProcessorCount;
 }
 
+int64_t resident_blocks(const std::string& name, int device, unsigned threads) {
+  cudaKernel_t k = kernel(name.c_str(), device);
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  int blocks = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, reinterpret_cast<const void*>(k),
+                                                          static_cast<int>(threads), 0),
+             name.c_str());
+  return std::max(blocks, 1);
+}
+
 bool aligned16(const at::Tensor& t) { return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 template <typename List, typename Item>

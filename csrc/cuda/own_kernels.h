@@ -29,6 +29,10 @@ void launch(const std::string& name, int device, dim3 blocks, unsigned threads, 
 int64_t sm_count(int device);
 bool aligned16(const at::Tensor& t);
 
+// How many blocks of `threads` threads of the kernel `name` one SM of `device` holds at once (its
+// registers decide): a grid of sm_count() times this runs in one wave. At least 1.
+int64_t resident_blocks(const std::string& name, int device, unsigned threads);
+
 // The kernels of own_kernel_list.h, by their names' parts: whether the lists build a dtype (or
 // pair), and each kernel's name as the *_kernels.cu files spell it.
 enum class Pass { Forward, Backward };

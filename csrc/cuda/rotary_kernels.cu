@@ -32,37 +32,37 @@ __device__ __forceinline__ void rotate(float x0, float x1, float c, float s, flo
   *o1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
-// Item j of every token (of q's, k's and v's heads × D/8 groups): its part's pointers moved to
-// its head, the part's token strides, its group g and the group's two offsets, values 4g..4g+3
-// and D/2 + 4g..D/2 + 4g + 3 in both layouts (so that a warp's threads read and write whole
-// sectors; pairs across the two groups when half-split, two pairs within each when interleaved).
-// Fixed for a thread over the tokens it visits: no division per value.
+// Item j of every token (of q's, k's and v's heads × D/8 groups): its part's pointers at its head,
+// its group and the block's first token (b0, t0), the part's token strides and the step from a
+// sequence's last token to the next sequence's first (32-bit: the launcher checks that every
+// part spans fewer than 2^31 elements), its group g: values 4g..4g+3 at x and D/2 + 4g..D/2 +
+// 4g + 3 at x + D/2 in both layouts (so that a warp's threads read and write whole sectors; pairs
+// across the two groups when half-split, two pairs within each when interleaved). Fixed for a
+// thread over the tokens it visits: no division per value.
 template <typename T>
 struct Item {
   const T* x;
   T* out;
-  int64_t stride_b, stride_t, out_b, out_t, first, second;
+  int32_t stride_t, out_t, x_wrap, o_wrap;
   int g;
   bool copy;  // v: copied, not rotated
 };
 
 template <typename T>
-__device__ __forceinline__ Item<T> item_of(const Params& a, int j) {
+__device__ __forceinline__ Item<T> item_of(const Params& a, int j, int b0, int t0) {
   const int groups = a.dim / 8;
   const int slot = j / groups;
   const int which = slot < a.q.heads ? 0 : slot < a.q.heads + a.k.heads ? 1 : 2;
   const Part p = which == 0 ? a.q : which == 1 ? a.k : a.v;  // a copy: no indexing of the parameters
   const int h = slot - (which == 0 ? 0 : which == 1 ? a.q.heads : a.q.heads + a.k.heads);
   Item<T> it;
-  it.x = static_cast<const T*>(p.x) + h * p.stride_h;
-  it.out = static_cast<T*>(p.out) + h * p.out_h;
-  it.stride_b = p.stride_b;
-  it.stride_t = p.stride_t;
-  it.out_b = p.out_b;
-  it.out_t = p.out_t;
   it.g = j - slot * groups;
-  it.first = 4 * it.g;
-  it.second = a.dim / 2 + 4 * it.g;
+  it.x = static_cast<const T*>(p.x) + (h * p.stride_h + b0 * p.stride_b + t0 * p.stride_t + 4 * it.g);
+  it.out = static_cast<T*>(p.out) + (h * p.out_h + b0 * p.out_b + t0 * p.out_t + 4 * it.g);
+  it.stride_t = static_cast<int32_t>(p.stride_t);
+  it.out_t = static_cast<int32_t>(p.out_t);
+  it.x_wrap = static_cast<int32_t>(p.stride_b - a.seq * p.stride_t);
+  it.o_wrap = static_cast<int32_t>(p.out_b - a.seq * p.out_t);
   it.copy = which == 2;
   return it;
 }
@@ -90,9 +90,10 @@ __device__ __forceinline__ void angles(const Params& a, const Item<T>& it, int64
 // copied.
 template <typename T>
 __device__ __forceinline__ void store_item(const Params& a, const Item<T>& it, float4 u, float4 v, int64_t pos, T* o) {
+  const int half = a.dim / 2;
   if (it.copy) {
-    store4<T>(o + it.first, u);
-    store4<T>(o + it.second, v);
+    store4<T>(o, u);
+    store4<T>(o + half, v);
     return;
   }
   float4 c, s;
@@ -110,15 +111,17 @@ __device__ __forceinline__ void store_item(const Params& a, const Item<T>& it, f
     rotate(v.x, v.y, c.z, s.z, &ov.x, &ov.y);
     rotate(v.z, v.w, c.w, s.w, &ov.z, &ov.w);
   }
-  store4<T>(o + it.first, ou);
-  store4<T>(o + it.second, ov);
+  store4<T>(o, ou);
+  store4<T>(o + half, ov);
 }
 
 // A block's threads cover a token's items (j = threadIdx.x, + blockDim.x, ...) over the block's
 // run of consecutive tokens, the pointers stepped on from token to token (no division, no
 // 64-bit product per token: the index arithmetic had made the kernel bound by its
-// instructions). (Reading several tokens before writing any took more registers than it gained
-// in loads in flight: slower.)
+// instructions). Each thread reads the next token's values before it writes the current one's,
+// so that two tokens' loads are in flight (the outputs never alias the inputs: the launcher
+// writes new tensors); waiting on one load at a time, the kernel reached a third of DRAM's
+// bandwidth.
 template <typename T>
 __device__ void rotary(const Params& a) {
   const int per_token = (a.q.heads + a.k.heads + a.v.heads) * (a.dim / 8);
@@ -126,23 +129,36 @@ __device__ void rotary(const Params& a) {
   const int run = (tokens + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
   const int first = static_cast<int>(blockIdx.x) * run;
   const int last = min(tokens, first + run);
+  if (first >= last) return;
   const int64_t offset = a.offset + (a.offset_dev ? *a.offset_dev : 0);
   const int b0 = first / a.seq, t0 = first - b0 * a.seq;
+  const int half = a.dim / 2;
   for (int j = threadIdx.x; j < per_token; j += blockDim.x) {
-    const Item<T> it = item_of<T>(a, j);
-    const T* x = it.x + b0 * it.stride_b + t0 * it.stride_t;
-    T* o = it.out + b0 * it.out_b + t0 * it.out_t;
-    const int64_t x_wrap = it.stride_b - a.seq * it.stride_t, o_wrap = it.out_b - a.seq * it.out_t;
+    const Item<T> it = item_of<T>(a, j, b0, t0);
+    const T* x = it.x;
+    T* o = it.out;
     int t = t0;
+    float4 u = load4<T>(x), v = load4<T>(x + half);
     for (int token = first; token < last; ++token) {
-      store_item<T>(a, it, load4<T>(x + it.first), load4<T>(x + it.second), offset + t, o);
-      x += it.stride_t;
-      o += it.out_t;
-      if (++t == a.seq) {
-        t = 0;
-        x += x_wrap;
-        o += o_wrap;
+      const T* next = x + it.stride_t;
+      T* next_o = o + it.out_t;
+      int next_t = t + 1;
+      if (next_t == a.seq) {
+        next_t = 0;
+        next += it.x_wrap;
+        next_o += it.o_wrap;
       }
+      float4 nu = u, nv = v;
+      if (token + 1 < last) {
+        nu = load4<T>(next);
+        nv = load4<T>(next + half);
+      }
+      store_item<T>(a, it, u, v, offset + t, o);
+      u = nu;
+      v = nv;
+      x = next;
+      o = next_o;
+      t = next_t;
     }
   }
 }

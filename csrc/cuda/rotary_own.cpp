@@ -55,14 +55,16 @@ void launch(const at::Tensor& q, const Part& pq, const Part& pk, const Part& pv,
   p.half_split = r.half_split ? 1 : 0;
   p.negate_sin = r.backward ? 1 : 0;
   // a block's threads: one per item of a token (whole warps, at most kThreads); the blocks: as
-  // many as fill the SMs' threads, each striding over the tokens
+  // many as the SMs hold at once (one wave: each block's run of tokens as long as it can be, for
+  // its loads of the next token to overlap the current one's)
   const int64_t per_token = (pq.heads + pk.heads + pv.heads) * q.size(3) / 8;
   const int64_t tokens = q.size(0) * q.size(1);
   if (per_token > 0 && tokens > 0) {
-    const int64_t threads = std::min<int64_t>((per_token + 31) / 32 * 32, kThreads);
-    const int64_t blocks = std::min<int64_t>(tokens, own::sm_count(device) * (2048 / threads));
-    own::launch(own::rotary_kernel(q.scalar_type()), device, static_cast<unsigned>(blocks),
-                static_cast<unsigned>(threads), &p);
+    const std::string name = own::rotary_kernel(q.scalar_type());
+    const auto threads = static_cast<unsigned>(std::min<int64_t>((per_token + 31) / 32 * 32, kThreads));
+    const int64_t blocks =
+        std::min<int64_t>(tokens, own::sm_count(device) * own::resident_blocks(name, device, threads));
+    own::launch(name, device, static_cast<unsigned>(blocks), threads, &p);
   }
 }
 
@@ -163,6 +165,17 @@ struct FusedRotaryQkv : torch::autograd::Function<FusedRotaryQkv> {
 
 }  // namespace
 
+namespace {
+
+// The elements from a tensor's first to its last, 1 + Σ (size - 1) · stride (strides positive).
+int64_t span(const at::Tensor& t) {
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return t.numel() == 0 ? 0 : last + 1;
+}
+
+}  // namespace
+
 std::string unsupported(const Inputs& in) {
   if (!in.q.is_cuda()) return "q is not on a CUDA device";
   if (!own::rotary_builds(in.q.scalar_type())) return std::string("dtype ") + c10::toString(in.q.scalar_type());
@@ -175,7 +188,9 @@ std::string unsupported(const Inputs& in) {
   if (!in.cos.is_contiguous() || !in.sin.is_contiguous() || !own::aligned16(in.cos) || !own::aligned16(in.sin)) {
     return "the tables are not contiguous and 16-byte aligned";
   }
-  if (in.q.numel() > INT32_MAX || in.k.numel() > INT32_MAX || in.q.size(1) > INT32_MAX) {
+  // the kernel's offsets are 32-bit: q, k, and v after k where q and k are views of a fused
+  // projection, each span fewer than 2^31 elements
+  if (span(in.q) > INT32_MAX || span(in.k) + in.k.size(2) * in.k.size(3) > INT32_MAX) {
     return "more elements than the kernel indexes";
   }
   return kernels::unavailable(in.q.get_device());
