@@ -3,12 +3,13 @@
 // fp32) with fp32 math. Where the loss will be differentiated, the forward also writes the
 // gradient (for a loss gradient of 1) from the row it has just read, which the L2 cache still
 // holds: one read of the logits from memory in all, and the backward only scales the gradient,
-// where the loss's gradient is not 1. The kernel is bound by its instructions more than by
-// memory, so the exponentials are the hardware's (fast_math.cuh's exp_ftz: ex2.approx.ftz of
-// x·log2 e; a few ulp, far below a bf16 rounding of the gradient, and the sums they feed are of
-// terms at most 1), and the target's 1 is subtracted once per row, not compared for at every
-// value (with `__expf`'s subnormal handling and that compare: 463 M instructions at [12288,
-// 32000] bf16 and 598 µs on an H200; now 320 M and 465 µs). ATen's path under
+// where the loss's gradient is not 1. The kernel is bound by its instructions as much as by
+// memory, so the exponentials are the hardware's (fast_math.cuh's exp2_ftz: ex2.approx.ftz, of
+// one fused multiply-add a value, x·log2 e plus a bias per row; a few ulp, far below a bf16
+// rounding of the gradient, and the sums they feed are of terms at most 1), and the target's 1
+// is subtracted once per row, not compared for at every value (with `__expf`'s subnormal
+// handling and that compare: 463 M instructions at [12288, 32000] bf16 and 598 µs on an H200;
+// then 320 M and 467 µs; with the fused multiply-adds 269 M and 447 µs). ATen's path under
 // autocast casts the logits to fp32, runs log_softmax and nll_loss, and in the backward writes
 // the fp32 gradient, its log_softmax gradient and the cast back: five passes over the largest
 // tensor of a language model. One block per row (see loss_params.h for what each computes); the
