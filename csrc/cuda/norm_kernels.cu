@@ -65,8 +65,9 @@ __device__ __forceinline__ float4 keep4(uint64_t seed, uint64_t offset, uint64_t
                      static_cast<float>(r.w >> 8) * k < keep ? scale : 0.0f);
 }
 
-// Four floats of a parameter (gamma, beta, a bias) through the read-only path: loads the
-// compiler may move ahead of the row's stores.
+// Four floats of a parameter (gamma, beta, a bias), read by every row of the launch, through the
+// read-only data cache (ld.global.nc). (The compiler still keeps them after the previous group's
+// store: the branches on which parameters there are stand between.)
 __device__ __forceinline__ float4 param4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
 
 // Four values of T as loaded, not yet widened to floats (8 bytes for the 16-bit types): half the

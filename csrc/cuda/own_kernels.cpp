@@ -11,6 +11,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "cuda_shim.h"
@@ -117,6 +118,8 @@ struct Library {
   std::string error;  // why a library did not load (or was not built)
   std::map<std::string, cudaKernel_t> kernels;
   std::map<int, std::string> device_error;  // per device checked: "" when usable
+  // resident_blocks' answers, per (kernel, device, threads): asked once, not at every launch
+  std::map<std::tuple<std::string, int, unsigned>, int64_t> resident;
 };
 
 Library& library() {
@@ -241,13 +244,23 @@ int64_t sm_count(int device) {
 }
 
 int64_t resident_blocks(const std::string& name, int device, unsigned threads) {
+  Library& l = library();
+  const auto key = std::make_tuple(name, device, threads);
+  {
+    std::lock_guard<std::mutex> lock(l.mu);
+    auto it = l.resident.find(key);
+    if (it != l.resident.end()) return it->second;
+  }
   cudaKernel_t k = kernel(name.c_str(), device);
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   int blocks = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, reinterpret_cast<const void*>(k),
                                                           static_cast<int>(threads), 0),
              name.c_str());
-  return std::max(blocks, 1);
+  const int64_t n = std::max(blocks, 1);
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.resident.emplace(key, n);
+  return n;
 }
 
 bool aligned16(const at::Tensor& t) { return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }

@@ -30,7 +30,8 @@ int64_t sm_count(int device);
 bool aligned16(const at::Tensor& t);
 
 // How many blocks of `threads` threads of the kernel `name` one SM of `device` holds at once (its
-// registers decide): a grid of sm_count() times this runs in one wave. At least 1.
+// registers decide): a grid of sm_count() times this runs in one wave. At least 1; asked of the
+// runtime once per kernel, device and block size.
 int64_t resident_blocks(const std::string& name, int device, unsigned threads);
 
 // The kernels of own_kernel_list.h, by their names' parts: whether the lists build a dtype (or
