@@ -70,7 +70,7 @@ fn find_nvcc(torch_root: &Path) -> Option<PathBuf> {
 
 /// The crate's own kernels: each `csrc/cuda/NAME.cu` becomes a fat binary embedded as
 /// `tcg_NAME_fatbin` (loaded by `csrc/cuda/own_kernels.cpp`).
-const OWN_KERNELS: [&str; 7] = [
+const OWN_KERNELS: [&str; 8] = [
     "optim_kernels",
     "norm_kernels",
     "loss_kernels",
@@ -78,6 +78,7 @@ const OWN_KERNELS: [&str; 7] = [
     "swiglu_kernels",
     "gelu_kernels",
     "embedding_kernels",
+    "linear_kernels",
 ];
 
 /// Compiles the [`OWN_KERNELS`] into fat binaries and writes a C++ file that embeds them. Err: why

@@ -200,6 +200,15 @@ size_t tcg_layout(tcg_layout_struct s, size_t* size, size_t* align, size_t* offs
       TCG_FIELD(tcg_rotary_qkv_inputs, heads);
       TCG_FIELD(tcg_rotary_qkv_inputs, kv_heads);
       break;
+    case TCG_LAYOUT_SCHEDULE:
+      set(sizeof(tcg_schedule), alignof(tcg_schedule));
+      TCG_FIELD(tcg_schedule, kind);
+      TCG_FIELD(tcg_schedule, warmup);
+      TCG_FIELD(tcg_schedule, total);
+      TCG_FIELD(tcg_schedule, min_factor);
+      TCG_FIELD(tcg_schedule, step_size);
+      TCG_FIELD(tcg_schedule, gamma);
+      break;
     case TCG_LAYOUT_MLP_INPUTS:
       set(sizeof(tcg_mlp_inputs), alignof(tcg_mlp_inputs));
       TCG_FIELD(tcg_mlp_inputs, x);

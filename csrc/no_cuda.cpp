@@ -118,6 +118,12 @@ bool sgd(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
   *why = "this binary was built without CUDA";
   return false;
 }
+bool clip_coef(const at::Tensor&, double, const at::Tensor&) { return false; }
+bool lr_schedule(const at::Tensor&, const tcg_schedule&, const std::vector<at::Tensor>&, const double*,
+                 std::string* why) {
+  *why = "this binary was built without CUDA";
+  return false;
+}
 }  // namespace tcg::optim
 
 // The fused normalization kernels need CUDA: norm.cpp runs ATen's operators.

@@ -71,7 +71,9 @@ std::string why_not(bool ran, const std::string& why) {
 std::pair<at::Tensor, at::Tensor> clip_factor(const std::vector<at::Tensor>& g, double max_norm, double norm_type) {
   auto norms = at::_foreach_norm(g, norm_type);
   at::Tensor total = at::linalg_vector_norm(at::stack(norms), norm_type);
-  at::Tensor coef = at::clamp_max(at::reciprocal(total + 1e-6) * max_norm, 1.0);
+  // the factor: one own kernel where it runs, four of ATen's otherwise (the same value)
+  at::Tensor coef = at::empty_like(total);
+  if (!tcg::optim::clip_coef(total, max_norm, coef)) coef = at::clamp_max(at::reciprocal(total + 1e-6) * max_norm, 1.0);
   return {std::move(total), std::move(coef)};
 }
 
@@ -211,6 +213,20 @@ tcg_status tcg_grads_clip_coef(tcg_tensors grads, double max_norm, double norm_t
     auto [total, coef] = clip_factor(g, max_norm, norm_type);
     *total_out = new at::Tensor(std::move(total));
     *coef_out = new at::Tensor(std::move(coef));
+  });
+}
+
+tcg_status tcg_lr_schedule_step(tcg_tensor step, const tcg_schedule* schedule, tcg_tensors lrs, const double* bases,
+                                bool* ran_own) {
+  return guard([&] {
+    *ran_own = false;
+    if (schedule == nullptr || (lrs.len > 0 && bases == nullptr)) misuse("lr schedule: null schedule or bases");
+    if (schedule->kind != TCG_SCHEDULE_WARMUP_COSINE && schedule->kind != TCG_SCHEDULE_LINEAR_WARMUP &&
+        schedule->kind != TCG_SCHEDULE_STEP_DECAY) {
+      misuse("lr schedule: unknown kind");
+    }
+    std::string why;
+    *ran_own = tcg::optim::lr_schedule(tensor_ref(step), *schedule, tensor_list(lrs), bases, &why);
   });
 }
 

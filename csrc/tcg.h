@@ -17,7 +17,7 @@
 //   error.cpp              error, string, testing     always
 //   kernels.cpp            kernels                    always
 //   gemm.cpp               gemm                       always
-//   optim.cpp              optim, grads               always
+//   optim.cpp              optim, grads, lr           always
 //   norm.cpp               norm                       always
 //   shadow.cpp             shadows                    always
 //   linear.cpp             linear                     always
@@ -227,6 +227,19 @@ tcg_status tcg_grads_clip_coef(tcg_tensors grads, double max_norm, double norm_t
                                tcg_tensor* coef_out);
 // Value clipping in place: each g_i clamped to [-clip, clip] (PyTorch's clip_grad_value_, foreach).
 tcg_status tcg_grads_clip_value(tcg_tensors grads, double clip);
+// A learning-rate schedule as the own kernel computes it (src/schedule.rs's built-in schedules).
+typedef enum { TCG_SCHEDULE_WARMUP_COSINE = 0, TCG_SCHEDULE_LINEAR_WARMUP = 1, TCG_SCHEDULE_STEP_DECAY = 2 } tcg_schedule_kind;
+typedef struct {
+  tcg_schedule_kind kind;
+  double warmup, total, min_factor;  // WARMUP_COSINE; LINEAR_WARMUP reads warmup
+  double step_size, gamma;           // STEP_DECAY
+} tcg_schedule;
+// One schedule step in one launch of the own kernel, on the current stream: step (a 0-d float64
+// counter) += 1, then lrs[i] (0-d float32) = bases[i] * factor(step), bases holding lrs.len values.
+// *ran_own false, nothing done, where the kernel does not apply (a CPU counter, no own kernels,
+// more groups than one launch sets, tensors unlike these): the caller computes the rates itself.
+tcg_status tcg_lr_schedule_step(tcg_tensor step, const tcg_schedule* schedule, tcg_tensors lrs, const double* bases,
+                                bool* ran_own);
 
 // ---------------------------------------------------------------- norm.cpp (CPU and CUDA)
 // LayerNorm or RMSNorm over the last dimension, after an optional residual add through dropout:
@@ -742,6 +755,7 @@ typedef enum {
   TCG_LAYOUT_MLP_INPUTS,
   TCG_LAYOUT_LINEAR_CE_OPTIONS,
   TCG_LAYOUT_ROTARY_QKV_INPUTS,
+  TCG_LAYOUT_SCHEDULE,
 } tcg_layout_struct;
 // The size and alignment of struct `s` as this shim was compiled, and the offsets of its fields
 // in declaration order (at most `cap` written); returns the number of fields (0: unknown `s`).

@@ -10,11 +10,16 @@
 //!   learning rate on every replay and needs no host write at all.
 //!
 //! Both compute in float64 with the same operations in the same order, so they agree to the
-//! last bit of the float32 learning rate except where the device's `cos` rounds differently.
+//! last bit of the float32 learning rate except where the device's `cos` or `pow` rounds
+//! differently. On a CUDA device the built-in schedules ([`WarmupCosine`], [`LinearWarmup`],
+//! [`StepDecay`]) take one launch of the crate's own kernel per step
+//! ([`Schedule::kernel_form`]); a schedule of your own runs its
+//! [`factor_tensor`](Schedule::factor_tensor), about twenty small launches.
 
 use crate::error::{Error, Result};
 use crate::optim::LrHandle;
 use crate::scalar::cpu_f64;
+use crate::sys::optim::{lr_schedule_step, ScheduleForm, ScheduleKind};
 use std::f64::consts::PI;
 use tch::{Kind, Tensor};
 
@@ -25,6 +30,31 @@ pub trait Schedule: Send {
     fn factor(&self, t: u64) -> f64;
     /// The same, from a 0-d float64 tensor holding t; returns a 0-d float64 tensor. No sync.
     fn factor_tensor(&self, t: &Tensor) -> Result<Tensor>;
+    /// The schedule as the crate's own kernel computes it, where it can: [`DeviceLrScheduler`]
+    /// then advances its counter and writes every group's rate in one launch. `None` (the
+    /// default, and what a schedule of your own returns): [`factor_tensor`](Self::factor_tensor)
+    /// computes it.
+    fn kernel_form(&self) -> Option<KernelForm> {
+        None
+    }
+}
+
+/// A built-in schedule as the own kernel takes it ([`Schedule::kernel_form`]); only this crate's
+/// schedules make one.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelForm(ScheduleForm);
+
+impl KernelForm {
+    fn of(kind: ScheduleKind, warmup: u64, total: u64, min_factor: f64, step_size: u64, gamma: f64) -> Self {
+        KernelForm(ScheduleForm {
+            kind,
+            warmup: warmup as f64,
+            total: total as f64,
+            min_factor,
+            step_size: step_size as f64,
+            gamma,
+        })
+    }
 }
 
 /// Linear warmup from `1/warmup` to 1 over the first `warmup` steps, then cosine decay to
@@ -68,6 +98,10 @@ impl Schedule for WarmupCosine {
         let warm = t.f_div(&cpu_f64(w)?)?;
         Ok(warm.f_where_self(&t.f_le_tensor(&cpu_f64(w)?)?, &cosine)?)
     }
+
+    fn kernel_form(&self) -> Option<KernelForm> {
+        Some(KernelForm::of(ScheduleKind::TCG_SCHEDULE_WARMUP_COSINE, self.warmup, self.total, self.min_factor, 1, 1.0))
+    }
 }
 
 /// Linear warmup over `warmup` steps, then constant.
@@ -93,6 +127,10 @@ impl Schedule for LinearWarmup {
         let f = t.f_div(&cpu_f64(self.warmup as f64)?)?;
         Ok(f.f_clamp_max_tensor(&f.f_ones_like()?)?)
     }
+
+    fn kernel_form(&self) -> Option<KernelForm> {
+        Some(KernelForm::of(ScheduleKind::TCG_SCHEDULE_LINEAR_WARMUP, self.warmup, 0, 0.0, 1, 1.0))
+    }
 }
 
 /// Multiply by `gamma` every `step_size` steps (PyTorch's `StepLR`): `gamma^floor((t-1)/step_size)`.
@@ -115,6 +153,10 @@ impl Schedule for StepDecay {
         let k = k.f_clamp_min_tensor(&k.f_zeros_like()?)?.f_div(&cpu_f64(self.step_size.max(1) as f64)?)?.f_floor()?;
         // gamma^k as pow(Scalar, Tensor) computes it: gamma as a tensor on k's device
         Ok(k.f_ones_like()?.f_mul(&cpu_f64(self.gamma)?)?.f_pow(&k)?)
+    }
+
+    fn kernel_form(&self) -> Option<KernelForm> {
+        Some(KernelForm::of(ScheduleKind::TCG_SCHEDULE_STEP_DECAY, 0, 0, 0.0, self.step_size, self.gamma))
     }
 }
 
@@ -177,9 +219,18 @@ impl<S: Schedule> DeviceLrScheduler<S> {
         Ok(DeviceLrScheduler { schedule, step: Tensor::f_zeros([], (Kind::Double, device))?, targets })
     }
 
-    /// Advances the device counter and writes every group's rate, all on the device.
+    /// Advances the device counter and writes every group's rate, all on the device: one launch
+    /// of the own kernel where the schedule has a [`KernelForm`] and the kernel runs on the
+    /// counter's device, the schedule's [`factor_tensor`](Schedule::factor_tensor) otherwise.
     pub fn step(&mut self) -> Result<()> {
         let _no_grad = tch::no_grad_guard();
+        if let Some(KernelForm(form)) = self.schedule.kernel_form() {
+            let lrs: Vec<&Tensor> = self.targets.iter().map(|(h, _)| h.tensor()).collect();
+            let bases: Vec<f64> = self.targets.iter().map(|(_, base)| *base).collect();
+            if lr_schedule_step(&self.step, &form, &lrs, &bases)? {
+                return Ok(());
+            }
+        }
         let _ = self.step.f_add_(&cpu_f64(1.0)?)?;
         let f = self.schedule.factor_tensor(&self.step)?;
         for (h, base) in &self.targets {

@@ -617,3 +617,63 @@ fn n_shapes_in_one_pool_cost_about_the_largest() {
     assert!(desc < sum && asc < sum, "one pool costs less than the sum");
     assert_eq!(d0.max(d1).max(d2).max(d3), 0.0);
 }
+
+/// The built-in schedules on a CUDA device: each step is one kernel launch (captured: one kernel
+/// node), and every group's float32 rate equals the host schedule's over 300 steps (WarmupCosine
+/// past its end, LinearWarmup, StepDecay), bit for bit but where the device's cos or pow rounds
+/// its last bit otherwise (counted, at most one float32 ulp).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn built_in_device_schedules_take_one_launch_and_equal_the_host() {
+    use tch_cuda_graphs::schedule::{DeviceLrScheduler, LinearWarmup, LrScheduler, Schedule, StepDecay};
+    use tch_cuda_graphs::{CaptureOptions, CudaGraph};
+    fn check<S: Schedule + Copy>(name: &str, schedule: S) {
+        let d = cuda();
+        let vs = nn::VarStore::new(d);
+        let _w = vs.root().var("w", &[4, 4], nn::Init::Const(1.0));
+        let _b = vs.root().var("b", &[4], nn::Init::Const(0.0));
+        let cfg = AdamConfig::adamw().lr(3e-4);
+        let (dev_opt, host_opt) = (
+            Adam::with_groups(decay_groups(&vs, cfg, cfg.weight_decay(0.0).lr(1e-3))).unwrap(),
+            Adam::with_groups(decay_groups(&vs, cfg, cfg.weight_decay(0.0).lr(1e-3))).unwrap(),
+        );
+        assert_eq!(dev_opt.lr_handles().len(), 2);
+        let mut dev = DeviceLrScheduler::new(schedule, dev_opt.lr_handles()).unwrap();
+        let mut host = LrScheduler::new(schedule, host_opt.lr_handles());
+        // step 1 eager, then one step captured (one kernel node) and replayed
+        let mut g = CudaGraph::with_keep_graph(true).unwrap();
+        let mut kinds = None;
+        let (mut off, mut worst) = (0usize, 0f64);
+        for t in 1..=300u64 {
+            match t {
+                1 => dev.step().unwrap(),
+                2 => {
+                    g.capture(CaptureOptions::default(), || dev.step()).unwrap();
+                    kinds = Some(g.node_kinds().unwrap());
+                    g.replay().unwrap();
+                }
+                _ => g.replay().unwrap(),
+            }
+            host.step().unwrap();
+            for (hd, hh) in dev_opt.lr_handles().iter().zip(host_opt.lr_handles()) {
+                let (a, b) = (f32::try_from(hd.tensor()).unwrap(), f32::try_from(hh.tensor()).unwrap());
+                if a != b {
+                    off += 1;
+                    worst = worst.max((a.to_bits() as i64 - b.to_bits() as i64).abs() as f64);
+                    assert!(worst <= 1.0, "{name} step {t}: {a} against {b}");
+                }
+            }
+        }
+        let kinds = kinds.expect("captured");
+        let nodes = g.node_count().unwrap();
+        println!(
+            "{name}: one step captured is {nodes} node(s), {} kernel(s); 300 steps x 2 groups: {off} rates off by {worst} ulp",
+            kinds.kernel
+        );
+        assert_eq!((nodes, kinds.kernel), (1, 1), "{name}: one launch");
+        assert!(off <= 6, "{name}: {off} rates differ in their last bit");
+    }
+    check("WarmupCosine", WarmupCosine { warmup: 20, total: 250, min_factor: 0.01 });
+    check("LinearWarmup", LinearWarmup { warmup: 37 });
+    check("StepDecay", StepDecay { step_size: 30, gamma: 0.7 });
+}

@@ -445,3 +445,65 @@ fn step_clipped_equals_clip_grad_norm_then_step() {
         assert_eq!(worst, 0.0, "{kernels:?}: bit for bit");
     }
 }
+
+/// Clipping's factor comes from one launch of the own kernel: clip_grad_norm's gradients equal
+/// the gradients times ATen's `clamp_max(reciprocal(total + 1e-6) · max_norm, 1)` from the norm it
+/// returns, bit for bit, where the factor clips, where it is 1, and where the norm is inf or NaN.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn clipping_factor_equals_aten_operators() {
+    let device = cuda();
+    tch::manual_seed(7);
+    let shapes: [&[i64]; 3] = [&[384, 384], &[384], &[1000, 7]];
+    let mut cases = 0;
+    for (scale, max_norm) in [(1.0, 1.0), (1e-4, 1.0), (3.0, 0.37), (1.0, 1e6), (f64::INFINITY, 1.0), (f64::NAN, 1.0)] {
+        let params: Vec<Tensor> =
+            shapes.iter().map(|s| Tensor::zeros(*s, (Kind::Float, device)).set_requires_grad(true)).collect();
+        let mut given = Vec::new();
+        for (k, p) in params.iter().enumerate() {
+            let g = Tensor::randn(p.size(), (Kind::Float, device)) * scale.min(1e30);
+            if k == 1 && !scale.is_finite() {
+                let _ = g.get(0).fill_(scale); // one inf or NaN value
+            }
+            grad_of(p).copy_(&g);
+            given.push(g);
+        }
+        let total = tch_cuda_graphs::clip_grad_norm(&params, max_norm, 2.0).unwrap();
+        let coef = ((&total + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
+        let mut diff = 0usize;
+        for (p, g) in params.iter().zip(&given) {
+            let want = g * &coef;
+            if !p
+                .grad()
+                .to_kind(Kind::Double)
+                .nan_to_num(0.0, None, None)
+                .equal(&want.to_kind(Kind::Double).nan_to_num(0.0, None, None))
+                || p.grad().isnan().sum(Kind::Int64) != want.isnan().sum(Kind::Int64)
+            {
+                diff += 1;
+            }
+        }
+        println!(
+            "grads x{scale:e}, max_norm {max_norm:e}: total {}, factor {}, gradients unlike ATen's: {diff}",
+            f64::try_from(&total).unwrap(),
+            f64::try_from(&coef).unwrap()
+        );
+        assert_eq!(diff, 0, "scale {scale}, max_norm {max_norm}");
+        cases += 1;
+        if cases == 1 {
+            // captured: _foreach_norm's three kernels (a zero fill, the partial norms, their
+            // cleanup into each tensor's norm), the stack and norm of the norms (as PyTorch's
+            // clip_grad_norm_), the factor (one kernel, not four), the multiply
+            let mut g = tch_cuda_graphs::CudaGraph::with_keep_graph(true).unwrap();
+            g.capture(tch_cuda_graphs::CaptureOptions::default(), || {
+                tch_cuda_graphs::clip_grad_norm(&params, max_norm, 2.0).map(drop)
+            })
+            .unwrap();
+            let kernels = g.node_kinds().unwrap().kernel;
+            let (_, names) = common::kernels_of(device, || tch_cuda_graphs::clip_grad_norm(&params, max_norm, 2.0));
+            println!("clip_grad_norm captured: {kernels} kernels; eager: {names:?}");
+            assert!(kernels <= 7, "{kernels} kernels");
+        }
+    }
+    assert_eq!(cases, 6);
+}

@@ -1,7 +1,8 @@
 // The crate's embedding backward (see embedding_params.h): one warp per row of the weight's
 // gradient, or a block's warps sharing one where rows have many positions; a row's positions found
 // by binary search in the sorted ids and summed in a fixed order; every row written (zero where
-// no position names it), so no zero-fill pass.
+// no position names it), so no zero-fill pass. At a small vocabulary, no sort: a block per row
+// scans the ids (`scan`).
 //
 // Compiled by nvcc into a fat binary that build.rs embeds in the shim; the launcher
 // (embedding_own.cpp) launches the extern "C" kernels by name.
@@ -85,6 +86,80 @@ __device__ void backward(const Backward& a) {
   }
 }
 
+__device__ __forceinline__ void add4(float4& acc, float4 g) {
+  acc.x += g.x;
+  acc.y += g.y;
+  acc.z += g.z;
+  acc.w += g.w;
+}
+
+// ids[p] for the lane's kScanIds positions from `base` (-1 past `hi`).
+__device__ __forceinline__ void load_ids(int64_t (&id)[kScanIds], const int64_t* ids, int64_t base, int64_t hi,
+                                         int lane) {
+#pragma unroll
+  for (int u = 0; u < kScanIds; ++u) {
+    const int64_t p = base + u * 32 + lane;
+    id[u] = p < hi ? __ldg(ids + p) : -1;
+  }
+}
+
+template <typename T>
+__device__ void scan(const Scan& a) {
+  __shared__ float4 part[kScanWarps][32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t v = blockIdx.x;
+  const int32_t c = static_cast<int32_t>(blockIdx.y) * kScanCols + lane * 4;
+  const bool live = c < a.dim;
+  const int64_t chunk = (a.n + kScanWarps - 1) / kScanWarps;
+  const int64_t lo = min(a.n, warp * chunk), hi = min(a.n, lo + chunk);
+  const T* dy = static_cast<const T*>(a.dy) + c;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (v != a.padding_idx) {
+    int64_t next[kScanIds];
+    load_ids(next, a.ids, lo, hi, lane);
+    for (int64_t base = lo; base < hi; base += 32 * kScanIds) {
+      int64_t id[kScanIds];
+#pragma unroll
+      for (int u = 0; u < kScanIds; ++u) id[u] = next[u];
+      load_ids(next, a.ids, base + 32 * kScanIds, hi, lane);
+#pragma unroll
+      for (int u = 0; u < kScanIds; ++u) {
+        unsigned m = __ballot_sync(0xffffffffu, id[u] == v);
+        // the matches in position order, up to four rows' loads in flight at a time
+        while (m != 0) {
+          int64_t p[4];
+          int k = 0;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            p[q] = base + u * 32 + (__ffs(m) - 1);
+            if (m != 0) {
+              m &= m - 1;
+              k = q + 1;
+            }
+          }
+          float4 g[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            g[q] = live && q < k ? load4<T>(dy + p[q] * a.dim) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          }
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (q < k) add4(acc, g[q]);
+          }
+        }
+      }
+    }
+  }
+  // the warps' sums, in warp order
+  part[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0 && live) {
+    float4 sum = part[0][lane];
+    for (int w = 1; w < kScanWarps; ++w) add4(sum, part[w][lane]);
+    store4<T>(static_cast<T*>(a.dw) + v * a.dim + c, sum);
+  }
+}
+
 }  // namespace
 }  // namespace tcg::embedding
 
@@ -93,5 +168,9 @@ __device__ void backward(const Backward& a) {
   extern "C" __global__ void __launch_bounds__(tcg::embedding::kThreads)                           \
       tcg_embedding_bwd_##T(const tcg::embedding::Backward a) {                                    \
     tcg::embedding::backward<TCG_CUDA_TYPE(T)>(a);                                                 \
+  }                                                                                                \
+  extern "C" __global__ void __launch_bounds__(tcg::embedding::kScanThreads)                       \
+      tcg_embedding_scan_##T(const tcg::embedding::Scan a) {                                       \
+    tcg::embedding::scan<TCG_CUDA_TYPE(T)>(a);                                                     \
   }
 TCG_EMBEDDING_TYPES(TCG_EMBEDDING_KERNEL)

@@ -1,7 +1,8 @@
 // The launcher of the crate's embedding backward (embedding_kernels.cu, loaded by
 // own_kernels.cpp) and the autograd function around it: ATen's gather forward; backward, the
 // indices sorted (ATen's stable sort, of 32-bit ids) and one kernel writing every row of the
-// weight's gradient, summed in a fixed order (deterministic, no atomics, no zero-fill pass).
+// weight's gradient, summed in a fixed order (deterministic, no atomics, no zero-fill pass); at a
+// small vocabulary, one kernel scanning the ids instead of the sort and its casts.
 #include "../embedding_own.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -21,6 +22,13 @@ using torch::autograd::variable_list;
 
 namespace tcg::embedding {
 namespace {
+
+// Whether the backward scans the ids instead of sorting them (embedding_params.h's Scan): a small
+// vocabulary (vocab · n · column groups at most kScanMaxWork), 64-bit contiguous indices.
+bool scans(const at::Tensor& indices, int64_t vocab, int64_t dim) {
+  const int64_t n = std::max<int64_t>(indices.numel(), 1), groups = (dim + kScanCols - 1) / kScanCols;
+  return vocab <= kScanMaxWork / n / groups && indices.scalar_type() == at::kLong && indices.is_contiguous();
+}
 
 struct FusedEmbedding : torch::autograd::Function<FusedEmbedding> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& weight, const at::Tensor& indices,
@@ -44,15 +52,24 @@ struct FusedEmbedding : torch::autograd::Function<FusedEmbedding> {
     const int64_t vocab = wsizes[0], dim = wsizes[1], n = indices.numel();
     const at::Tensor dy = g.contiguous().view({n, dim});
     at::Tensor dw = at::empty({vocab, dim}, dy.options());
+    const int64_t padding_idx = ctx->saved_data.at("padding_idx").toInt();
+    if (scans(indices, vocab, dim)) {
+      // a small vocabulary: a block per row scans the ids, no sort
+      const at::Tensor ids = indices.reshape({-1});
+      Scan p{ids.data_ptr<int64_t>(), dy.data_ptr(), dw.data_ptr(), n, vocab, padding_idx, static_cast<int32_t>(dim)};
+      const dim3 grid(static_cast<unsigned>(vocab), static_cast<unsigned>((dim + kScanCols - 1) / kScanCols));
+      own::launch(own::embedding_kernel(dy.scalar_type(), true), device, grid, kScanThreads, &p);
+      return {dw, at::Tensor(), at::Tensor()};
+    }
     // the ids sorted, stably: a row's positions in increasing order
     const auto [sorted, order] = at::sort(indices.reshape({-1}).to(at::kInt), /*stable=*/true, 0, false);
     // a block's warps share a row where rows average 8 positions or more (a small vocabulary)
     const int32_t per_row = n >= 8 * vocab ? kWarps : 1;
     Backward p{sorted.data_ptr<int32_t>(), order.data_ptr<int64_t>(), dy.data_ptr(), dw.data_ptr(), n, vocab,
-               ctx->saved_data.at("padding_idx").toInt(), static_cast<int32_t>(dim), per_row};
+               padding_idx, static_cast<int32_t>(dim), per_row};
     const int64_t rows_per_block = kWarps / per_row;
     const int64_t blocks = std::clamp<int64_t>((vocab + rows_per_block - 1) / rows_per_block, 1, own::sm_count(device) * 64);
-    own::launch(own::embedding_kernel(dy.scalar_type()), device, static_cast<unsigned>(blocks), kThreads, &p);
+    own::launch(own::embedding_kernel(dy.scalar_type(), false), device, static_cast<unsigned>(blocks), kThreads, &p);
     return {dw, at::Tensor(), at::Tensor()};
   }
 };

@@ -28,4 +28,26 @@ struct Backward {
   int32_t warps_per_row;  // 1 or kWarps
 };
 
+// The backward at a small vocabulary, without the sort (tcg_embedding_scan_<T>): a block per
+// row of dw and 128 of its columns (the grid's x and y), its kScanWarps warps each scanning a
+// contiguous kScanWarps-th of the ids in order for the row's id (kScanIds ids a lane at a time,
+// the next ones loaded while the matches of these are summed, up to four matching rows of dy in
+// flight, added in position order), then the warps' sums added in warp order: a fixed order,
+// deterministic. Every block reads all n ids (from L2), so it is chosen where
+// vocab · n · ceil(dim / 128) is at most kScanMaxWork.
+constexpr int kScanWarps = 16;
+constexpr int kScanThreads = kScanWarps * 32;
+constexpr int kScanIds = 4;
+constexpr int kScanCols = 128;
+constexpr int64_t kScanMaxWork = int64_t{1} << 24;
+
+struct Scan {
+  const int64_t* ids;  // [n]: the indices as the forward read them
+  const void* dy;      // [n, dim], the weight's dtype
+  void* dw;            // [vocab, dim]
+  int64_t n, vocab;
+  int64_t padding_idx;  // a row left zero; negative: none
+  int32_t dim;          // a multiple of 4
+};
+
 }  // namespace tcg::embedding

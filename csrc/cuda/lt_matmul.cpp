@@ -13,7 +13,10 @@
 #include <vector>
 
 #include "../gemm.h"
+#include "../kernels.h"
 #include "cuda_shim.h"
+#include "linear_params.h"
+#include "own_kernels.h"
 
 namespace tcg::lt {
 namespace {
@@ -350,6 +353,25 @@ bool sliced(const at::Tensor& x2, const at::Tensor& dy2, const at::Tensor& dw) {
          rows % kWgradSlices == 0 && rows / kWgradSlices >= 2 * std::max(out, in);
 }
 
+// dw (+)= the sum of part [slices, out, in] over its slices, in slice order: the own kernel
+// (linear_kernels.cu) where the own kernels run on dw's device, ATen's sum otherwise.
+void sum_slices(const at::Tensor& part, at::Tensor& dw, bool accumulate) {
+  static_assert(kWgradSlices <= tcg::linear::kMaxSlices, "linear_kernels.cu sums at most kMaxSlices");
+  const int device = dw.get_device();
+  if (dw.is_contiguous() && tcg::own::aligned16(dw) && tcg::kernels::unavailable(device).empty()) {
+    tcg::linear::SlicesSum p{part.data_ptr<float>(), dw.data_ptr<float>(), dw.numel(),
+                             static_cast<int32_t>(part.size(0)), accumulate ? 1 : 0};
+    const int64_t groups = (p.n / 4 + tcg::linear::kSlicesSumThreads - 1) / tcg::linear::kSlicesSumThreads;
+    const int64_t blocks = std::min<int64_t>(groups, 8 * tcg::own::sm_count(device));
+    tcg::own::launch("tcg_wgrad_slices_sum", device, static_cast<unsigned>(blocks), tcg::linear::kSlicesSumThreads,
+                     &p);
+  } else if (accumulate) {
+    dw.add_(part.sum(0));
+  } else {
+    at::sum_out(dw, part, {0});
+  }
+}
+
 // dw (+)= dy2ᵀ · x2 summed in slices of the rows where sliced() says so: one strided batched
 // GEMM into float32 partials [slices, out, in], then their sum in slice order (deterministic);
 // false, having launched nothing, where it does not apply or cuBLASLt offers no algorithm.
@@ -363,11 +385,7 @@ bool sliced_wgrad(const at::Tensor& x2, const at::Tensor& dy2, at::Tensor& dw, b
   const Matrix b{dy2.data_ptr(), dt, out, rows, out, true, slices, rows * out};
   const Matrix d{part.data_ptr(), part.scalar_type(), in, out, in, false, slices, in * out};
   if (!matmul(a, b, d, Epilogue{})) return false;
-  if (accumulate) {
-    dw.add_(part.sum(0));
-  } else {
-    at::sum_out(dw, part, {0});
-  }
+  sum_slices(part, dw, accumulate);
   return true;
 }
 }  // namespace

@@ -19,6 +19,7 @@
 
 #include "optim_table.h"
 #include "own_kernel_list.h"
+#include "scalar_params.h"
 
 namespace tcg::optim {
 namespace {
@@ -287,5 +288,48 @@ __device__ __forceinline__ void sgd(const Table<3>& t) {
   TCG_SGD_KERNEL(dtype, 3)
 TCG_OPTIM_TYPES(TCG_OPTIM_KERNELS)
 
-// The fat binary holds the crate's other own kernel too: the conditional nodes' setter.
+// The step's scalars (scalar_params.h): one thread each.
+extern "C" __global__ void tcg_clip_coef(const tcg::optim::ClipCoef a) {
+  if (threadIdx.x != 0) return;
+  // ATen: total + 1e-6 (the scalar as float32), reciprocal (1 / x, correctly rounded), · max_norm,
+  // clamp_max(1) keeping NaN
+  const float c = __fmul_rn(__frcp_rn(__fadd_rn(*a.total, static_cast<float>(1e-6))), a.max_norm);
+  *a.coef = isnan(c) ? c : fminf(c, 1.0f);
+}
+
+namespace {
+
+// schedule.rs's `Schedule::factor` for step t (t >= 1), operation for operation.
+__device__ double schedule_factor(const tcg::optim::LrSchedule& a, double t) {
+  switch (a.kind) {
+    case tcg::optim::kWarmupCosine: {
+      const double w = a.warmup;
+      if (w > 0 && t <= w) return __ddiv_rn(t, w);
+      const double span = fmax(__dsub_rn(a.total, w), 1.0);
+      const double p = fmin(fmax(__ddiv_rn(__dsub_rn(t, w), span), 0.0), 1.0);
+      const double c = __dmul_rn(__dmul_rn(__dadd_rn(cos(__dmul_rn(p, 3.141592653589793)), 1.0), 0.5),
+                                 __dsub_rn(1.0, a.min_factor));
+      return __dadd_rn(c, a.min_factor);
+    }
+    case tcg::optim::kLinearWarmup:
+      return a.warmup == 0 ? 1.0 : fmin(__ddiv_rn(t, a.warmup), 1.0);
+    default: {  // kStepDecay: gamma^floor((t - 1) / step_size), the quotient in integers
+      const uint64_t n = static_cast<uint64_t>(t), size = static_cast<uint64_t>(fmax(a.step_size, 1.0));
+      const uint64_t k = n > 0 ? (n - 1) / size : 0;
+      return pow(a.gamma, static_cast<double>(k));
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void tcg_lr_schedule(const tcg::optim::LrSchedule a) {
+  if (threadIdx.x != 0) return;
+  const double t = __dadd_rn(*a.step, 1.0);
+  *a.step = t;
+  const double f = schedule_factor(a, t);
+  for (int g = 0; g < a.groups; ++g) *a.lr[g] = __double2float_rn(__dmul_rn(a.base[g], f));
+}
+
+// The fat binary holds the conditional nodes' setter too.
 #include "cond_kernels.cuh"

@@ -9,6 +9,7 @@
 
 #include "cuda_shim.h"
 #include "optim_table.h"
+#include "scalar_params.h"
 #include "../kernels.h"
 #include "own_kernels.h"
 
@@ -218,6 +219,50 @@ bool sgd(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& g
   const bool with_momentum = !bufs.empty();
   const std::string name = own::sgd_kernel(params[0].scalar_type(), with_momentum);
   launch<3>(name, rows(lists, 3), t, nullptr, nullptr, nullptr);
+  return true;
+}
+
+bool clip_coef(const at::Tensor& total, double max_norm, const at::Tensor& coef) {
+  if (!total.is_cuda() || coef.device() != total.device() || total.scalar_type() != at::kFloat ||
+      coef.scalar_type() != at::kFloat || total.numel() != 1 || coef.numel() != 1) {
+    return false;
+  }
+  const int device = total.get_device();
+  if (!tcg::kernels::unavailable(device).empty()) return false;
+  ClipCoef p{total.data_ptr<float>(), coef.data_ptr<float>(), static_cast<float>(max_norm)};
+  own::launch("tcg_clip_coef", device, 1, 32, &p);
+  return true;
+}
+
+bool lr_schedule(const at::Tensor& step, const tcg_schedule& schedule, const std::vector<at::Tensor>& lrs,
+                 const double* bases, std::string* why) {
+  if (!step.is_cuda() || step.scalar_type() != at::kDouble || step.numel() != 1) {
+    *why = "the step counter is not one float64 value on a CUDA device";
+    return false;
+  }
+  if (lrs.empty() || lrs.size() > static_cast<size_t>(kMaxScheduleGroups)) {
+    *why = "one launch sets 1 to " + std::to_string(kMaxScheduleGroups) + " groups";
+    return false;
+  }
+  LrSchedule p{};
+  for (size_t g = 0; g < lrs.size(); ++g) {
+    *why = check_scalar("a learning rate", lrs[g], step.device());
+    if (!why->empty()) return false;
+    p.lr[g] = lrs[g].data_ptr<float>();
+    p.base[g] = bases[g];
+  }
+  const int device = step.get_device();
+  *why = tcg::kernels::unavailable(device);
+  if (!why->empty()) return false;
+  p.step = step.data_ptr<double>();
+  p.groups = static_cast<int32_t>(lrs.size());
+  p.kind = static_cast<int32_t>(schedule.kind);
+  p.warmup = schedule.warmup;
+  p.total = schedule.total;
+  p.min_factor = schedule.min_factor;
+  p.step_size = schedule.step_size;
+  p.gamma = schedule.gamma;
+  own::launch("tcg_lr_schedule", device, 1, 32, &p);
   return true;
 }
 

@@ -31,7 +31,8 @@
 // SwiGLU (swiglu_kernels.cu), per dtype T: tcg_swiglu_<fwd|bwd>_<T>.
 #define TCG_SWIGLU_TYPES(X) X(Float) X(BFloat16) X(Half)
 
-// The embedding's backward (embedding_kernels.cu), per weight dtype T: tcg_embedding_bwd_<T>.
+// The embedding's backward (embedding_kernels.cu), per weight dtype T: tcg_embedding_bwd_<T>
+// (after a sort of the ids) and tcg_embedding_scan_<T> (a small vocabulary, no sort).
 #define TCG_EMBEDDING_TYPES(X) X(Float) X(BFloat16) X(Half)
 
 // Bias + GELU (gelu_kernels.cu), per dtype T and form (erf: exact; tanh: the approximation):
@@ -40,8 +41,12 @@
 #define TCG_GELU_FORMS(X, T) X(T, erf, false) X(T, tanh, true)
 
 // Kernels of one instance each: the norms', the loss's and GELU's finishing kernels, the loss's
-// count, and the conditional nodes' setter (cond_kernels.cuh, built into optim_kernels.cu's binary).
-#define TCG_SINGLE_KERNELS(X) X(tcg_norm_finish) X(tcg_ce_finish) X(tcg_ce_count) X(tcg_gelu_finish) X(tcg_cond_set)
+// count, the conditional nodes' setter (cond_kernels.cuh, built into optim_kernels.cu's binary),
+// the step's scalars (clipping's factor, a learning-rate schedule: optim_kernels.cu), and the sum
+// of a weight gradient's slices (linear_kernels.cu).
+#define TCG_SINGLE_KERNELS(X)                                                                         \
+  X(tcg_norm_finish) X(tcg_ce_finish) X(tcg_ce_count) X(tcg_gelu_finish) X(tcg_cond_set) X(tcg_clip_coef) \
+      X(tcg_lr_schedule) X(tcg_wgrad_slices_sum)
 
 // The CUDA type of a dtype name, for the kernels that read memory through vec_io.cuh.
 #define TCG_CUDA_TYPE(NAME) TCG_CUDA_TYPE_##NAME

@@ -26,6 +26,7 @@ extern "C" const unsigned char tcg_rotary_kernels_fatbin[];
 extern "C" const unsigned char tcg_swiglu_kernels_fatbin[];
 extern "C" const unsigned char tcg_gelu_kernels_fatbin[];
 extern "C" const unsigned char tcg_embedding_kernels_fatbin[];
+extern "C" const unsigned char tcg_linear_kernels_fatbin[];
 #endif
 
 namespace tcg::own {
@@ -106,7 +107,9 @@ std::vector<std::string> gelu_kernel_names() {
 
 std::vector<std::string> embedding_kernel_names() {
   std::vector<std::string> names;
-  for (at::ScalarType t : kEmbeddingTypes) names.push_back(embedding_kernel(t));
+  for (at::ScalarType t : kEmbeddingTypes) {
+    for (bool scan : {false, true}) names.push_back(embedding_kernel(t, scan));
+  }
   return names;
 }
 
@@ -133,7 +136,8 @@ Library& library() {
         {tcg_rotary_kernels_fatbin, rotary_kernel_names()},
         {tcg_swiglu_kernels_fatbin, swiglu_kernel_names()},
         {tcg_gelu_kernels_fatbin, gelu_kernel_names()},
-        {tcg_embedding_kernels_fatbin, embedding_kernel_names()}};
+        {tcg_embedding_kernels_fatbin, embedding_kernel_names()},
+        {tcg_linear_kernels_fatbin, {}}};
     for (const auto& [image, names] : images) {
       cudaLibrary_t lib = nullptr;
       cudaError_t e = cudaLibraryLoadData(&lib, image, nullptr, nullptr, 0, nullptr, nullptr, 0);
@@ -307,7 +311,9 @@ std::string gelu_kernel(Pass pass, at::ScalarType t, bool tanh) {
          (tanh ? "_tanh" : "_erf");
 }
 
-std::string embedding_kernel(at::ScalarType t) { return std::string("tcg_embedding_bwd_") + c10::toString(t); }
+std::string embedding_kernel(at::ScalarType t, bool scan) {
+  return std::string(scan ? "tcg_embedding_scan_" : "tcg_embedding_bwd_") + c10::toString(t);
+}
 
 }  // namespace tcg::own
 

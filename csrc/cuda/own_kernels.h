@@ -1,5 +1,6 @@
 // The crate's own CUDA kernels as one library: the fat binaries build.rs compiles from
-// csrc/cuda/*_kernels.cu and embeds (optimizers, conditional-node setter, normalization, loss, rotary, SwiGLU, GELU, embedding),
+// csrc/cuda/*_kernels.cu and embeds (optimizers, conditional-node setter, normalization, loss, rotary, SwiGLU, GELU, embedding,
+// the linear layer's weight-gradient slices),
 // loaded once per process with the CUDA runtime's library API and checked per device, so that no
 // lazy loading ever happens inside a capture. The launchers (optim_own.cpp, conditional.cpp,
 // norm_own.cpp, loss_own.cpp) take their kernels from here by name.
@@ -53,6 +54,7 @@ std::string loss_kernel(Pass pass, at::ScalarType logits);
 std::string rotary_kernel(at::ScalarType t);
 std::string swiglu_kernel(Pass pass, at::ScalarType t);
 std::string gelu_kernel(Pass pass, at::ScalarType t, bool tanh);
-std::string embedding_kernel(at::ScalarType t);
+// `scan`: the backward at a small vocabulary, without the sort (tcg_embedding_scan_<T>).
+std::string embedding_kernel(at::ScalarType t, bool scan);
 
 }  // namespace tcg::own

@@ -13,7 +13,7 @@
 #![allow(dead_code)]
 
 use std::cell::Cell;
-use tch::{nn, Kind, Tensor};
+use tch::{nn, Tensor};
 use tch_cuda_graphs::embedding::{embedding, Embedding, EmbeddingConfig};
 use tch_cuda_graphs::kernels::Kernels;
 use tch_cuda_graphs::linear::{self, LinearConfig, WeightGrad};
@@ -171,8 +171,11 @@ impl Gpt {
     fn hidden(&self, idx: &Tensor) -> Result<Tensor, tch::TchError> {
         let train = self.train.get();
         let (t, p) = (idx.size()[1], self.config.dropout);
-        let pos = Tensor::f_arange(t, (Kind::Int64, idx.device()))?;
-        let x = self.wte.f_forward(idx)?.f_add(&self.wpe.f_forward(&pos)?)?.f_dropout(p, train)?;
+        // the positions' embeddings, wpe(arange(t)), are the table's first t rows: the table
+        // itself at full length (its gradient then is the add's sum over the batch, no gather
+        // and no sort of positions), a view of it otherwise
+        let pos = if t == self.config.block { self.wpe.ws.shallow_clone() } else { self.wpe.ws.f_narrow(0, 0, t)? };
+        let x = self.wte.f_forward(idx)?.f_add(&pos)?.f_dropout(p, train)?;
         // each norm takes the residual stream and the branch before it: x += dropout(branch)
         let mut stream = ResidualStream::new(x);
         for b in &self.blocks {

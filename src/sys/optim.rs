@@ -156,6 +156,27 @@ pub(crate) fn clip_coef(grads: &[Tensor], max_norm: f64, norm_type: f64) -> Resu
     Ok((total, coef))
 }
 
+/// A learning-rate schedule in the form the own kernel computes.
+pub(crate) type ScheduleForm = ffi::tcg_schedule;
+/// Its kinds.
+pub(crate) type ScheduleKind = ffi::tcg_schedule_kind;
+
+/// One schedule step by the own kernel: `step` += 1, then `lrs[i]` = `bases[i]` · the factor, on
+/// the current stream. `Ok(false)`, nothing done, where the kernel does not apply there.
+pub(crate) fn lr_schedule_step(step: &Tensor, form: &ScheduleForm, lrs: &[&Tensor], bases: &[f64]) -> Result<bool> {
+    if lrs.len() != bases.len() {
+        return Err(Error::Misuse("lr schedule: one base rate per learning rate".into()));
+    }
+    let l = ptrs(lrs);
+    let mut ran = false;
+    // SAFETY: `step` and the list (pointing into `l`) are live tensor handles for the call;
+    // `form` and `bases` (holding `l.len()` values) are valid for reads; `ran` is a valid slot.
+    check(unsafe {
+        ffi::tcg_lr_schedule_step(tensor_ptr(step), form, ffi::tcg_tensors::of(&l), bases.as_ptr(), &mut ran)
+    })?;
+    Ok(ran)
+}
+
 /// Value clipping of `grads` in place, on their device.
 pub(crate) fn clip_value(grads: &[Tensor], clip: f64) -> Result<()> {
     let g = tensor_ptrs(grads);

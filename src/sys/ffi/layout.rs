@@ -23,6 +23,7 @@ c_enum!(tcg_layout_struct {
     TCG_LAYOUT_MLP_INPUTS = 18,
     TCG_LAYOUT_LINEAR_CE_OPTIONS = 19,
     TCG_LAYOUT_ROTARY_QKV_INPUTS = 20,
+    TCG_LAYOUT_SCHEDULE = 21,
 });
 
 extern "C" {

@@ -1,5 +1,5 @@
 //! `csrc/optim.cpp`: fused optimizers and gradient helpers.
-use super::{tcg_kernels, tcg_status, tcg_tensor, tcg_tensors};
+use super::{c_enum, tcg_kernels, tcg_status, tcg_tensor, tcg_tensors};
 use std::os::raw::c_double;
 
 #[repr(C)]
@@ -51,6 +51,23 @@ pub struct tcg_adam_tensors {
     pub steps: tcg_tensors,
 }
 
+c_enum!(tcg_schedule_kind {
+    TCG_SCHEDULE_WARMUP_COSINE = 0,
+    TCG_SCHEDULE_LINEAR_WARMUP = 1,
+    TCG_SCHEDULE_STEP_DECAY = 2,
+});
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct tcg_schedule {
+    pub kind: tcg_schedule_kind,
+    pub warmup: c_double,
+    pub total: c_double,
+    pub min_factor: c_double,
+    pub step_size: c_double,
+    pub gamma: c_double,
+}
+
 extern "C" {
     pub fn tcg_optim_sgd(
         t: *const tcg_sgd_tensors,
@@ -87,4 +104,11 @@ extern "C" {
         coef_out: *mut tcg_tensor,
     ) -> tcg_status;
     pub fn tcg_grads_clip_value(grads: tcg_tensors, clip: c_double) -> tcg_status;
+    pub fn tcg_lr_schedule_step(
+        step: tcg_tensor,
+        schedule: *const tcg_schedule,
+        lrs: tcg_tensors,
+        bases: *const c_double,
+        ran_own: *mut bool,
+    ) -> tcg_status;
 }
