@@ -118,10 +118,8 @@ bool sgd(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
   *why = "this binary was built without CUDA";
   return false;
 }
-bool clip_coef(const at::Tensor&, double, const at::Tensor&) { return false; }
-bool lr_schedule(const at::Tensor&, const tcg_schedule&, const std::vector<at::Tensor>&, const double*,
-                 std::string* why) {
-  *why = "this binary was built without CUDA";
+at::Tensor clip_coef(const at::Tensor&, double) { return at::Tensor(); }
+bool lr_schedule(const at::Tensor&, const tcg_schedule&, const std::vector<at::Tensor>&, const double*) {
   return false;
 }
 }  // namespace tcg::optim

@@ -72,8 +72,8 @@ std::pair<at::Tensor, at::Tensor> clip_factor(const std::vector<at::Tensor>& g, 
   auto norms = at::_foreach_norm(g, norm_type);
   at::Tensor total = at::linalg_vector_norm(at::stack(norms), norm_type);
   // the factor: one own kernel where it runs, four of ATen's otherwise (the same value)
-  at::Tensor coef = at::empty_like(total);
-  if (!tcg::optim::clip_coef(total, max_norm, coef)) coef = at::clamp_max(at::reciprocal(total + 1e-6) * max_norm, 1.0);
+  at::Tensor coef = tcg::optim::clip_coef(total, max_norm);
+  if (!coef.defined()) coef = at::clamp_max(at::reciprocal(total + 1e-6) * max_norm, 1.0);
   return {std::move(total), std::move(coef)};
 }
 
@@ -225,8 +225,7 @@ tcg_status tcg_lr_schedule_step(tcg_tensor step, const tcg_schedule* schedule, t
         schedule->kind != TCG_SCHEDULE_STEP_DECAY) {
       misuse("lr schedule: unknown kind");
     }
-    std::string why;
-    *ran_own = tcg::optim::lr_schedule(tensor_ref(step), *schedule, tensor_list(lrs), bases, &why);
+    *ran_own = tcg::optim::lr_schedule(tensor_ref(step), *schedule, tensor_list(lrs), bases);
   });
 }
 

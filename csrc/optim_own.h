@@ -39,14 +39,14 @@ bool sgd(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& g
          const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
          std::string* why);
 
-// Clipping's factor from the total norm (0-d float32 on a CUDA device) into coef (0-d float32,
-// same device) by the own kernel, rounded as ATen's clamp_max(reciprocal(total + 1e-6) * max_norm,
-// 1) rounds it: false, having done nothing, where the own kernels do not run there.
-bool clip_coef(const at::Tensor& total, double max_norm, const at::Tensor& coef);
+// Clipping's factor from the total norm (0-d float32 on a CUDA device), a new 0-d float32, by the
+// own kernel, rounded as ATen's clamp_max(reciprocal(total + 1e-6) * max_norm, 1) rounds it;
+// undefined, nothing done, where the own kernels do not run there.
+at::Tensor clip_coef(const at::Tensor& total, double max_norm);
 
-// A schedule's step by the own kernel (tcg.h's tcg_lr_schedule_step): false, having done nothing,
-// with the reason in *why, where it does not apply.
+// A schedule's step by the own kernel (tcg.h's tcg_lr_schedule_step): false, nothing done, where
+// it does not apply.
 bool lr_schedule(const at::Tensor& step, const tcg_schedule& schedule, const std::vector<at::Tensor>& lrs,
-                 const double* bases, std::string* why);
+                 const double* bases);
 
 }  // namespace tcg::optim

@@ -222,38 +222,28 @@ bool sgd(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& g
   return true;
 }
 
-bool clip_coef(const at::Tensor& total, double max_norm, const at::Tensor& coef) {
-  if (!total.is_cuda() || coef.device() != total.device() || total.scalar_type() != at::kFloat ||
-      coef.scalar_type() != at::kFloat || total.numel() != 1 || coef.numel() != 1) {
-    return false;
-  }
+at::Tensor clip_coef(const at::Tensor& total, double max_norm) {
+  if (!total.is_cuda() || total.scalar_type() != at::kFloat || total.numel() != 1) return at::Tensor();
   const int device = total.get_device();
-  if (!tcg::kernels::unavailable(device).empty()) return false;
+  if (!tcg::kernels::unavailable(device).empty()) return at::Tensor();
+  at::Tensor coef = at::empty({}, total.options());
   ClipCoef p{total.data_ptr<float>(), coef.data_ptr<float>(), static_cast<float>(max_norm)};
   own::launch("tcg_clip_coef", device, 1, 32, &p);
-  return true;
+  return coef;
 }
 
 bool lr_schedule(const at::Tensor& step, const tcg_schedule& schedule, const std::vector<at::Tensor>& lrs,
-                 const double* bases, std::string* why) {
-  if (!step.is_cuda() || step.scalar_type() != at::kDouble || step.numel() != 1) {
-    *why = "the step counter is not one float64 value on a CUDA device";
-    return false;
-  }
-  if (lrs.empty() || lrs.size() > static_cast<size_t>(kMaxScheduleGroups)) {
-    *why = "one launch sets 1 to " + std::to_string(kMaxScheduleGroups) + " groups";
-    return false;
-  }
+                 const double* bases) {
+  if (!step.is_cuda() || step.scalar_type() != at::kDouble || step.numel() != 1) return false;
+  if (lrs.empty() || lrs.size() > static_cast<size_t>(kMaxScheduleGroups)) return false;
   LrSchedule p{};
   for (size_t g = 0; g < lrs.size(); ++g) {
-    *why = check_scalar("a learning rate", lrs[g], step.device());
-    if (!why->empty()) return false;
+    if (!check_scalar("a learning rate", lrs[g], step.device()).empty()) return false;
     p.lr[g] = lrs[g].data_ptr<float>();
     p.base[g] = bases[g];
   }
   const int device = step.get_device();
-  *why = tcg::kernels::unavailable(device);
-  if (!why->empty()) return false;
+  if (!tcg::kernels::unavailable(device).empty()) return false;
   p.step = step.data_ptr<double>();
   p.groups = static_cast<int32_t>(lrs.size());
   p.kind = static_cast<int32_t>(schedule.kind);

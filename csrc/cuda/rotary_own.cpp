@@ -163,10 +163,6 @@ struct FusedRotaryQkv : torch::autograd::Function<FusedRotaryQkv> {
   }
 };
 
-}  // namespace
-
-namespace {
-
 // The elements from a tensor's first to its last, 1 + Σ (size - 1) · stride (strides positive).
 int64_t span(const at::Tensor& t) {
   int64_t last = 0;
