@@ -23,15 +23,16 @@ at::ScalarType out_dtype(const at::Tensor& res, tcg_norm_out out) {
   return res.scalar_type();
 }
 
-// ATen's operators: x = res + dropout(branch + branch_bias); y = layer_norm(x) or rms_norm(x),
-// in out's dtype.
+// ATen's operators: x = res + dropout(branch + branch_bias) (without res, the dropout alone);
+// y = layer_norm(x) or rms_norm(x), in out's dtype.
 std::pair<at::Tensor, at::Tensor> composite(const tcg::norm::Inputs& in, const tcg::norm::Options& o) {
   const at::Tensor &res = in.res, &branch = in.branch, &weight = in.weight, &bias = in.bias;
   at::Tensor x = res;
   if (branch.defined()) {
     const bool drop = o.train && o.dropout > 0.0;
     const at::Tensor b = in.branch_bias.defined() ? branch + in.branch_bias : branch;
-    x = res + (drop ? at::dropout(b, o.dropout, true) : b);
+    const at::Tensor dropped = drop ? at::dropout(b, o.dropout, true) : b;
+    x = res.defined() ? res + dropped : dropped;
   }
   const std::vector<int64_t> shape = {x.size(-1)};
   at::Tensor y = o.rms ? at::rms_norm(x, shape, weight.defined() ? std::optional<at::Tensor>(weight) : std::nullopt, o.eps)
@@ -51,10 +52,13 @@ tcg_status tcg_norm_forward(const tcg_norm_inputs* in, const tcg_norm_options* o
     *out_y = nullptr;
     *ran_own = false;
     if (in == nullptr || opts == nullptr) misuse("norm: null inputs or options");
-    const tcg::norm::Inputs t{tensor_ref(in->res), tcg::tensor_or_undefined(in->branch),
+    const tcg::norm::Inputs t{tcg::tensor_or_undefined(in->res), tcg::tensor_or_undefined(in->branch),
                               tcg::tensor_or_undefined(in->branch_bias), tcg::tensor_or_undefined(in->weight),
                               tcg::tensor_or_undefined(in->bias)};
-    const at::Tensor &res = t.res, &branch = t.branch, &weight = t.weight, &bias = t.bias;
+    const at::Tensor &branch = t.branch, &weight = t.weight, &bias = t.bias;
+    if (!t.res.defined() && !branch.defined()) misuse("norm: neither a residual stream nor a branch");
+    // the residual stream, or the branch that starts it: what gives the shape and y's dtype
+    const at::Tensor& res = t.res.defined() ? t.res : branch;
     if (opts->kind != TCG_NORM_LAYER && opts->kind != TCG_NORM_RMS) misuse("norm: unknown kind");
     if (opts->kind == TCG_NORM_RMS && bias.defined()) misuse("norm: RMSNorm takes no bias");
     if (!(opts->dropout >= 0.0 && opts->dropout < 1.0)) misuse("norm: dropout must be in [0, 1)");

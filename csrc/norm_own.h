@@ -17,7 +17,7 @@ struct Options {
 };
 
 // The tensors of one call (undefined: none): x = res + dropout(branch + branch_bias), y = norm(x)
-// with weight and bias.
+// with weight and bias; without res (a branch is then given), x = dropout(branch + branch_bias).
 struct Inputs {
   at::Tensor res, branch, branch_bias, weight, bias;
 };
@@ -26,7 +26,7 @@ struct Inputs {
 std::string unsupported(const Inputs& in, const Options& o);
 
 // The fused forward, differentiable through one autograd node: {x, y}, x undefined without a
-// branch. Call only where unsupported() is "".
+// branch (x is then res). Call only where unsupported() is "".
 std::pair<at::Tensor, at::Tensor> fused(const Inputs& in, const Options& o);
 
 }  // namespace tcg::norm

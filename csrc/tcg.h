@@ -245,16 +245,18 @@ tcg_status tcg_lr_schedule_step(tcg_tensor step, const tcg_schedule* schedule, t
 // LayerNorm or RMSNorm over the last dimension, after an optional residual add through dropout:
 //   x = res + dropout(branch + branch_bias, p)  (when a branch is given; p applied only when
 //                                    train; branch_bias [D], the bias of the linear layer that
-//                                    made the branch, when given)
+//                                    made the branch, when given; without res, x is
+//                                    dropout(branch + branch_bias, p): the stream's start)
 //   y = norm(x) * weight + bias       (RMSNorm: no mean subtracted, no bias)
 // One autograd node: gradients flow to res, branch, branch_bias, weight and bias, from both x
 // and y.
 typedef enum { TCG_NORM_LAYER = 0, TCG_NORM_RMS = 1 } tcg_norm_kind;
 // y's dtype: TCG_NORM_OUT_AUTOCAST: the CUDA autocast dtype while autocast is on (what a
-// following matmul would cast to), else res's; TCG_NORM_OUT_INPUT: res's (ATen's layer_norm
-// under autocast gives float32).
+// following matmul would cast to), else res's (the branch's without res); TCG_NORM_OUT_INPUT:
+// res's (ATen's layer_norm under autocast gives float32).
 typedef enum { TCG_NORM_OUT_AUTOCAST = 0, TCG_NORM_OUT_INPUT = 1 } tcg_norm_out;
-// branch, weight, bias, branch_bias: NULL for none (branch_bias needs a branch).
+// res, branch, weight, bias, branch_bias: NULL for none (res or branch needed; branch_bias needs
+// a branch).
 typedef struct {
   tcg_tensor res, branch, weight, bias, branch_bias;
 } tcg_norm_inputs;
@@ -264,8 +266,9 @@ typedef struct {
   tcg_norm_out out;
   bool train;
 } tcg_norm_options;
-// *out_res: x, a new tensor (NULL without a branch: x is res); *out_y: y. kernels:
-// TCG_KERNELS_AUTO runs the crate's fused kernels where they apply (a CUDA float32 res, its last
+// *out_res: x, a new handle (NULL without a branch: x is res); *out_y: y. kernels:
+// TCG_KERNELS_AUTO runs the crate's fused kernels where they apply (a CUDA float32 res (or
+// branch, without res), its last
 // dimension a multiple of 4 up to 1024, contiguous float32/bfloat16/float16 tensors, float32
 // weight, bias and branch_bias), ATen's operators otherwise (the same semantics, ATen's dropout masks);
 // TCG_KERNELS_PYTORCH always ATen's; TCG_KERNELS_OWN: TCG_UNSUPPORTED, with the reason, where the

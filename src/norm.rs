@@ -171,7 +171,35 @@ impl nn::Module for LayerNorm {
 impl LayerNorm {
     /// The normalized `x`.
     pub fn f_forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(self.run(x, None, None, 0.0, false)?.1)
+        Ok(self.run(Some(x), None, None, 0.0, false)?.1)
+    }
+
+    /// `(x, y)`: the residual stream's start `x = dropout(branch, p)` (dropout only when `train`;
+    /// embeddings, say) and its normalization `y`, in one kernel. Where the stream then goes on
+    /// to the next norm, the backward adds the gradient coming back along it to the norm's in the
+    /// same kernel (no separate add of the two, no dropout kernels). A float32 `branch` taken as
+    /// it is (no dropout) is not copied: `x` is a view of it. ATen's path computes the same with
+    /// `dropout` and the norm.
+    ///
+    /// ```no_run
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// use tch::{nn, Device, Kind, Tensor};
+    /// use tch_cuda_graphs::norm::{layer_norm, NormConfig};
+    /// let vs = nn::VarStore::new(Device::Cuda(0));
+    /// let ln_1 = layer_norm(vs.root() / "ln_1", vec![384], NormConfig::default());
+    /// let emb = Tensor::randn([8, 256, 384], (Kind::Float, Device::Cuda(0)));
+    /// // was: let x = emb.dropout(0.2, true); let h = x.apply(&ln_1);
+    /// let (x, h) = ln_1.f_forward_dropout(&emb, 0.2, true)?;
+    /// # let _ = (x, h); Ok(()) }
+    /// ```
+    pub fn f_forward_dropout(&self, branch: &Tensor, p: f64, train: bool) -> Result<(Tensor, Tensor)> {
+        let (x, y) = self.run(None, Some(branch), None, p, train)?;
+        Ok((x.unwrap_or_else(|| branch.shallow_clone()), y))
+    }
+
+    /// [`f_forward_dropout`](Self::f_forward_dropout), panicking on an error as tch's layers do.
+    pub fn forward_dropout(&self, branch: &Tensor, p: f64, train: bool) -> (Tensor, Tensor) {
+        self.f_forward_dropout(branch, p, train).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// `(x, y)`: the new residual stream `x = res + dropout(branch, p)` (dropout only when
@@ -209,7 +237,7 @@ impl LayerNorm {
         p: f64,
         train: bool,
     ) -> Result<(Tensor, Tensor)> {
-        let (x, y) = self.run(res, Some(branch), branch_bias, p, train)?;
+        let (x, y) = self.run(Some(res), Some(branch), branch_bias, p, train)?;
         Ok((x.unwrap_or_else(|| res.shallow_clone()), y))
     }
 
@@ -231,7 +259,7 @@ impl LayerNorm {
 
     fn run(
         &self,
-        res: &Tensor,
+        res: Option<&Tensor>,
         branch: Option<&Tensor>,
         branch_bias: Option<&Tensor>,
         p: f64,

@@ -41,10 +41,15 @@ use tch::{nn, Tensor};
 /// The residual stream between pre-norm layers: the running sum `x`, and the branch that is
 /// still to be added to it (with its dropout). The next norm adds it in the same kernel
 /// ([`LayerNorm::f_forward_residual`]); [`f_into_tensor`](Self::f_into_tensor) adds it with
-/// ATen's operators when no norm follows.
+/// ATen's operators when no norm follows. The first norm takes the stream's start itself
+/// ([`LayerNorm::f_forward_dropout`], with the start's dropout), so the gradients coming back to
+/// the start along the stream and through that norm are added in the norm's backward kernel.
 #[derive(Debug)]
 pub struct ResidualStream {
     x: Tensor,
+    /// The dropout `(p, train)` the start `x` has yet to go through (in the first norm's kernel);
+    /// `None` once the start is settled. Never set together with `pending`: a push settles it.
+    start: Option<(f64, bool)>,
     pending: Option<Pending>,
 }
 
@@ -57,14 +62,37 @@ struct Pending {
 }
 
 impl ResidualStream {
-    /// A stream holding `x` (the embeddings, say), nothing pending.
+    /// A stream starting at `x` (the embeddings, say), nothing pending.
     pub fn new(x: Tensor) -> Self {
-        ResidualStream { x, pending: None }
+        ResidualStream { x, start: Some((0.0, false)), pending: None }
+    }
+
+    /// A stream starting at `dropout(x, p)` (dropout only when `train`), drawn by the first
+    /// norm's kernel ([`LayerNorm::f_forward_dropout`]) or, where no norm follows, by ATen's
+    /// `dropout`.
+    ///
+    /// ```
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// use tch::{Device, Kind, Tensor};
+    /// use tch_cuda_graphs::transformer::ResidualStream;
+    /// let emb = Tensor::randn([2, 8], (Kind::Float, Device::Cpu));
+    /// let stream = ResidualStream::with_dropout(emb, 0.2, true); // was: ResidualStream::new(emb.dropout(0.2, true))
+    /// let x = stream.f_into_tensor()?;
+    /// # let _ = x; Ok(()) }
+    /// ```
+    pub fn with_dropout(x: Tensor, p: f64, train: bool) -> Self {
+        ResidualStream { x, start: Some((p, train)), pending: None }
     }
 
     /// `norm(x + dropout(branch))` for the pending branch (or `norm(x)`), the sum becoming the
     /// stream's `x`: one fused kernel where the norm's kernels apply.
     pub fn f_norm(&mut self, norm: &LayerNorm) -> Result<Tensor> {
+        if let Some((p, train)) = self.start.take() {
+            // nothing is pending before the first branch (a push settles the start)
+            let (x, h) = norm.f_forward_dropout(&self.x, p, train)?;
+            self.x = x;
+            return Ok(h);
+        }
         match self.pending.take() {
             Some(Pending { branch, bias, p, train }) => {
                 let (x, h) = norm.f_forward_residual_biased(&self.x, &branch, bias.as_ref(), p, train)?;
@@ -148,6 +176,11 @@ impl ResidualStream {
     }
 
     fn settle(&mut self) -> Result<()> {
+        if let Some((p, train)) = self.start.take() {
+            if train && p > 0.0 {
+                self.x = self.x.f_dropout(p, true)?;
+            }
+        }
         if let Some(Pending { branch, bias, p, train }) = self.pending.take() {
             let branch = match bias {
                 Some(bias) => branch.f_add(&bias)?,

@@ -1095,6 +1095,42 @@ fn transformer_layers_thread_one_residual_stream() {
     assert!(matches!(e, Error::Misuse(_)));
 }
 
+/// The stream's start on ATen's path (`LayerNorm::f_forward_dropout`, the first norm of a
+/// `ResidualStream`): without dropout x is the input and the input's gradient is the norm's plus
+/// the stream's; `with_dropout` draws the start's dropout (kept values scaled, the rate near p)
+/// and without training is `new`.
+#[test]
+fn the_stream_start_takes_its_dropout_in_the_first_norm() {
+    use tch_cuda_graphs::norm::{layer_norm, NormConfig};
+    use tch_cuda_graphs::transformer::ResidualStream;
+    tch::manual_seed(6);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let ln = layer_norm(vs.root() / "ln", vec![16], NormConfig::default());
+    let e = Tensor::randn([64, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let (x, y) = ln.f_forward_dropout(&e, 0.0, true).unwrap();
+    let dx = Tensor::randn([64, 16], (Kind::Float, Device::Cpu));
+    ((&x * &dx).sum(Kind::Float) + y.sum(Kind::Float)).backward();
+    let e2 = e.detach().set_requires_grad(true);
+    e2.apply(&ln).sum(Kind::Float).backward();
+    let diff = f64::try_from((e.grad() - (e2.grad() + &dx)).abs().max()).unwrap();
+    println!(
+        "start without dropout: x equal to the input {}; d input against the norm's plus the stream's: {diff:e}",
+        x.equal(&e)
+    );
+    assert!(x.equal(&e) && diff < 1e-6);
+
+    let mut stream = ResidualStream::with_dropout(e.detach(), 0.5, true);
+    let _h = stream.f_norm(&ln).unwrap();
+    let x = stream.f_into_tensor().unwrap();
+    let kept = x.ne(0.0);
+    let rate = 1.0 - f64::try_from(kept.to_kind(Kind::Float).mean(Kind::Float)).unwrap();
+    let kept_error = f64::try_from((&x - e.detach() * 2.0 * kept.to_kind(Kind::Float)).abs().max()).unwrap();
+    println!("with_dropout(0.5): dropped {rate:.3}, max |kept - 2 input| = {kept_error:e}");
+    assert!((rate - 0.5).abs() < 0.1 && kept_error == 0.0);
+    let eval = ResidualStream::with_dropout(e.detach(), 0.5, false).f_into_tensor().unwrap();
+    assert!(eval.equal(&e.detach()), "no dropout outside training");
+}
+
 /// A step is given weight shadows once, in the autocast dtype, before its first run, and only
 /// when it asks for them (`weight_shadows(true)` under autocast): each other case is a misuse.
 #[test]

@@ -115,7 +115,7 @@ __device__ void forward(const Forward& a) {
   for (int i = 0; i < VEC; ++i) {
     const int c = (lane + 32 * i) * 4;
     if (c < cols) {
-      v[i] = load4<float>(a.res + base + c);
+      if (a.res != nullptr) v[i] = load4<float>(a.res + base + c);
       if (a.branch != nullptr) br[i] = load_raw4<TB>(static_cast<const TB*>(a.branch) + base + c);
     }
   }
@@ -135,7 +135,8 @@ __device__ void forward(const Forward& a) {
           const float4 m = keep4(seed, offset, static_cast<uint64_t>(base + c), a.keep, a.scale);
           b = make_float4(b.x * m.x, b.y * m.y, b.z * m.z, b.w * m.w);
         }
-        x = make_float4(x.x + b.x, x.y + b.y, x.z + b.z, x.w + b.w);
+        // without a residual stream, the branch is where it starts
+        x = a.res != nullptr ? make_float4(x.x + b.x, x.y + b.y, x.z + b.z, x.w + b.w) : b;
         store4<float>(a.res_out + base + c, x);
       }
       v[i] = x;
@@ -246,7 +247,7 @@ __device__ void backward(const Backward& a) {
         const float rs = rstd[k];
         const float4 d = make_float4(rs * (g[k].x - mg - xh[k].x * mgx) + r[k].x, rs * (g[k].y - mg - xh[k].y * mgx) + r[k].y,
                                      rs * (g[k].z - mg - xh[k].z * mgx) + r[k].z, rs * (g[k].w - mg - xh[k].w * mgx) + r[k].w);
-        store4<float>(a.dx + at, d);
+        if (a.dx != nullptr) store4<float>(a.dx + at, d);
         if (a.dbranch != nullptr) {
           float4 db = d;
           if (a.dropout) {

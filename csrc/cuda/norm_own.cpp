@@ -67,27 +67,34 @@ at::PhiloxCudaState unpack_state(const std::vector<int64_t>& v) {
 struct FusedNorm : torch::autograd::Function<FusedNorm> {
   // The optional tensors are std::optional: autograd's Function records the device of every
   // tensor argument, which an undefined at::Tensor does not have.
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& res,
+  static variable_list forward(AutogradContext* ctx, const std::optional<at::Tensor>& res_arg,
                                const std::optional<at::Tensor>& branch_arg,
                                const std::optional<at::Tensor>& branch_bias_arg,
                                const std::optional<at::Tensor>& weight_arg,
                                const std::optional<at::Tensor>& bias_arg, Options o) {
-    const at::Tensor branch = branch_arg.value_or(at::Tensor());
+    const at::Tensor res = res_arg.value_or(at::Tensor());
+    const at::Tensor branch_given = branch_arg.value_or(at::Tensor());
     const at::Tensor branch_bias = branch_bias_arg.value_or(at::Tensor());
     const at::Tensor weight = weight_arg.value_or(at::Tensor());
     const at::Tensor bias = bias_arg.value_or(at::Tensor());
-    const int device = res.get_device();
+    const bool dropout = branch_given.defined() && o.train && o.dropout > 0.0;
+    // A float32 branch that starts the stream unchanged (no residual, dropout or bias) is the
+    // stream itself: normalized as a residual would be, not copied; its gradient is what the
+    // kernel writes for a residual's.
+    const bool starts_as_is = !res.defined() && !dropout && !branch_bias.defined();
+    const at::Tensor lead = res.defined() ? res : branch_given;
+    const at::Tensor branch = starts_as_is ? at::Tensor() : branch_given;
+    const int device = lead.get_device();
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-    const int64_t cols = res.size(-1), rows = res.numel() / std::max<int64_t>(cols, 1);
+    const int64_t cols = lead.size(-1), rows = lead.numel() / std::max<int64_t>(cols, 1);
     const bool has_branch = branch.defined();
-    const bool dropout = has_branch && o.train && o.dropout > 0.0;
     const at::ScalarType branch_type = has_branch ? branch.scalar_type() : at::kFloat;
-    at::Tensor x = has_branch ? at::empty_like(res) : res;
-    at::Tensor y = at::empty(res.sizes(), res.options().dtype(o.out));
-    at::Tensor mean = at::empty({rows}, res.options().dtype(at::kFloat));
-    at::Tensor rstd = at::empty({rows}, res.options().dtype(at::kFloat));
+    at::Tensor x = has_branch ? at::empty(lead.sizes(), lead.options().dtype(at::kFloat)) : lead;
+    at::Tensor y = at::empty(lead.sizes(), lead.options().dtype(o.out));
+    at::Tensor mean = at::empty({rows}, lead.options().dtype(at::kFloat));
+    at::Tensor rstd = at::empty({rows}, lead.options().dtype(at::kFloat));
     Forward p{};
-    p.res = res.data_ptr<float>();
+    p.res = res.defined() ? res.data_ptr<float>() : has_branch ? nullptr : lead.data_ptr<float>();
     p.branch = has_branch ? branch.data_ptr() : nullptr;
     p.branch_bias = branch_bias.defined() ? branch_bias.data_ptr<float>() : nullptr;
     p.gamma = weight.defined() ? weight.data_ptr<float>() : nullptr;
@@ -112,14 +119,17 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     ctx->saved_data["philox"] = c10::IValue(pack(p.philox));
     ctx->saved_data["dropout"] = dropout;
     ctx->saved_data["has_branch"] = has_branch;
+    ctx->saved_data["has_res"] = res.defined();
+    ctx->saved_data["stream_out"] = branch_given.defined();
     ctx->saved_data["has_bias"] = bias.defined();
     ctx->saved_data["has_branch_bias"] = branch_bias.defined();
     ctx->saved_data["rms"] = o.rms;
     ctx->saved_data["keep"] = static_cast<double>(p.keep);
     ctx->saved_data["scale"] = static_cast<double>(p.scale);
     ctx->saved_data["branch_type"] = static_cast<int64_t>(branch_type);
-    // without a branch, x is res itself: only y is an output
-    if (!has_branch) return {y};
+    // without a branch, x is res itself: only y is an output; a branch starting the stream
+    // as it is is returned as the stream (autograd makes it a view with this node's gradient)
+    if (!branch_given.defined()) return {y};
     return {x, y};
   }
 
@@ -128,18 +138,22 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &mean = saved[1], &rstd = saved[2], &weight = saved[3];
     const bool has_branch = ctx->saved_data.at("has_branch").toBool();
+    const bool has_res = ctx->saved_data.at("has_res").toBool();
+    const bool stream_out = ctx->saved_data.at("stream_out").toBool();
     const bool dropout = ctx->saved_data.at("dropout").toBool();
     const bool has_bias = ctx->saved_data.at("has_bias").toBool();
     const bool has_branch_bias = ctx->saved_data.at("has_branch_bias").toBool();
     const auto branch_type = static_cast<at::ScalarType>(ctx->saved_data.at("branch_type").toInt());
-    at::Tensor dres = has_branch ? grads.at(0) : at::Tensor();
-    at::Tensor dy = grads.at(has_branch ? 1 : 0);
+    at::Tensor dres = stream_out ? grads.at(0) : at::Tensor();
+    at::Tensor dy = grads.at(stream_out ? 1 : 0);
     const int device = x.get_device();
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     const int64_t cols = x.size(-1), rows = x.numel() / std::max<int64_t>(cols, 1);
     if (dy.defined()) dy = (own::norm_builds(branch_type, dy.scalar_type()) ? dy : dy.to(at::kFloat)).contiguous();
     if (dres.defined()) dres = dres.to(at::kFloat).contiguous();
-    at::Tensor dx = at::empty_like(x);
+    // the gradient of what the kernel read as the residual: res, or a branch starting the stream as it is
+    const bool residual_read = has_res || !has_branch;
+    at::Tensor dx = residual_read ? at::empty_like(x) : at::Tensor();
     at::Tensor dbranch = has_branch ? at::empty(x.sizes(), x.options().dtype(branch_type)) : at::Tensor();
     const int64_t sms = own::sm_count(device);
     const int v = vec(cols);
@@ -165,7 +179,7 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     p.mean = mean.data_ptr<float>();
     p.rstd = rstd.data_ptr<float>();
     p.gamma = weight.defined() ? weight.data_ptr<float>() : nullptr;
-    p.dx = dx.data_ptr<float>();
+    p.dx = residual_read ? dx.data_ptr<float>() : nullptr;
     p.dbranch = has_branch ? dbranch.data_ptr() : nullptr;
     p.rows = rows;
     p.cols = static_cast<int32_t>(cols);
@@ -183,6 +197,7 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
       own::launch("tcg_norm_finish", device, static_cast<unsigned>((cols + cuda::kColSumCols - 1) / cuda::kColSumCols),
                   cuda::kColSumThreads, &f);
     }
+    if (!has_res) return {at::Tensor(), has_branch ? dbranch : dx, sum[2], sum[0], sum[1], at::Tensor()};
     return {dx, dbranch, sum[2], sum[0], sum[1], at::Tensor()};
   }
 };
@@ -190,9 +205,11 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
 }  // namespace
 
 std::string unsupported(const Inputs& in, const Options& o) {
-  const at::Tensor &res = in.res, &branch = in.branch;
+  const at::Tensor& branch = in.branch;
+  // the residual stream, or the branch that starts it
+  const at::Tensor& res = in.res.defined() ? in.res : branch;
   if (!res.is_cuda()) return "the input is not on a CUDA device";
-  if (res.scalar_type() != at::kFloat) return "the input (the residual stream) is not float32";
+  if (res.scalar_type() != at::kFloat) return "the residual stream (or the branch starting it) is not float32";
   const int64_t cols = res.size(-1);
   if (cols % 4 != 0 || cols > kMaxCols || cols == 0) {
     return "the last dimension (" + std::to_string(cols) + ") is not a multiple of 4 up to " + std::to_string(kMaxCols);
@@ -217,7 +234,7 @@ std::string unsupported(const Inputs& in, const Options& o) {
 
 std::pair<at::Tensor, at::Tensor> fused(const Inputs& in, const Options& o) {
   auto opt = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
-  variable_list out = FusedNorm::apply(in.res, opt(in.branch), opt(in.branch_bias), opt(in.weight), opt(in.bias), o);
+  variable_list out = FusedNorm::apply(opt(in.res), opt(in.branch), opt(in.branch_bias), opt(in.weight), opt(in.bias), o);
   if (out.size() == 1) return {at::Tensor(), out[0]};
   return {out[0], out[1]};
 }

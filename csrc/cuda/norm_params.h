@@ -5,7 +5,8 @@
 //
 // What they compute, per row of `cols` values (fp32 math):
 //   forward:  x = res + dropout(branch + bb)      (res_out; skipped without a branch; bb: the
-//                                                  branch's bias, 0 without one)
+//                                                  branch's bias, 0 without one; without res,
+//                                                  x = dropout(branch + bb): the stream's start)
 //             y = (x - mean) * rstd * gamma + beta (LayerNorm; RMSNorm: mean 0, no beta)
 //   backward: dx = dres + rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma
 //             dbranch = dropout mask * scale * dx;  dgamma = sum over rows of dy * xhat,
@@ -39,7 +40,7 @@ constexpr int kBwdMinRows = 4;
 constexpr int kFinishSums = 3;
 
 struct Forward {
-  const float* res;     // [rows, cols] fp32
+  const float* res;     // [rows, cols] fp32, or null where a branch starts the stream
   const void* branch;   // [rows, cols] of the kernel's branch type, or null
   const float* branch_bias;  // [cols] or null (zeros)
   const float* gamma;   // [cols] or null (ones)
@@ -65,7 +66,7 @@ struct Backward {
   const float* mean;
   const float* rstd;
   const float* gamma;   // or null
-  float* dx;            // [rows, cols] fp32: the gradient of res
+  float* dx;            // [rows, cols] fp32: the gradient of res, or null (no res)
   void* dbranch;        // [rows, cols] of the branch type, or null
   float* part[kFinishSums];  // [gridDim.x, cols] per-block sums of the weight, bias and branch-bias
                             // gradients (Finish's order), each null where there is none

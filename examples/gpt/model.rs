@@ -175,9 +175,10 @@ impl Gpt {
         // itself at full length (its gradient then is the add's sum over the batch, no gather
         // and no sort of positions), a view of it otherwise
         let pos = if t == self.config.block { self.wpe.ws.shallow_clone() } else { self.wpe.ws.f_narrow(0, 0, t)? };
-        let x = self.wte.f_forward(idx)?.f_add(&pos)?.f_dropout(p, train)?;
-        // each norm takes the residual stream and the branch before it: x += dropout(branch)
-        let mut stream = ResidualStream::new(x);
+        let x = self.wte.f_forward(idx)?.f_add(&pos)?;
+        // each norm takes the residual stream and the branch before it: x += dropout(branch);
+        // the first takes the start's dropout
+        let mut stream = ResidualStream::with_dropout(x, p, train);
         for b in &self.blocks {
             b.f_forward_t(&mut stream, train)?;
         }

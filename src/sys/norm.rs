@@ -1,7 +1,7 @@
 //! `csrc/norm.cpp` (and `csrc/cuda/norm_own.cpp` behind it): LayerNorm and RMSNorm with the
 //! residual add and dropout folded in.
 
-use super::{adopt, adopt_some, check, ffi, opt_tensor_ptr, tensor_ptr};
+use super::{adopt, adopt_some, check, ffi, opt_tensor_ptr};
 use crate::error::Result;
 use tch::Tensor;
 
@@ -12,9 +12,10 @@ pub(crate) type NormOptions = ffi::tcg_norm_options;
 use super::kernels::RawKernels;
 
 /// The tensors of one normalization: the residual stream, and optionally the branch added to it
-/// through dropout (with the bias of the layer that made it), the weight and the bias.
+/// through dropout (with the bias of the layer that made it), the weight and the bias. Without
+/// the residual stream the branch starts it.
 pub(crate) struct NormInputs<'a> {
-    pub(crate) res: &'a Tensor,
+    pub(crate) res: Option<&'a Tensor>,
     pub(crate) branch: Option<&'a Tensor>,
     pub(crate) weight: Option<&'a Tensor>,
     pub(crate) bias: Option<&'a Tensor>,
@@ -32,7 +33,7 @@ pub(crate) struct NormOutputs {
 /// Runs one normalization (differentiable).
 pub(crate) fn forward(inputs: &NormInputs<'_>, options: &NormOptions, kernels: RawKernels) -> Result<NormOutputs> {
     let raw = ffi::tcg_norm_inputs {
-        res: tensor_ptr(inputs.res),
+        res: opt_tensor_ptr(inputs.res),
         branch: opt_tensor_ptr(inputs.branch),
         weight: opt_tensor_ptr(inputs.weight),
         bias: opt_tensor_ptr(inputs.bias),
