@@ -18,6 +18,8 @@ void tcg_pg_free(tcg_pg*) {}
 tcg_status tcg_pg_info(tcg_pg*, int*, int*, int*) { return no_dist(); }
 tcg_status tcg_pg_allreduce(tcg_pg*, tcg_tensor, tcg_reduce_op) { return no_dist(); }
 tcg_status tcg_pg_broadcast(tcg_pg*, tcg_tensor, int) { return no_dist(); }
+tcg_status tcg_pg_reduce_scatter(tcg_pg*, tcg_tensor, tcg_tensor, tcg_reduce_op) { return no_dist(); }
+tcg_status tcg_pg_all_gather(tcg_pg*, tcg_tensor, tcg_tensor) { return no_dist(); }
 tcg_status tcg_pg_barrier(tcg_pg*) { return no_dist(); }
 tcg_status tcg_pg_wait_device(tcg_pg*, int64_t) { return no_dist(); }
 tcg_status tcg_pg_abort(tcg_pg*) { return no_dist(); }

@@ -656,6 +656,12 @@ tcg_status tcg_pg_info(tcg_pg* p, int* rank, int* size, int* device);
 typedef enum { TCG_REDUCE_SUM = 0, TCG_REDUCE_AVG = 1 } tcg_reduce_op;
 tcg_status tcg_pg_allreduce(tcg_pg* p, tcg_tensor t, tcg_reduce_op op);
 tcg_status tcg_pg_broadcast(tcg_pg* p, tcg_tensor t, int root);
+// ZeRO's two collectives (NCCL's reduce-scatter and all-gather of flat buffers): `output` [n] is
+// the reduction over ranks of their `input`s' slice [rank * n, (rank + 1) * n) (input [size * n]);
+// all-gather's `output` [size * n] holds rank r's `input` [n] at r * n (input may be that slice of
+// output: in place). Contiguous tensors of one dtype on the group's device.
+tcg_status tcg_pg_reduce_scatter(tcg_pg* p, tcg_tensor output, tcg_tensor input, tcg_reduce_op op);
+tcg_status tcg_pg_all_gather(tcg_pg* p, tcg_tensor output, tcg_tensor input);
 tcg_status tcg_pg_barrier(tcg_pg* p);
 // The host waits at most timeout_ms for the device's current stream (graph replays included:
 // c10d's watchdog cannot see their NCCL kernels). On timeout: aborts the group's communicators

@@ -106,3 +106,47 @@ fn a_plan_refuses_an_empty_world() {
     let got = BucketConfig::default().plan(&[4], tch::Kind::Float, 0);
     assert!(matches!(got, Err(Error::Misuse(_))), "{got:?}");
 }
+
+/// ZeRO-1's shard plan: for several layouts and 1 to 8 ranks, every parameter value lies in
+/// exactly one rank's shard, once, at its flat offset; offsets and shards are aligned; the
+/// shards are equal and cover the flat buffer; a rank past the last holds nothing.
+#[test]
+fn the_shard_plan_covers_every_value_once() {
+    use tch_cuda_graphs::dist::ShardPlan;
+    let layouts: [&[i64]; 5] = [&[10, 3, 7], &[1], &[0, 5, 0], &[1961, 53, 2809, 53, 583, 11], &[65536, 1, 65535, 7]];
+    let mut checked = 0;
+    for numels in layouts {
+        for world in 1..=8 {
+            for align in [1, 4, 16] {
+                let plan = ShardPlan::new(numels, world, align).expect("a plan");
+                assert_eq!(plan.shard_len() % align, 0);
+                assert_eq!(plan.flat_len(), plan.shard_len() * world as i64);
+                let mut seen: Vec<Vec<u8>> = numels.iter().map(|&n| vec![0; n as usize]).collect();
+                for rank in 0..world {
+                    let mut end = 0;
+                    for p in plan.pieces(rank) {
+                        assert_eq!(plan.offset(p.param) % align, 0, "aligned offset");
+                        assert!(
+                            p.shard_offset >= end && p.shard_offset + p.len <= plan.shard_len(),
+                            "inside the shard, in order"
+                        );
+                        assert_eq!(plan.offset(p.param) + p.start, rank as i64 * plan.shard_len() + p.shard_offset);
+                        end = p.shard_offset + p.len;
+                        for v in &mut seen[p.param][p.start as usize..(p.start + p.len) as usize] {
+                            *v += 1;
+                        }
+                    }
+                }
+                assert!(
+                    seen.iter().flatten().all(|&v| v == 1),
+                    "{numels:?} on {world} ranks: each value in one shard once"
+                );
+                assert!(plan.pieces(world).is_empty());
+                checked += 1;
+            }
+        }
+    }
+    println!("{checked} plans: every value in exactly one shard");
+    assert!(matches!(ShardPlan::new(&[4], 0, 4), Err(Error::Misuse(_))));
+    assert!(matches!(ShardPlan::new(&[-1], 2, 4), Err(Error::Misuse(_))));
+}

@@ -243,6 +243,42 @@ tcg_status tcg_pg_broadcast(tcg_pg* p, tcg_tensor t, int root) {
   });
 }
 
+namespace {
+// The flat buffers of reduce-scatter and all-gather: `whole` [size * n], `part` [n].
+void check_flat_pair(tcg_pg* p, const at::Tensor& whole, const at::Tensor& part, const char* what) {
+  check_collective(p, whole);
+  check_collective(p, part);
+  if (!whole.is_contiguous() || !part.is_contiguous()) misuse(std::string(what) + ": the buffers must be contiguous");
+  if (whole.scalar_type() != part.scalar_type()) misuse(std::string(what) + ": the buffers' dtypes differ");
+  if (whole.numel() != part.numel() * p->size) {
+    misuse(std::string(what) + ": the whole buffer holds " + std::to_string(whole.numel()) + " values, not " +
+           std::to_string(p->size) + " x " + std::to_string(part.numel()));
+  }
+}
+}  // namespace
+
+tcg_status tcg_pg_reduce_scatter(tcg_pg* p, tcg_tensor output, tcg_tensor input, tcg_reduce_op op) {
+  return guard([&] {
+    at::Tensor out = tensor_ref(output), in = tensor_ref(input);
+    check_flat_pair(p, in, out, "reduce_scatter");
+    if (op != TCG_REDUCE_SUM && op != TCG_REDUCE_AVG) misuse("reduce_scatter: unknown reduce op");
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = op == TCG_REDUCE_AVG ? c10d::ReduceOp(c10d::ReduceOp::AVG) : c10d::ReduceOp(c10d::ReduceOp::SUM);
+    o.asyncOp = false;
+    run_on_current_stream(p->pg->_reduce_scatter_base(out, in, o));
+  });
+}
+
+tcg_status tcg_pg_all_gather(tcg_pg* p, tcg_tensor output, tcg_tensor input) {
+  return guard([&] {
+    at::Tensor out = tensor_ref(output), in = tensor_ref(input);
+    check_flat_pair(p, out, in, "all_gather");
+    c10d::AllgatherOptions o;
+    o.asyncOp = false;
+    run_on_current_stream(p->pg->_allgather_base(out, in, o));
+  });
+}
+
 tcg_status tcg_pg_barrier(tcg_pg* p) {
   return guard([&] {
     if (p->aborted.load()) throw exception(TCG_DIST, "the process group was aborted after a timeout");

@@ -15,7 +15,9 @@
 //!
 //! Data parallel: [`broadcast_parameters`] (same model on every rank, checked, rank 0's values)
 //! and [`GradAllReduce`] (gradients averaged in flat buckets inside the captured step, each
-//! bucket's all-reduce overlapping the rest of backward when armed).
+//! bucket's all-reduce overlapping the rest of backward when armed); ZeRO-1 ([`ShardedAdam`]:
+//! gradients reduce-scattered, each rank stepping and holding the state of its shard, the
+//! parameters all-gathered).
 //!
 //! # Lifetimes
 //! A graph that holds NCCL kernels must be gone before its group is shut down (c10d's
@@ -53,11 +55,13 @@
 //! fails.
 
 mod data_parallel;
+mod zero;
 
 pub use data_parallel::{
     broadcast_parameters, BucketConfig, BucketLayout, BucketPlan, Collective, Compression, GradAllReduce, NcclBuffers,
     PlannedBucket, Wire, DEFAULT_BUCKET_BYTES,
 };
+pub use zero::{Piece, ShardPlan, ShardedAdam};
 
 use crate::error::{Error, Result};
 use crate::sys::dist::{self as sys, PgHandle, RawReduceOp, Rendezvous};
@@ -180,6 +184,28 @@ impl ProcessGroup {
         let root = i32::try_from(root).map_err(|_| Error::Misuse(format!("root {root} is too large")))?;
         self.retain_in_capture();
         self.handle.broadcast(t, root)
+    }
+
+    /// ZeRO's gradient collective: `output` (`[n]`) becomes the reduction over all ranks of
+    /// their `input`'s slice `[rank * n, (rank + 1) * n)` (`input`: `[world * n]`), on the
+    /// current stream. Contiguous tensors of one dtype on this rank's device;
+    /// [`Error::Misuse`] otherwise.
+    pub fn reduce_scatter(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
+        let op = match op {
+            ReduceOp::Sum => RawReduceOp::TCG_REDUCE_SUM,
+            ReduceOp::Avg => RawReduceOp::TCG_REDUCE_AVG,
+        };
+        self.retain_in_capture();
+        self.handle.reduce_scatter(output, input, op)
+    }
+
+    /// ZeRO's parameter collective: `output` (`[world * n]`) gets rank `r`'s `input` (`[n]`)
+    /// at `r * n`, on the current stream. `input` may be this rank's slice of `output` (in
+    /// place). Contiguous tensors of one dtype on this rank's device; [`Error::Misuse`]
+    /// otherwise.
+    pub fn all_gather(&self, output: &Tensor, input: &Tensor) -> Result<()> {
+        self.retain_in_capture();
+        self.handle.all_gather(output, input)
     }
 
     /// Waits (on the device) until every rank reached the barrier.

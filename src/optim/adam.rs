@@ -208,10 +208,20 @@ impl Adam {
 }
 
 impl Adam {
+    /// One update of every parameter from `grads` (one per parameter, in [`Optimizer::params`]'
+    /// order) instead of their `.grad`: what a sharded step gives the views of its shard.
+    pub(crate) fn step_with_grads(&mut self, grads: &[Tensor]) -> Result<()> {
+        self.run_from(None, Some(grads), Scaling::default())
+    }
+
     /// One update of the parameters that have a gradient (those in `only`, when given).
     fn run(&mut self, only: Option<&[usize]>, amp: Scaling<'_>) -> Result<()> {
+        self.run_from(only, None, amp)
+    }
+
+    fn run_from(&mut self, only: Option<&[usize]>, grads: Option<&[Tensor]>, amp: Scaling<'_>) -> Result<()> {
         self.core.begin_step();
-        for launch in self.core.launches(only)? {
+        for launch in self.core.launches(only, grads)? {
             let core = &self.core;
             let group = &core.groups.groups[launch.group];
             let c = &group.config;

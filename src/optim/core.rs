@@ -81,7 +81,18 @@ impl<C: HyperParams> Core<C> {
 
     /// The launches of one step: for each group, its parameters that have a gradient (and are
     /// in `only`, when given: indices into the flat parameter list), by dtype (first-seen order).
-    pub(crate) fn launches(&self, only: Option<&[usize]>) -> Result<Vec<Launch>> {
+    /// `grads`, when given, are the gradients to use instead of the parameters' `.grad` (one per
+    /// parameter, flat order).
+    pub(crate) fn launches(&self, only: Option<&[usize]>, grads: Option<&[Tensor]>) -> Result<Vec<Launch>> {
+        if let Some(g) = grads {
+            if g.len() != self.groups.params.len() {
+                return Err(Error::Misuse(format!(
+                    "optimizer: {} gradients for {} parameters",
+                    g.len(),
+                    self.groups.params.len()
+                )));
+            }
+        }
         let keep = match only {
             None => None,
             Some(idx) => {
@@ -104,7 +115,10 @@ impl<C: HyperParams> Core<C> {
                 if keep.as_ref().is_some_and(|k| !k[i]) {
                     continue;
                 }
-                let grad = self.groups.params[i].f_grad()?;
+                let grad = match grads {
+                    Some(g) => g[i].shallow_clone(),
+                    None => self.groups.params[i].f_grad()?,
+                };
                 if !grad.defined() {
                     continue;
                 }

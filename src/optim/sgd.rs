@@ -198,7 +198,7 @@ impl Sgd {
     fn run(&mut self, only: Option<&[usize]>, grad_scale: Option<&Tensor>, found_inf: Option<&Tensor>) -> Result<()> {
         let amp = Scaling { grad_scale, found_inf, clip_coef: None };
         self.core.begin_step();
-        for launch in self.core.launches(only)? {
+        for launch in self.core.launches(only, None)? {
             self.step_launch(&launch, amp)?;
         }
         Ok(())

@@ -87,6 +87,16 @@ impl PgHandle {
         check(unsafe { ffi::tcg_pg_broadcast(self.0.as_ptr(), tensor_ptr(t), root) })
     }
 
+    pub(crate) fn reduce_scatter(&self, output: &Tensor, input: &Tensor, op: RawReduceOp) -> Result<()> {
+        // SAFETY: the handle is live; `output` and `input` are live handles for the call.
+        check(unsafe { ffi::tcg_pg_reduce_scatter(self.0.as_ptr(), tensor_ptr(output), tensor_ptr(input), op) })
+    }
+
+    pub(crate) fn all_gather(&self, output: &Tensor, input: &Tensor) -> Result<()> {
+        // SAFETY: the handle is live; `output` and `input` are live handles for the call.
+        check(unsafe { ffi::tcg_pg_all_gather(self.0.as_ptr(), tensor_ptr(output), tensor_ptr(input)) })
+    }
+
     pub(crate) fn barrier(&self) -> Result<()> {
         // SAFETY: the handle is live.
         check(unsafe { ffi::tcg_pg_barrier(self.0.as_ptr()) })

@@ -70,6 +70,13 @@ extern "C" {
     pub fn tcg_pg_info(p: *mut tcg_pg, rank: *mut c_int, size: *mut c_int, device: *mut c_int) -> tcg_status;
     pub fn tcg_pg_allreduce(p: *mut tcg_pg, t: tcg_tensor, op: tcg_reduce_op) -> tcg_status;
     pub fn tcg_pg_broadcast(p: *mut tcg_pg, t: tcg_tensor, root: c_int) -> tcg_status;
+    pub fn tcg_pg_reduce_scatter(
+        p: *mut tcg_pg,
+        output: tcg_tensor,
+        input: tcg_tensor,
+        op: tcg_reduce_op,
+    ) -> tcg_status;
+    pub fn tcg_pg_all_gather(p: *mut tcg_pg, output: tcg_tensor, input: tcg_tensor) -> tcg_status;
     pub fn tcg_pg_barrier(p: *mut tcg_pg) -> tcg_status;
     pub fn tcg_pg_wait_device(p: *mut tcg_pg, timeout_ms: i64) -> tcg_status;
     pub fn tcg_pg_abort(p: *mut tcg_pg) -> tcg_status;
