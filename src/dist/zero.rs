@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::kernels::{KernelPath, Kernels};
 use crate::optim::{Adam, AdamConfig, LrHandle, Optimizer, ParamGroup};
 use std::collections::HashMap;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 /// `n` rounded up to a multiple of `unit` (both non-negative, `unit` ≥ 1).
 fn round_up(n: i64, unit: i64) -> i64 {
@@ -175,19 +175,15 @@ pub struct ShardedAdam {
     flat_params: Tensor,
     own_params: Tensor,
     shard_grads: Tensor,
-    /// The gaps' zeros (packed with the gradients) and sinks (the unpack's), in flat order.
-    gaps: Vec<Tensor>,
+    /// The flat buffer as parameters and gaps, and the unpack's sinks for its gaps.
+    flat: Layout,
     gap_sinks: Vec<Tensor>,
-    /// The flat buffer's segments: (length, parameter or gap).
-    segments: Vec<(i64, Option<usize>)>,
     /// Views of the parameters' pieces in this rank's shard (what `inner` updates), and views of
     /// `shard_grads` at the same places.
     pieces: Vec<Tensor>,
     piece_grads: Vec<Tensor>,
-    /// This rank's shard in order: a piece (index into `pieces`) or a gap (the next of
-    /// `own_gaps`, zeros).
-    own_layout: Vec<Option<usize>>,
-    own_gaps: Vec<Tensor>,
+    /// This rank's shard as pieces (indices into `pieces`) and gaps.
+    own: Layout,
     inner: Adam,
 }
 
@@ -204,49 +200,111 @@ impl std::fmt::Debug for ShardedAdam {
 /// The values of parameter pieces and of gradients are laid out on 16-value (64-byte) offsets.
 const ALIGN: i64 = 16;
 
+/// A buffer's parts in order: tensors (an index into the caller's list) and gaps (zeros).
+struct Layout {
+    parts: Vec<Part>,
+    /// Each part's length, in order (the unpack's split sizes).
+    sizes: Vec<i64>,
+    /// A zeros tensor per gap, in order.
+    gaps: Vec<Tensor>,
+}
+
+#[derive(Clone, Copy)]
+enum Part {
+    Tensor(usize),
+    Gap(usize),
+}
+
+impl Layout {
+    /// From `(length, tensor or gap)` segments; gap zeros made on `device`.
+    fn new(segments: &[(i64, Option<usize>)], device: Device) -> Result<Self> {
+        let (mut parts, mut gaps) = (Vec::new(), Vec::new());
+        for &(len, who) in segments {
+            parts.push(match who {
+                Some(i) => Part::Tensor(i),
+                None => {
+                    gaps.push(Tensor::f_zeros([len], (Kind::Float, device))?);
+                    Part::Gap(gaps.len() - 1)
+                }
+            });
+        }
+        Ok(Layout { parts, sizes: segments.iter().map(|(len, _)| *len).collect(), gaps })
+    }
+
+    /// The parts' tensors in order, each tensor part from `of(i)`, each gap from `gaps`.
+    fn assemble(&self, gaps: &[Tensor], of: impl Fn(usize) -> Result<Tensor>) -> Result<Vec<Tensor>> {
+        self.parts
+            .iter()
+            .map(|part| match *part {
+                Part::Tensor(i) => of(i),
+                Part::Gap(g) => Ok(gaps[g].shallow_clone()),
+            })
+            .collect()
+    }
+}
+
+/// A rank's shard, given its pieces, as `(length, piece or gap)` segments in shard order.
+fn shard_segments(mine: &[Piece], shard_len: i64) -> Vec<(i64, Option<usize>)> {
+    let mut order: Vec<usize> = (0..mine.len()).collect();
+    order.sort_by_key(|&k| mine[k].shard_offset);
+    let (mut out, mut end) = (Vec::new(), 0);
+    for k in order {
+        let p = &mine[k];
+        if p.shard_offset > end {
+            out.push((p.shard_offset - end, None));
+        }
+        out.push((p.len, Some(k)));
+        end = p.shard_offset + p.len;
+    }
+    if shard_len > end {
+        out.push((shard_len - end, None));
+    }
+    out
+}
+
+/// The float32 parameters of `groups` on `device`, named, in order; [`Error::Misuse`] for none
+/// or any other.
+fn checked_params(groups: &[ParamGroup<AdamConfig>], device: Device) -> Result<Vec<(String, Tensor)>> {
+    let params: Vec<(String, Tensor)> =
+        groups.iter().flat_map(|g| g.params.iter().map(|(n, t)| (n.clone(), t.shallow_clone()))).collect();
+    if params.is_empty() {
+        return Err(Error::Misuse("ShardedAdam: no parameters".into()));
+    }
+    for (name, t) in &params {
+        if t.kind() != Kind::Float || t.device() != device {
+            return Err(Error::Misuse(format!(
+                "ShardedAdam: `{name}` is {:?} on {:?}; it takes float32 parameters on the group's device ({device:?})",
+                t.kind(),
+                t.device(),
+            )));
+        }
+    }
+    Ok(params)
+}
+
 impl ShardedAdam {
     /// The sharded optimizer over `groups` (each with its own hyper-parameters, as
     /// [`Adam::with_groups`]) on the ranks of `pg`. Every rank must pass the same parameters
     /// in the same order. [`Error::Misuse`] for a parameter that is not float32 on the group's
     /// device, or no parameters.
     pub fn new(pg: &ProcessGroup, groups: Vec<ParamGroup<AdamConfig>>) -> Result<Self> {
-        let params: Vec<(String, Tensor)> =
-            groups.iter().flat_map(|g| g.params.iter().map(|(n, t)| (n.clone(), t.shallow_clone()))).collect();
-        if params.is_empty() {
-            return Err(Error::Misuse("ShardedAdam: no parameters".into()));
-        }
-        for (name, t) in &params {
-            if t.kind() != Kind::Float || t.device() != pg.device() {
-                return Err(Error::Misuse(format!(
-                    "ShardedAdam: `{name}` is {:?} on {:?}; it takes float32 parameters on the group's device ({:?})",
-                    t.kind(),
-                    t.device(),
-                    pg.device()
-                )));
-            }
-        }
+        let device = pg.device();
+        let params = checked_params(&groups, device)?;
         let numels: Vec<i64> = params.iter().map(|(_, t)| t.numel() as i64).collect();
         let plan = ShardPlan::new(&numels, pg.world_size(), ALIGN)?;
-        let opts = (Kind::Float, pg.device());
-        let flat_grads = Tensor::f_zeros([plan.flat_len()], opts)?;
-        let flat_params = Tensor::f_zeros([plan.flat_len()], opts)?;
-        let own_params = flat_params.f_narrow(0, plan.shard_len() * pg.rank() as i64, plan.shard_len())?;
-        let shard_grads = Tensor::f_zeros([plan.shard_len()], opts)?;
-        let segments = plan.segments();
-        let mut gaps = Vec::new();
-        let mut gap_sinks = Vec::new();
-        for (len, who) in &segments {
-            if who.is_none() {
-                gaps.push(Tensor::f_zeros([*len], opts)?);
-                gap_sinks.push(Tensor::f_zeros([*len], opts)?);
-            }
-        }
-        // this rank's pieces, group by group, each a view of its parameter (updated in place)
+        let flat_params = Tensor::f_zeros([plan.flat_len()], (Kind::Float, device))?;
+        let shard_grads = Tensor::f_zeros([plan.shard_len()], (Kind::Float, device))?;
         let mine = plan.pieces(pg.rank());
-        let mut pieces = Vec::new();
-        let mut piece_grads = Vec::new();
-        let mut inner_groups = Vec::new();
-        let mut first = 0;
+        if mine.is_empty() {
+            return Err(Error::Misuse(format!(
+                "ShardedAdam: rank {}'s shard holds no parameter values ({} values on {} ranks)",
+                pg.rank(),
+                numels.iter().sum::<i64>(),
+                pg.world_size()
+            )));
+        }
+        // this rank's pieces, group by group (the plan's order), each a view of its parameter
+        let (mut pieces, mut piece_grads, mut inner_groups, mut first) = (Vec::new(), Vec::new(), Vec::new(), 0);
         for g in groups {
             let count = g.params.len();
             let mut named = Vec::new();
@@ -260,49 +318,22 @@ impl ShardedAdam {
             inner_groups.push(ParamGroup::new(named, g.config));
             first += count;
         }
-        if pieces.is_empty() {
-            return Err(Error::Misuse(format!(
-                "ShardedAdam: rank {}'s shard holds no parameter values ({} values on {} ranks)",
-                pg.rank(),
-                numels.iter().sum::<i64>(),
-                pg.world_size()
-            )));
-        }
-        let inner = Adam::with_groups(inner_groups)?;
-        // this rank's shard: its pieces (in flat order, which is the pieces' order) and the gaps
-        let mut order: Vec<usize> = (0..mine.len()).collect();
-        order.sort_by_key(|&k| mine[k].shard_offset);
-        let (mut own_layout, mut own_gaps, mut end) = (Vec::new(), Vec::new(), 0);
-        for k in order {
-            let p = &mine[k];
-            if p.shard_offset > end {
-                own_layout.push(None);
-                own_gaps.push(Tensor::f_zeros([p.shard_offset - end], opts)?);
-            }
-            own_layout.push(Some(k));
-            end = p.shard_offset + p.len;
-        }
-        if plan.shard_len() > end {
-            own_layout.push(None);
-            own_gaps.push(Tensor::f_zeros([plan.shard_len() - end], opts)?);
-        }
-        let params = params.into_iter().map(|(_, t)| t).collect();
+        let flat = Layout::new(&plan.segments(), device)?;
+        let gap_sinks = flat.gaps.iter().map(Tensor::f_zeros_like).collect::<std::result::Result<_, _>>()?;
         Ok(ShardedAdam {
             pg: pg.clone(),
-            plan,
-            params,
-            flat_grads,
+            flat_grads: Tensor::f_zeros([plan.flat_len()], (Kind::Float, device))?,
+            own_params: flat_params.f_narrow(0, plan.shard_len() * pg.rank() as i64, plan.shard_len())?,
             flat_params,
-            own_params,
             shard_grads,
-            gaps,
+            own: Layout::new(&shard_segments(&mine, plan.shard_len()), device)?,
+            flat,
             gap_sinks,
-            segments,
             pieces,
             piece_grads,
-            own_layout,
-            own_gaps,
-            inner,
+            inner: Adam::with_groups(inner_groups)?,
+            params: params.into_iter().map(|(_, t)| t).collect(),
+            plan,
         })
     }
 
@@ -316,25 +347,10 @@ impl ShardedAdam {
         self.pieces.iter().map(|p| p.numel() as i64).sum()
     }
 
-    /// The flat buffer's parts in order, each parameter's from `of(i)`, each gap from `gaps`.
-    fn flat_parts(&self, gaps: &[Tensor], of: impl Fn(usize) -> Result<Tensor>) -> Result<Vec<Tensor>> {
-        let mut gaps = gaps.iter();
-        self.segments
-            .iter()
-            .map(|(_, who)| match who {
-                Some(i) => of(*i),
-                None => gaps
-                    .next()
-                    .map(Tensor::shallow_clone)
-                    .ok_or_else(|| Error::Libtorch("shard plan: a gap missing".into())),
-            })
-            .collect()
-    }
-
     fn sharded_step(&mut self) -> Result<()> {
         let _no_grad = tch::no_grad_guard();
         // the gradients, end to end (one kernel); every parameter must have one
-        let grads = self.flat_parts(&self.gaps, |i| {
+        let grads = self.flat.assemble(&self.flat.gaps, |i| {
             let g = self.params[i].f_grad()?;
             if !g.defined() {
                 return Err(Error::Misuse(format!("ShardedAdam: parameter #{i} has no gradient")));
@@ -345,22 +361,11 @@ impl ShardedAdam {
         self.pg.reduce_scatter(&self.shard_grads, &self.flat_grads, ReduceOp::Avg)?;
         // this rank's pieces, in place; then its shard to every rank and back into the parameters
         self.inner.step_with_grads(&self.piece_grads)?;
-        let mut gaps = self.own_gaps.iter();
-        let own = self
-            .own_layout
-            .iter()
-            .map(|at| match at {
-                Some(k) => Ok(self.pieces[*k].shallow_clone()),
-                None => {
-                    gaps.next().map(Tensor::shallow_clone).ok_or_else(|| Error::Libtorch("shard: a gap missing".into()))
-                }
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let own = self.own.assemble(&self.own.gaps, |k| Ok(self.pieces[k].shallow_clone()))?;
         let _ = Tensor::f_cat_out(&self.own_params, &own, 0)?;
         self.pg.all_gather(&self.flat_params, &self.own_params)?;
-        let outs = self.flat_parts(&self.gap_sinks, |i| Ok(self.params[i].f_detach()?.f_view([-1])?))?;
-        let sizes: Vec<i64> = self.segments.iter().map(|(len, _)| *len).collect();
-        self.flat_params.f_split_with_sizes_copy_out(&outs, sizes.as_slice(), 0)?;
+        let outs = self.flat.assemble(&self.gap_sinks, |i| Ok(self.params[i].f_detach()?.f_view([-1])?))?;
+        self.flat_params.f_split_with_sizes_copy_out(&outs, self.flat.sizes.as_slice(), 0)?;
         Ok(())
     }
 }
