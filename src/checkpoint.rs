@@ -38,6 +38,18 @@ fn to_cpu(t: &Tensor) -> Result<Tensor> {
 /// # Ok(()) }
 /// ```
 pub fn save(path: impl AsRef<Path>, vs: &VarStore, opt: &dyn Optimizer, extra: &[(&str, &Tensor)]) -> Result<()> {
+    save_state(path, vs, &opt.state()?, extra)
+}
+
+/// [`save`] with the optimizer's state given ([`Optimizer::state`]): for a state that every rank
+/// must take part in making (a [`crate::dist::ShardedAdam`]'s is gathered from all of them)
+/// while one rank writes.
+pub fn save_state(
+    path: impl AsRef<Path>,
+    vs: &VarStore,
+    state: &[(String, Tensor)],
+    extra: &[(&str, &Tensor)],
+) -> Result<()> {
     let path = path.as_ref();
     let mut named: Vec<(String, Tensor)> = Vec::new();
     let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
@@ -45,8 +57,8 @@ pub fn save(path: impl AsRef<Path>, vs: &VarStore, opt: &dyn Optimizer, extra: &
     for (n, t) in vars {
         named.push((format!("{MODEL}{n}"), to_cpu(&t)?));
     }
-    for (n, t) in opt.state()? {
-        named.push((format!("{OPTIM}{n}"), to_cpu(&t)?));
+    for (n, t) in state {
+        named.push((format!("{OPTIM}{n}"), to_cpu(t)?));
     }
     for (n, t) in extra {
         named.push((format!("{EXTRA}{n}"), to_cpu(t)?));

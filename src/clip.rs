@@ -26,12 +26,17 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64, norm_type: f64) -> Resul
 /// device, with the gradients left as they are: for an update that multiplies by the factor as
 /// it reads them ([`crate::optim::Optimizer::step_clipped`]).
 pub(crate) fn clip_factor(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<(Tensor, Tensor)> {
-    check_norm_args(max_norm, norm_type)?;
-    let grads = defined_grads(params)?;
-    sys::clip_coef(&grads, max_norm, norm_type)
+    clip_factor_of(&defined_grads(params)?, max_norm, norm_type)
 }
 
-fn check_norm_args(max_norm: f64, norm_type: f64) -> Result<()> {
+/// [`clip_factor`] of gradients given as they are (not read from parameters).
+pub(crate) fn clip_factor_of(grads: &[Tensor], max_norm: f64, norm_type: f64) -> Result<(Tensor, Tensor)> {
+    check_norm_args(max_norm, norm_type)?;
+    sys::clip_coef(grads, max_norm, norm_type)
+}
+
+/// [`Error::Misuse`] for a `max_norm` or `norm_type` that clipping cannot take.
+pub(crate) fn check_norm_args(max_norm: f64, norm_type: f64) -> Result<()> {
     if !(max_norm.is_finite() && max_norm >= 0.0 && norm_type.is_finite() && norm_type > 0.0) {
         return Err(Error::Misuse(format!("clip_grad_norm: invalid max_norm {max_norm} or norm_type {norm_type}")));
     }

@@ -2,10 +2,13 @@
 //! gradients packed and reduce-scattered, the shard stepped by the own Adam kernel, the
 //! parameters all-gathered and unpacked) trains an MLP whose parameters leave gaps in the flat
 //! layout exactly as `Adam` does, with decay groups, eager and captured: every loss and
-//! parameter equal bit for bit over 30 steps. Ignored without a GPU; fails loudly there.
+//! parameter equal bit for bit over 30 steps; clipped by the global norm too (norms equal); and
+//! its state is `Adam`'s (names and values), so a run switches from one to the other halfway
+//! and goes on as if it had not. Ignored without a GPU; fails loudly there.
 mod common;
 
 use common::{cuda, free_port, mlp, mse};
+use std::collections::HashMap;
 use std::time::Duration;
 use tch::{nn, Kind, Tensor};
 use tch_cuda_graphs::dist::{ProcessGroup, ShardedAdam};
@@ -89,9 +92,127 @@ fn sharded_adam_on_one_rank_equals_adam_bit_for_bit() {
     assert!(matches!(refused, Err(Error::Misuse(_))), "a bf16 parameter is refused");
     let _ = mlp(vs.root() / "m", D, H, O);
     let mut opt = ShardedAdam::new(&pg, groups(&vs)).expect("sharded");
-    assert!(matches!(opt.step_clipped(1.0), Err(Error::Unsupported(_))));
+    assert!(matches!(opt.step_clipped(f64::NAN), Err(Error::Misuse(_))), "an invalid max_norm is refused first");
+    let one = Tensor::ones([], (Kind::Float, device));
+    assert!(matches!(opt.step_scaled(Some(&one), None), Err(Error::Unsupported(_))), "a GradScaler's step");
     match opt.step() {
         Err(Error::Misuse(why)) => println!("a step without gradients: {why}"),
         other => panic!("expected a misuse, got {other:?}"),
+    }
+}
+
+/// Steps `opt` over `batches` (clipped at `clip`), captured or eager, on `model`; the losses,
+/// the norms before clipping, and the optimizer's state after.
+fn clipped_run(
+    model: &nn::Sequential,
+    opt: Box<dyn Optimizer>,
+    batches: &[(Tensor, Tensor)],
+    eager: bool,
+    clip: f64,
+) -> (Vec<f32>, Vec<f32>, HashMap<String, Tensor>) {
+    let options = StepOptions::default().eager(eager);
+    let mut step =
+        TrainStep::with_optimizer(opt, &[("x", &batches[0].0), ("y", &batches[0].1)], options, |opt, inp| {
+            opt.zero_grad()?;
+            let loss = mse(model, &inp[0], &inp[1]);
+            loss.f_backward()?;
+            let norm = opt.step_clipped(clip)?;
+            Ok(vec![loss.detach(), norm])
+        })
+        .expect("step");
+    let (mut losses, mut norms) = (Vec::new(), Vec::new());
+    for (x, y) in batches {
+        let out = step.run(&[x, y]).expect("run");
+        losses.push(f32::try_from(&out[0]).expect("loss"));
+        norms.push(f32::try_from(&out[1]).expect("norm"));
+    }
+    let state = step.state().state().expect("state").into_iter().map(|(k, t)| (k, t.copy())).collect();
+    (losses, norms, state)
+}
+
+/// The same weights and 30 batches every call.
+fn mlp_and_batches(device: tch::Device) -> (nn::VarStore, nn::Sequential, Vec<(Tensor, Tensor)>) {
+    tch::manual_seed(5);
+    let vs = nn::VarStore::new(device);
+    let model = mlp(vs.root(), D, H, O);
+    let batches = (0..30)
+        .map(|_| (Tensor::randn([B, D], (Kind::Float, device)), Tensor::randn([B, O], (Kind::Float, device))))
+        .collect();
+    (vs, model, batches)
+}
+
+fn count_equal(a: &[f32], b: &[f32]) -> usize {
+    a.iter().zip(b).filter(|(x, y)| x.to_bits() == y.to_bits()).count()
+}
+
+/// How many entries of `a` equal `b`'s of the same name (dtype, shape and values); names in one
+/// and not the other.
+fn compare_states(a: &HashMap<String, Tensor>, b: &HashMap<String, Tensor>) -> (usize, Vec<String>) {
+    let equal = a
+        .iter()
+        .filter(|(k, t)| b.get(*k).is_some_and(|u| t.kind() == u.kind() && t.to_device(u.device()).equal(u)))
+        .count();
+    let mut odd: Vec<String> =
+        a.keys().filter(|k| !b.contains_key(*k)).chain(b.keys().filter(|k| !a.contains_key(*k))).cloned().collect();
+    odd.sort();
+    (equal, odd)
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn sharded_adam_clips_as_adam_and_keeps_adams_state() {
+    let device = cuda();
+    let pg = ProcessGroup::new_tcp("127.0.0.1", free_port(), 0, 1, device, Duration::from_secs(60)).expect("group");
+    let config = AdamConfig::adamw().lr(3e-3);
+    let groups = |vs: &nn::VarStore| decay_groups(vs, config.weight_decay(0.1), config.weight_decay(0.0));
+    let adam = |vs: &nn::VarStore| -> Box<dyn Optimizer> { Box::new(Adam::with_groups(groups(vs)).expect("adam")) };
+    let sharded =
+        |vs: &nn::VarStore| -> Box<dyn Optimizer> { Box::new(ShardedAdam::new(&pg, groups(vs)).expect("sharded")) };
+    // a small max_norm: every step is clipped
+    let clip = 0.25;
+    let (vs, model, batches) = mlp_and_batches(device);
+    let (l_ref, n_ref, s_ref) = clipped_run(&model, adam(&vs), &batches, true, clip);
+    let clipped = n_ref.iter().filter(|&&n| n > clip as f32).count();
+    println!("Adam, clipped at {clip}: {clipped}/30 steps clipped, norms {:.4} .. {:.4}", n_ref[0], n_ref[29]);
+    assert!(clipped > 0, "the test clips");
+    for eager in [true, false] {
+        let (vs, model, _) = mlp_and_batches(device);
+        let (l, n, s) = clipped_run(&model, sharded(&vs), &batches, eager, clip);
+        let (state_equal, odd) = compare_states(&s, &s_ref);
+        println!(
+            "ShardedAdam {}, clipped: {}/30 losses, {}/30 norms, {state_equal}/{} state entries equal to Adam's bit for bit (names only one has: {odd:?})",
+            if eager { "eager" } else { "captured" },
+            count_equal(&l, &l_ref),
+            count_equal(&n, &n_ref),
+            s_ref.len()
+        );
+        assert_eq!((count_equal(&l, &l_ref), count_equal(&n, &n_ref)), (30, 30));
+        assert!(odd.is_empty() && state_equal == s_ref.len(), "the state is Adam's");
+    }
+    // switching halfway, either way, through the state: the run goes on as Adam's alone
+    type Make<'a> = &'a dyn Fn(&nn::VarStore) -> Box<dyn Optimizer>;
+    let orders: [(Make, Make, &str); 2] =
+        [(&sharded, &adam, "ShardedAdam then Adam"), (&adam, &sharded, "Adam then ShardedAdam")];
+    for (first, then, names) in orders {
+        let (vs, model, _) = mlp_and_batches(device);
+        let (l1, n1, state) = clipped_run(&model, first(&vs), &batches[..15], true, clip);
+        let mut second = then(&vs);
+        second.load_state(&state).expect("the state loads");
+        let (l2, n2, _) = clipped_run(&model, second, &batches[15..], true, clip);
+        let (l, n) = ([l1, l2].concat(), [n1, n2].concat());
+        println!(
+            "{names}, switched after 15 steps: {}/30 losses and {}/30 norms equal to Adam's alone",
+            count_equal(&l, &l_ref),
+            count_equal(&n, &n_ref)
+        );
+        assert_eq!((count_equal(&l, &l_ref), count_equal(&n, &n_ref)), (30, 30));
+    }
+    // a state of another model is refused, and changes nothing
+    let vs = nn::VarStore::new(device);
+    let _ = mlp(vs.root() / "other", D, H, O);
+    let mut opt = ShardedAdam::new(&pg, groups(&vs)).expect("sharded");
+    match opt.load_state(&s_ref) {
+        Err(Error::Checkpoint(why)) => println!("another model's state: {why}"),
+        other => panic!("expected a checkpoint error, got {other:?}"),
     }
 }

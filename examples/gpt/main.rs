@@ -19,7 +19,9 @@
 //! `--ddp` under torchrun trains data-parallel: one process per GPU, the parameters broadcast
 //! from rank 0, each rank drawing its own batches, the gradients averaged in buckets inside the
 //! captured step (`GradAllReduce`); rank 0 evaluates, checkpoints, writes and samples:
-//! `.venv/bin/python -m torch.distributed.run --nproc-per-node 2 --no-python target/release/examples/gpt --ddp`
+//! `.venv/bin/python -m torch.distributed.run --nproc-per-node 2 --no-python target/release/examples/gpt --ddp`.
+//! `--ddp --zero` shards AdamW's state instead (ZeRO-1, `ShardedAdam`): the checkpoint holds it
+//! whole, gathered from every rank, so it resumes on any number of GPUs, with or without `--zero`.
 
 mod arch;
 #[path = "../common/cli.rs"]
@@ -69,6 +71,7 @@ struct Args {
     data_dir: PathBuf,
     out: PathBuf,
     ddp: bool,
+    zero: bool,
     fused: bool,
     gelu_tanh: bool,
     dropout: Option<f64>,
@@ -78,7 +81,7 @@ struct Args {
 const USAGE: &str = "\
 usage: gpt [--arch gpt|llama] [--iters N] [--batch B] [--accum K] [--eval-every N] [--eval-iters N] [--tiny] [--fp32]
            [--resume] [--stop-at N] [--sample CHARS] [--seed S] [--peak-tflops T] [--data-dir DIR]
-           [--out DIR] [--ddp] [--fused] [--gelu none|tanh] [--dropout P] [--trajectory DIR]
+           [--out DIR] [--ddp [--zero]] [--fused] [--gelu none|tanh] [--dropout P] [--trajectory DIR]
 
 Trains nanoGPT's character GPT (or a Llama-style model) on the torch package's Python sources
 with a captured step.
@@ -100,6 +103,8 @@ with a captured step.
   --data-dir DIR     the folder of .py files (default .venv/torch)
   --out DIR          loss.csv, the checkpoint and sample.txt (default target/gpt)
   --ddp              data-parallel under torchrun, one GPU per process (batch is per GPU)
+  --zero             (with --ddp) ZeRO-1: each rank holds and steps its shard of AdamW's state
+                     (the gradients reduce-scattered, the parameters all-gathered in the step)
   --fused            the crate's fused layers: norms with the residual adds and dropouts folded
                      in (ATen's where they do not apply), linear layers whose weight (and bias)
                      gradients come out of the GEMM in float32, the fused cross-entropy, with
@@ -136,6 +141,7 @@ impl Default for Args {
             data_dir: data::default_source(),
             out: PathBuf::from("target/gpt"),
             ddp: false,
+            zero: false,
             dropout: None,
             trajectory: None,
         }
@@ -178,6 +184,7 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
             Long("data-dir") => a.data_dir = parser.value()?.into(),
             Long("out") => a.out = parser.value()?.into(),
             Long("ddp") => a.ddp = true,
+            Long("zero") => a.zero = true,
             Long("dropout") => a.dropout = Some(parser.value()?.parse()?),
             Long("trajectory") => a.trajectory = Some(parser.value()?.into()),
             Short('h') | Long("help") => return Ok(None),
@@ -192,6 +199,9 @@ fn parse_args() -> Result<Option<Args>, lexopt::Error> {
 fn check(a: &Args) -> Result<(), lexopt::Error> {
     if a.batch < 1 || a.accum < 1 || a.iters < 1 || a.eval_every < 1 || a.eval_iters < 1 {
         return Err("--batch, --accum, --iters, --eval-every and --eval-iters must be at least 1".into());
+    }
+    if a.zero && !a.ddp {
+        return Err("--zero shards the optimizer across the ranks of --ddp".into());
     }
     if a.dropout.is_some_and(|p| !(0.0..1.0).contains(&p)) {
         return Err("--dropout must be in [0, 1)".into());
@@ -281,6 +291,7 @@ impl Run {
             autocast: (!args.fp32 && device != Device::Cpu).then_some(Kind::BFloat16),
             shadows: args.fused,
             eager: device == Device::Cpu,
+            zero: args.zero,
             ..Default::default()
         };
         let seed = args.seed.wrapping_add(1_000_003 * rank as i64);
@@ -301,7 +312,8 @@ impl Run {
         let (c, h, world) = (&self.config, &self.hyper, self.world);
         let mode = match (&self.pg, self.device) {
             (Some(_), _) => {
-                format!("data-parallel over {world} GPU{}: captured steps", if world == 1 { "" } else { "s" })
+                let zero = if h.zero { " (ZeRO-1)" } else { "" };
+                format!("data-parallel{zero} over {world} GPU{}: captured steps", if world == 1 { "" } else { "s" })
             }
             (None, Device::Cpu) => "No CUDA device: eager, tiny model".to_string(),
             (None, _) => "CUDA device: captured steps".to_string(),
@@ -419,11 +431,9 @@ fn train(run: &Run, vs: &nn::VarStore, steps: &mut step::Steps<'_>, params: i64)
                 bar.suspend(|| {
                     println!("iter {done}: train loss {train_loss:.4}, val loss {val_loss:.4} (± {val_se:.4})")
                 });
-                let it = Tensor::from(done as i64);
-                let extra = [("iter", &it), ("schedule", &steps.schedule_step)];
-                checkpoint::save(&ckpt, vs, steps.train.state(), &extra)?;
-                clock = Instant::now();
             }
+            write_checkpoint(run, vs, steps, &ckpt, done)?;
+            clock = Instant::now();
             // What follows a checkpoint draws from (seed, iteration), on every rank, so a run
             // resumed from it gets the same batches and dropout masks as the run that went on.
             tch::manual_seed(run.seed.wrapping_add(done as i64));
@@ -435,6 +445,28 @@ fn train(run: &Run, vs: &nn::VarStore, steps: &mut step::Steps<'_>, params: i64)
     }
     bar.finish_and_clear();
     Ok(timing)
+}
+
+/// Rank 0 writes the checkpoint: the model, the optimizer's state, the iteration and the
+/// schedule's step. With `--zero` the optimizer's state is gathered from every rank first, so
+/// every rank takes part.
+fn write_checkpoint(
+    run: &Run,
+    vs: &nn::VarStore,
+    steps: &step::Steps<'_>,
+    path: &std::path::Path,
+    done: u64,
+) -> Result<()> {
+    if !run.lead() && !run.hyper.zero {
+        return Ok(());
+    }
+    let state = steps.train.state().state()?;
+    if run.lead() {
+        let it = Tensor::from(done as i64);
+        let extra = [("iter", &it), ("schedule", &steps.schedule_step)];
+        checkpoint::save_state(path, vs, &state, &extra)?;
+    }
+    Ok(())
 }
 
 /// Loads the checkpoint into the model, the optimizer and the schedule; the iteration it holds.

@@ -9,7 +9,7 @@
 
 use crate::lm::LanguageModel;
 use tch::{nn, Kind, Tensor};
-use tch_cuda_graphs::dist::{GradAllReduce, ProcessGroup, ReduceOp};
+use tch_cuda_graphs::dist::{GradAllReduce, ProcessGroup, ReduceOp, ShardedAdam};
 use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig, Optimizer};
 use tch_cuda_graphs::schedule::{DeviceLrScheduler, WarmupCosine};
 use tch_cuda_graphs::{amp, Result, StepOptions, TrainStep};
@@ -44,6 +44,9 @@ pub struct Hyper {
     pub eager: bool,
     /// Weight shadows: each weight cast to the autocast dtype once per step, not at each use.
     pub shadows: bool,
+    /// Data-parallel only: ZeRO-1 (`ShardedAdam`: each rank holds and steps its shard of AdamW's
+    /// state) instead of the gradients' all-reduce and a whole AdamW on every rank.
+    pub zero: bool,
 }
 
 impl Default for Hyper {
@@ -60,6 +63,7 @@ impl Default for Hyper {
             autocast: Some(Kind::BFloat16),
             eager: false,
             shadows: false,
+            zero: false,
         }
     }
 }
@@ -70,7 +74,7 @@ impl Default for Hyper {
 pub struct Steps<'a> {
     /// Inputs `[accum, batch, block]` twice (tokens, targets); outputs: the mean loss and the
     /// gradients' norm before clipping (0-d each).
-    pub train: TrainStep<'a, Adam>,
+    pub train: TrainStep<'a, Box<dyn Optimizer>>,
     /// Inputs `[batch, block]` twice; output: the loss, dropout off.
     pub eval: TrainStep<'a>,
     /// The device step counter of the learning-rate schedule (for checkpoints).
@@ -86,7 +90,9 @@ pub fn build<'a>(vs: &nn::VarStore, model: &'a dyn LanguageModel, h: Hyper) -> R
 
 /// [`build`], data-parallel over `pg`: the gradients of the last micro-batch's backward are
 /// all-reduced (averaged) in buckets while backward runs (the earlier micro-batches only
-/// accumulate, as DDP's `no_sync`), inside the captured step; the loss is averaged too.
+/// accumulate, as DDP's `no_sync`), inside the captured step; the loss is averaged too. With
+/// `h.zero`, ZeRO-1 instead: the accumulated gradients are reduce-scattered by the optimizer's
+/// step, each rank steps its shard, and the parameters are all-gathered.
 pub fn build_ddp<'a>(
     vs: &nn::VarStore,
     model: &'a dyn LanguageModel,
@@ -105,15 +111,20 @@ fn build_on<'a>(
     let dev = vs.device();
     let block = model.block();
     let cfg = AdamConfig::adamw().lr(h.lr).betas(BETA1, BETA2).eps(EPS).weight_decay(h.weight_decay);
-    let opt = Adam::with_groups(decay_groups(vs, cfg, cfg.weight_decay(0.0)))?;
+    let groups = decay_groups(vs, cfg, cfg.weight_decay(0.0));
+    let opt: Box<dyn Optimizer> = match pg {
+        Some(pg) if h.zero => Box::new(ShardedAdam::new(pg, groups)?),
+        _ => Box::new(Adam::with_groups(groups)?),
+    };
     let schedule = WarmupCosine { warmup: h.warmup, total: h.iters, min_factor: h.min_lr / h.lr };
     let mut sched = DeviceLrScheduler::new(schedule, opt.lr_handles())?;
     let schedule_step = sched.step_tensor().shallow_clone();
     let params: Vec<Tensor> = opt.params().iter().map(Tensor::shallow_clone).collect();
     let mut reduce = match pg {
-        Some(pg) => Some((GradAllReduce::new(pg, &params, 25 << 20)?, pg.clone())),
-        None => None,
+        Some(pg) if !h.zero => Some(GradAllReduce::new(pg, &params, 25 << 20)?),
+        _ => None,
     };
+    let pg = pg.cloned();
     let mut options = StepOptions::default().eager(h.eager);
     if let Some(dtype) = h.autocast {
         options = options.autocast(dtype).weight_shadows(h.shadows);
@@ -126,7 +137,7 @@ fn build_on<'a>(
         let mut total: Option<Tensor> = None;
         for k in 0..h.accum {
             let loss = model.loss(&inp[0].f_get(k)?, &inp[1].f_get(k)?)?.f_mul(&inv_accum)?;
-            if let (Some((reduce, _)), true) = (reduce.as_mut(), k == h.accum - 1) {
+            if let (Some(reduce), true) = (reduce.as_mut(), k == h.accum - 1) {
                 reduce.arm()?; // the last micro-batch: each bucket is reduced once it is ready
             }
             amp::backward(&loss)?; // backward outside autocast, as PyTorch runs it
@@ -137,12 +148,16 @@ fn build_on<'a>(
             });
         }
         let total = total.expect("accum ≥ 1");
-        if let Some((reduce, pg)) = reduce.as_mut() {
+        if let Some(reduce) = reduce.as_mut() {
             reduce.all_reduce()?; // what is left, then the step waits for every bucket
+        }
+        if let Some(pg) = &pg {
             pg.all_reduce(&total, ReduceOp::Avg)?;
         }
         sched.step()?; // this step's learning rate, computed on the device
-        let norm = opt.step_clipped(h.clip)?; // clip_grad_norm_ then step, in one pass over the grads
+                       // clip_grad_norm_ then step, in one pass over the grads (ZeRO: reduce-scatter, the norm
+                       // across ranks, this rank's shard stepped, all-gather)
+        let norm = opt.step_clipped(h.clip)?;
         Ok(vec![total, norm])
     })?;
     // with `shadows` (under autocast) the step shadows its optimizer's parameters itself
@@ -155,7 +170,7 @@ fn build_on<'a>(
 /// shadows are the training step's: evaluation casts each weight where it reads it.
 fn eval_step<'a>(
     model: &'a dyn LanguageModel,
-    train: &TrainStep<'a, Adam>,
+    train: &TrainStep<'a, Box<dyn Optimizer>>,
     options: StepOptions,
     batch: i64,
     dev: tch::Device,

@@ -140,11 +140,11 @@ impl ShardPlan {
 /// holding and updating the moments of its shard only. It replaces [`Adam`] together with the
 /// gradient all-reduce ([`super::GradAllReduce`]): backward, then `step`.
 ///
-/// Float32 parameters on the group's device, every one with a gradient at each step. Not for a
-/// [`crate::amp::GradScaler`] step nor [`Optimizer::step_clipped`] ([`Error::Unsupported`]).
-/// Its state ([`Optimizer::state`]) is the rank's shard's, keyed by piece
-/// (`"{name}[{start}..{end}].exp_avg"`, ...): it loads into the same plan on the same number of
-/// ranks.
+/// Float32 parameters on the group's device, every one with a gradient at each step.
+/// [`Optimizer::step_clipped`] clips by the global norm of the averaged gradients, folded into the
+/// update as [`Adam`]'s. Not for a [`crate::amp::GradScaler`] step ([`Error::Unsupported`]).
+/// Its state ([`Optimizer::state`], a collective) is [`Adam`]'s, whole: a checkpoint of it loads
+/// into a `ShardedAdam` on any number of ranks, or into an [`Adam`], and an [`Adam`]'s into it.
 ///
 /// ```no_run
 /// # fn main() -> tch_cuda_graphs::Result<()> {
@@ -184,6 +184,13 @@ pub struct ShardedAdam {
     piece_grads: Vec<Tensor>,
     /// This rank's shard as pieces (indices into `pieces`) and gaps.
     own: Layout,
+    /// The parameters' names and groups, AMSGrad per group, and each piece's place and name
+    /// (`"{name}[{start}..{end}]"`, its name in `inner`): what the state translates between.
+    names: Vec<String>,
+    param_group: Vec<usize>,
+    amsgrad: Vec<bool>,
+    piece_at: Vec<Piece>,
+    piece_names: Vec<String>,
     inner: Adam,
 }
 
@@ -199,6 +206,10 @@ impl std::fmt::Debug for ShardedAdam {
 
 /// The values of parameter pieces and of gradients are laid out on 16-value (64-byte) offsets.
 const ALIGN: i64 = 16;
+
+/// Adam's moments, by their state names (the third only with AMSGrad).
+const MOMENTS: [&str; 3] = ["exp_avg", "exp_avg_sq", MAX_EXP_AVG_SQ];
+const MAX_EXP_AVG_SQ: &str = "max_exp_avg_sq";
 
 /// A buffer's parts in order: tensors (an index into the caller's list) and gaps (zeros).
 struct Layout {
@@ -305,15 +316,22 @@ impl ShardedAdam {
         }
         // this rank's pieces, group by group (the plan's order), each a view of its parameter
         let (mut pieces, mut piece_grads, mut inner_groups, mut first) = (Vec::new(), Vec::new(), Vec::new(), 0);
-        for g in groups {
+        let (mut piece_at, mut piece_names, mut param_group, mut amsgrad) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (gi, g) in groups.into_iter().enumerate() {
             let count = g.params.len();
+            param_group.extend(std::iter::repeat(gi).take(count));
+            amsgrad.push(g.config.uses_amsgrad());
             let mut named = Vec::new();
             for p in mine.iter().filter(|p| p.param >= first && p.param < first + count) {
                 let (name, t) = &params[p.param];
                 let view = t.f_detach()?.f_view([-1])?.f_narrow(0, p.start, p.len)?;
-                named.push((format!("{name}[{}..{}]", p.start, p.start + p.len), view.shallow_clone()));
+                let piece_name = format!("{name}[{}..{}]", p.start, p.start + p.len);
+                named.push((piece_name.clone(), view.shallow_clone()));
                 pieces.push(view);
                 piece_grads.push(shard_grads.f_narrow(0, p.shard_offset, p.len)?);
+                piece_at.push(*p);
+                piece_names.push(piece_name);
             }
             inner_groups.push(ParamGroup::new(named, g.config));
             first += count;
@@ -332,6 +350,11 @@ impl ShardedAdam {
             pieces,
             piece_grads,
             inner: Adam::with_groups(inner_groups)?,
+            names: params.iter().map(|(n, _)| n.clone()).collect(),
+            param_group,
+            amsgrad,
+            piece_at,
+            piece_names,
             params: params.into_iter().map(|(_, t)| t).collect(),
             plan,
         })
@@ -347,9 +370,10 @@ impl ShardedAdam {
         self.pieces.iter().map(|p| p.numel() as i64).sum()
     }
 
-    fn sharded_step(&mut self) -> Result<()> {
+    /// Packs the gradients (one kernel; every parameter must have one) and reduce-scatters them:
+    /// this rank's shard of their average in `shard_grads`.
+    fn reduce(&mut self) -> Result<()> {
         let _no_grad = tch::no_grad_guard();
-        // the gradients, end to end (one kernel); every parameter must have one
         let grads = self.flat.assemble(&self.flat.gaps, |i| {
             let g = self.params[i].f_grad()?;
             if !g.defined() {
@@ -358,15 +382,66 @@ impl ShardedAdam {
             Ok(g.f_reshape([-1])?)
         })?;
         let _ = Tensor::f_cat_out(&self.flat_grads, &grads, 0)?;
-        self.pg.reduce_scatter(&self.shard_grads, &self.flat_grads, ReduceOp::Avg)?;
-        // this rank's pieces, in place; then its shard to every rank and back into the parameters
-        self.inner.step_with_grads(&self.piece_grads)?;
+        self.pg.reduce_scatter(&self.shard_grads, &self.flat_grads, ReduceOp::Avg)
+    }
+
+    /// Steps this rank's pieces in place (their gradients times `clip_coef` where given), then
+    /// all-gathers the shards and copies them back into every parameter.
+    fn update(&mut self, clip_coef: Option<&Tensor>) -> Result<()> {
+        let _no_grad = tch::no_grad_guard();
+        self.inner.step_with_grads(&self.piece_grads, clip_coef)?;
         let own = self.own.assemble(&self.own.gaps, |k| Ok(self.pieces[k].shallow_clone()))?;
         let _ = Tensor::f_cat_out(&self.own_params, &own, 0)?;
         self.pg.all_gather(&self.flat_params, &self.own_params)?;
         let outs = self.flat.assemble(&self.gap_sinks, |i| Ok(self.params[i].f_detach()?.f_view([-1])?))?;
         self.flat_params.f_split_with_sizes_copy_out(&outs, self.flat.sizes.as_slice(), 0)?;
         Ok(())
+    }
+
+    /// The global L2 norm of the averaged gradients and clipping's factor
+    /// `min(1, max_norm / (norm + 1e-6))`, both 0-d on the device, from this rank's shard: its
+    /// pieces' norms as [`crate::clip_grad_norm`] computes them, and with several ranks the
+    /// squares of every rank's summed (one all-reduce of one value).
+    fn global_clip_factor(&self, max_norm: f64) -> Result<(Tensor, Tensor)> {
+        let _no_grad = tch::no_grad_guard();
+        let (local, coef) = crate::clip::clip_factor_of(&self.piece_grads, max_norm, 2.0)?;
+        if self.plan.world() == 1 {
+            return Ok((local, coef)); // the whole norm already: nothing to add
+        }
+        let squares = local.f_square()?;
+        self.pg.all_reduce(&squares, ReduceOp::Sum)?;
+        let norm = squares.f_sqrt()?;
+        // PyTorch's clip_grad_norm_: max_norm / (norm + 1e-6), clamped at 1 (NaN kept)
+        let coef = norm.f_add_scalar(1e-6)?.f_reciprocal()?.f_mul_scalar(max_norm)?.f_clamp_max(1.0)?;
+        Ok((norm, coef))
+    }
+
+    /// One moment of every parameter, whole, in the parameters' order and shapes: this rank's
+    /// pieces of it (`inner`'s state; zeros for a piece without it) packed into a shard, the
+    /// shards all-gathered.
+    fn gather_moment(&self, inner: &HashMap<String, Tensor>, field: &str) -> Result<Vec<Tensor>> {
+        let device = self.pg.device();
+        let parts =
+            self.own.assemble(&self.own.gaps, |k| match inner.get(&format!("{}.{field}", self.piece_names[k])) {
+                Some(t) => Ok(t.f_reshape([-1])?),
+                None => Ok(Tensor::f_zeros([self.piece_at[k].len], (Kind::Float, device))?),
+            })?;
+        let shard = Tensor::f_cat(&parts, 0)?;
+        let flat = Tensor::f_empty([self.plan.flat_len()], (Kind::Float, device))?;
+        self.pg.all_gather(&flat, &shard)?;
+        let mut out: Vec<Tensor> = self
+            .params
+            .iter()
+            .map(|p| Tensor::f_zeros(p.size(), (Kind::Float, device)))
+            .collect::<std::result::Result<_, _>>()?;
+        let mut at = 0;
+        for (part, &len) in self.flat.parts.iter().zip(&self.flat.sizes) {
+            if let Part::Tensor(i) = *part {
+                out[i] = flat.f_narrow(0, at, len)?.f_view(self.params[i].size().as_slice())?;
+            }
+            at += len;
+        }
+        Ok(out)
     }
 }
 
@@ -375,11 +450,22 @@ impl Optimizer for ShardedAdam {
         if grad_scale.is_some() || found_inf.is_some() {
             return Err(Error::Unsupported("ShardedAdam: a GradScaler's step".into()));
         }
-        self.sharded_step()
+        self.reduce()?;
+        self.update(None)
     }
 
-    fn step_clipped(&mut self, _max_norm: f64) -> Result<Tensor> {
-        Err(Error::Unsupported("ShardedAdam: clipping by the global norm".into()))
+    /// Clipping by the global norm of the averaged gradients, folded into the update as
+    /// [`Adam`]'s: each rank's pieces' norms, summed across ranks as squares (one all-reduce of
+    /// one value), give the factor that the Adam kernel applies as it reads each gradient. On
+    /// one rank the norm and the update are [`Adam::step_clipped`]'s bit for bit; on several, the
+    /// norm is the same sum in another order. The gradients in memory are left as backward
+    /// wrote them.
+    fn step_clipped(&mut self, max_norm: f64) -> Result<Tensor> {
+        crate::clip::check_norm_args(max_norm, 2.0)?; // before any collective
+        self.reduce()?;
+        let (norm, coef) = self.global_clip_factor(max_norm)?;
+        self.update(Some(&coef))?;
+        Ok(norm)
     }
 
     fn params(&self) -> &[Tensor] {
@@ -402,11 +488,83 @@ impl Optimizer for ShardedAdam {
         self.inner.last_path()
     }
 
+    /// [`Adam`]'s state for the same parameters and groups, whole (every rank's moments
+    /// all-gathered): the same names, shapes and values, so it loads into an [`Adam`], or into a
+    /// `ShardedAdam` on any number of ranks. A collective: every rank calls it, in the same
+    /// order as its other collectives.
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
-        self.inner.state()
+        let _no_grad = tch::no_grad_guard();
+        let inner: HashMap<String, Tensor> = self.inner.state()?.into_iter().collect();
+        let mut out: Vec<(String, Tensor)> = inner
+            .iter()
+            .filter(|(k, _)| k.starts_with("group."))
+            .map(|(k, t)| (k.clone(), t.shallow_clone()))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        // every piece is stepped at every step: one step count, the moments made together
+        let first = &self.piece_names[0];
+        let step = inner.get(&format!("{first}.step"));
+        for (i, name) in self.names.iter().enumerate() {
+            out.push((format!("{name}.group"), crate::scalar::cpu_i64(self.param_group[i] as i64)?));
+            if let Some(s) = step {
+                out.push((format!("{name}.step"), s.copy()));
+            }
+        }
+        if inner.contains_key(&format!("{first}.exp_avg")) {
+            for field in MOMENTS {
+                if field == MAX_EXP_AVG_SQ && !self.amsgrad.iter().any(|&a| a) {
+                    continue;
+                }
+                for (i, t) in self.gather_moment(&inner, field)?.into_iter().enumerate() {
+                    if field != MAX_EXP_AVG_SQ || self.amsgrad[self.param_group[i]] {
+                        out.push((format!("{}.{field}", self.names[i]), t));
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 
+    /// Loads [`Adam`]'s state for these parameters and groups (what [`state`](Self::state)
+    /// gives, on any number of ranks, or an [`Adam`]'s): this rank takes its pieces of every
+    /// moment. Everything is checked first (names, shapes, dtypes, groups): on error nothing
+    /// changed. Not a collective.
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
-        self.inner.load_state(state)
+        let fields = ["group", "step", MOMENTS[0], MOMENTS[1], MOMENTS[2]];
+        let known: std::collections::HashSet<String> =
+            self.names.iter().flat_map(|n| fields.iter().map(move |f| format!("{n}.{f}"))).collect();
+        if let Some(k) = state.keys().find(|k| !k.starts_with("group.") && !known.contains(*k)) {
+            return Err(Error::Checkpoint(format!(
+                "optimizer state `{k}` does not belong to this optimizer (another model, or another group layout?)"
+            )));
+        }
+        if let Some(name) = self.names.iter().find(|n| !state.contains_key(&format!("{n}.group"))) {
+            return Err(Error::Checkpoint(format!("optimizer state `{name}.group` is missing")));
+        }
+        let mut mine: HashMap<String, Tensor> = state
+            .iter()
+            .filter(|(k, _)| k.starts_with("group."))
+            .map(|(k, t)| (k.clone(), t.shallow_clone()))
+            .collect();
+        for (piece, piece_name) in self.piece_at.iter().zip(&self.piece_names) {
+            let name = &self.names[piece.param];
+            for field in fields {
+                let Some(t) = state.get(&format!("{name}.{field}")) else { continue };
+                let t = if MOMENTS.contains(&field) {
+                    let want = self.params[piece.param].size();
+                    if t.size() != want {
+                        return Err(Error::Checkpoint(format!(
+                            "optimizer state `{name}.{field}` is {:?}, expected {want:?}",
+                            t.size()
+                        )));
+                    }
+                    t.f_reshape([-1])?.f_narrow(0, piece.start, piece.len)?
+                } else {
+                    t.shallow_clone()
+                };
+                mine.insert(format!("{piece_name}.{field}"), t);
+            }
+        }
+        self.inner.load_state(&mine)
     }
 }

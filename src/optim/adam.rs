@@ -93,6 +93,10 @@ impl AdamConfig {
         self.amsgrad = yes;
         self
     }
+    /// Whether AMSGrad is on (it keeps a third moment, `max_exp_avg_sq`).
+    pub(crate) fn uses_amsgrad(&self) -> bool {
+        self.amsgrad
+    }
     /// Maximize the objective instead of minimizing. Default: false.
     pub fn maximize(mut self, yes: bool) -> Self {
         self.maximize = yes;
@@ -209,9 +213,10 @@ impl Adam {
 
 impl Adam {
     /// One update of every parameter from `grads` (one per parameter, in [`Optimizer::params`]'
-    /// order) instead of their `.grad`: what a sharded step gives the views of its shard.
-    pub(crate) fn step_with_grads(&mut self, grads: &[Tensor]) -> Result<()> {
-        self.run_from(None, Some(grads), Scaling::default())
+    /// order) instead of their `.grad`, each multiplied by `clip_coef` first where given: what a
+    /// sharded step gives the views of its shard.
+    pub(crate) fn step_with_grads(&mut self, grads: &[Tensor], clip_coef: Option<&Tensor>) -> Result<()> {
+        self.run_from(None, Some(grads), Scaling { clip_coef, ..Scaling::default() })
     }
 
     /// One update of the parameters that have a gradient (those in `only`, when given).
