@@ -118,6 +118,7 @@ TCG_FORWARD(cudaOccupancyMaxActiveBlocksPerMultiprocessor, (int* blocks, const v
 TCG_FORWARD(cudaLaunchKernel,
             (const void* f, dim3 grid, dim3 block, void** args, size_t smem, cudaStream_t s),
             (f, grid, block, args, smem, s))
+TCG_FORWARD(cudaLaunchKernelExC, (const cudaLaunchConfig_t* config, const void* f, void** args), (config, f, args))
 
 extern "C" const char* cudaGetErrorString(cudaError_t err) {
   using Fn = const char* (*)(cudaError_t);

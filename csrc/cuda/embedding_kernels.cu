@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "dependent_launch.cuh"
 #include "embedding_params.h"
 #include "own_kernel_list.h"
 #include "vec_io.cuh"
@@ -166,11 +167,11 @@ __device__ void scan(const Scan& a) {
 // The kernels of own_kernel_list.h's TCG_EMBEDDING_TYPES.
 #define TCG_EMBEDDING_KERNEL(T)                                                                   \
   extern "C" __global__ void __launch_bounds__(tcg::embedding::kThreads)                           \
-      tcg_embedding_bwd_##T(const tcg::embedding::Backward a) {                                    \
+      tcg_embedding_bwd_##T(const tcg::embedding::Backward a) { tcg::cuda::wait_prior();                                    \
     tcg::embedding::backward<TCG_CUDA_TYPE(T)>(a);                                                 \
   }                                                                                                \
   extern "C" __global__ void __launch_bounds__(tcg::embedding::kScanThreads)                       \
-      tcg_embedding_scan_##T(const tcg::embedding::Scan a) {                                       \
+      tcg_embedding_scan_##T(const tcg::embedding::Scan a) { tcg::cuda::wait_prior();                                       \
     tcg::embedding::scan<TCG_CUDA_TYPE(T)>(a);                                                     \
   }
 TCG_EMBEDDING_TYPES(TCG_EMBEDDING_KERNEL)

@@ -12,6 +12,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "dependent_launch.cuh"
 #include "col_sum.cuh"
 #include "fast_math.cuh"
 #include "gelu_params.h"
@@ -165,16 +166,16 @@ __device__ void backward(const Backward& a) {
 // The kernels of own_kernel_list.h's TCG_GELU_TYPES and TCG_GELU_FORMS, and the finish.
 #define TCG_GELU_KERNELS(N, FORM, TANH)                                                              \
   extern "C" __global__ void __launch_bounds__(tcg::gelu::kThreads)                                  \
-      tcg_gelu_fwd_##N##_##FORM(const tcg::gelu::Forward a) {                                        \
+      tcg_gelu_fwd_##N##_##FORM(const tcg::gelu::Forward a) { tcg::cuda::wait_prior();                                        \
     tcg::gelu::forward<TCG_CUDA_TYPE(N), TANH>(a);                                                   \
   }                                                                                                  \
   extern "C" __global__ void __launch_bounds__(tcg::gelu::kThreads)                               \
-      tcg_gelu_bwd_##N##_##FORM(const tcg::gelu::Backward a) {                                       \
+      tcg_gelu_bwd_##N##_##FORM(const tcg::gelu::Backward a) { tcg::cuda::wait_prior();                                       \
     tcg::gelu::backward<TCG_CUDA_TYPE(N), TANH>(a);                                                  \
   }
 #define TCG_GELU_KERNELS_FOR(N) TCG_GELU_FORMS(TCG_GELU_KERNELS, N)
 TCG_GELU_TYPES(TCG_GELU_KERNELS_FOR)
 
-extern "C" __global__ void __launch_bounds__(tcg::cuda::kColSumThreads) tcg_gelu_finish(const tcg::gelu::Finish a) {
+extern "C" __global__ void __launch_bounds__(tcg::cuda::kColSumThreads) tcg_gelu_finish(const tcg::gelu::Finish a) { tcg::cuda::wait_prior();
   tcg::cuda::sum_columns<1>(a.part, a.sum, a.blocks, a.cols);
 }

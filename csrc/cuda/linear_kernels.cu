@@ -4,6 +4,7 @@
 //
 // Compiled by nvcc into a fat binary that build.rs embeds in the shim; the launcher
 // (lt_matmul.cpp) launches the extern "C" kernel by name.
+#include "dependent_launch.cuh"
 #include "linear_params.h"
 
 namespace {
@@ -17,7 +18,7 @@ __device__ __forceinline__ float4 add4(float4 a, float4 b) {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(tcg::linear::kSlicesSumThreads)
-    tcg_wgrad_slices_sum(const tcg::linear::SlicesSum a) {
+    tcg_wgrad_slices_sum(const tcg::linear::SlicesSum a) { tcg::cuda::wait_prior();
   const float4* part = reinterpret_cast<const float4*>(a.part);
   float4* out = reinterpret_cast<float4*>(a.out);
   const int64_t n4 = a.n / 4, step = static_cast<int64_t>(gridDim.x) * blockDim.x;

@@ -20,6 +20,7 @@
 // (loss_own.cpp) launches the extern "C" kernels by name.
 #include <math_constants.h>
 
+#include "dependent_launch.cuh"
 #include "loss_params.h"
 #include "own_kernel_list.h"
 #include "fast_math.cuh"
@@ -231,10 +232,10 @@ __device__ void scale(const Scale& a) {
 
 // The kernels of own_kernel_list.h's TCG_LOSS_TYPES, and the finish.
 #define TCG_LOSS_KERNELS(N)                                                                         \
-  extern "C" __global__ void __launch_bounds__(tcg::loss::kMaxThreads) tcg_ce_fwd_##N(const tcg::loss::Forward a) { \
+  extern "C" __global__ void __launch_bounds__(tcg::loss::kMaxThreads) tcg_ce_fwd_##N(const tcg::loss::Forward a) { tcg::cuda::wait_prior(); \
     tcg::loss::forward<TCG_CUDA_TYPE(N)>(a);                                                        \
   }                                                                                                 \
-  extern "C" __global__ void __launch_bounds__(tcg::loss::kScaleThreads) tcg_ce_scale_##N(const tcg::loss::Scale a) { \
+  extern "C" __global__ void __launch_bounds__(tcg::loss::kScaleThreads) tcg_ce_scale_##N(const tcg::loss::Scale a) { tcg::cuda::wait_prior(); \
     tcg::loss::scale<TCG_CUDA_TYPE(N)>(a);                                                          \
   }
 TCG_LOSS_TYPES(TCG_LOSS_KERNELS)
@@ -287,14 +288,14 @@ __device__ float block_sum_fixed(float v) {
 }  // namespace tcg::loss
 
 // One block: the reciprocal of the count of rows not ignored.
-extern "C" __global__ void __launch_bounds__(tcg::loss::kFinishThreads) tcg_ce_count(const tcg::loss::Count a) {
+extern "C" __global__ void __launch_bounds__(tcg::loss::kFinishThreads) tcg_ce_count(const tcg::loss::Count a) { tcg::cuda::wait_prior();
   const float count = tcg::loss::block_sum_fixed(tcg::loss::rows_counted(a.targets, a.rows, a.ignore_index));
   if (threadIdx.x == 0) *a.inv_count = 1.0f / count;
 }
 
 // One block: the rows' losses summed in a fixed order (per thread strided, then a tree) over the
 // count of rows not ignored: the mean.
-extern "C" __global__ void __launch_bounds__(tcg::loss::kFinishThreads) tcg_ce_finish(const tcg::loss::Finish a) {
+extern "C" __global__ void __launch_bounds__(tcg::loss::kFinishThreads) tcg_ce_finish(const tcg::loss::Finish a) { tcg::cuda::wait_prior();
   const float s = tcg::loss::strided_sum(a.rows, [&](int64_t r) { return a.row_loss[r]; });
   const float sum = tcg::loss::block_sum_fixed(s);
   const float count = tcg::loss::block_sum_fixed(tcg::loss::rows_counted(a.targets, a.rows, a.ignore_index));

@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "dependent_launch.cuh"
 #include "norm_params.h"
 #include "col_sum.cuh"
 #include "own_kernel_list.h"
@@ -276,16 +277,16 @@ __device__ void backward(const Backward& a) {
 // The kernels of own_kernel_list.h's TCG_NORM_TYPES and TCG_NORM_VECS, and the finish.
 #define TCG_NORM_KERNELS(NB, NY, V)                                                                \
   extern "C" __global__ void __launch_bounds__(tcg::norm::kWarps * 32)                               \
-      tcg_norm_fwd_##NB##_##NY##_v##V(const tcg::norm::Forward a) {                                    \
+      tcg_norm_fwd_##NB##_##NY##_v##V(const tcg::norm::Forward a) { tcg::cuda::wait_prior();                                    \
     tcg::norm::forward<TCG_CUDA_TYPE(NB), TCG_CUDA_TYPE(NY), V>(a);                                    \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(32 * V)                                               \
-      tcg_norm_bwd_##NB##_##NY##_v##V(const tcg::norm::Backward a) {                                   \
+      tcg_norm_bwd_##NB##_##NY##_v##V(const tcg::norm::Backward a) { tcg::cuda::wait_prior();                                   \
     tcg::norm::backward<TCG_CUDA_TYPE(NB), TCG_CUDA_TYPE(NY), V>(a);                                   \
   }
 #define TCG_NORM_KERNELS_FOR(NB, NY) TCG_NORM_VECS(TCG_NORM_KERNELS, NB, NY)
 TCG_NORM_TYPES(TCG_NORM_KERNELS_FOR)
 
-extern "C" __global__ void __launch_bounds__(tcg::cuda::kColSumThreads) tcg_norm_finish(const tcg::norm::Finish a) {
+extern "C" __global__ void __launch_bounds__(tcg::cuda::kColSumThreads) tcg_norm_finish(const tcg::norm::Finish a) { tcg::cuda::wait_prior();
   tcg::cuda::sum_columns<tcg::norm::kFinishSums>(a.part, a.sum, a.blocks, a.cols);
 }

@@ -17,6 +17,7 @@
 
 #include <type_traits>
 
+#include "dependent_launch.cuh"
 #include "optim_table.h"
 #include "own_kernel_list.h"
 #include "scalar_params.h"
@@ -271,12 +272,12 @@ __device__ __forceinline__ void sgd(const Table<3>& t) {
 #define TCG_ATEN_TYPE_BFloat16 at::BFloat16
 #define TCG_ADAM_KERNEL(dtype, mode, mode_name, ams)                                              \
   extern "C" __global__ void __launch_bounds__(tcg::optim::kBlockThreads)                         \
-      tcg_adam_##dtype##_##mode_name##_##ams(const __grid_constant__ tcg::optim::Table<5> t) {      \
+      tcg_adam_##dtype##_##mode_name##_##ams(const __grid_constant__ tcg::optim::Table<5> t) { tcg::cuda::wait_prior();      \
     tcg::optim::adam<TCG_ATEN_TYPE(dtype), at::native::ADAM_MODE::mode, ams != 0>(t);             \
   }
 #define TCG_SGD_KERNEL(dtype, depth)                                                              \
   extern "C" __global__ void __launch_bounds__(tcg::optim::kBlockThreads)                         \
-      tcg_sgd_##dtype##_##depth(const __grid_constant__ tcg::optim::Table<3> t) {                  \
+      tcg_sgd_##dtype##_##depth(const __grid_constant__ tcg::optim::Table<3> t) { tcg::cuda::wait_prior();                  \
     tcg::optim::sgd<TCG_ATEN_TYPE(dtype), depth>(t);                                              \
   }
 #define TCG_OPTIM_KERNELS(dtype)              \
@@ -289,7 +290,7 @@ __device__ __forceinline__ void sgd(const Table<3>& t) {
 TCG_OPTIM_TYPES(TCG_OPTIM_KERNELS)
 
 // The step's scalars (scalar_params.h): one thread each.
-extern "C" __global__ void tcg_clip_coef(const tcg::optim::ClipCoef a) {
+extern "C" __global__ void tcg_clip_coef(const tcg::optim::ClipCoef a) { tcg::cuda::wait_prior();
   if (threadIdx.x != 0) return;
   // ATen: total + 1e-6 (the scalar as float32), reciprocal (1 / x, correctly rounded), · max_norm,
   // clamp_max(1) keeping NaN
@@ -323,7 +324,7 @@ __device__ double schedule_factor(const tcg::optim::LrSchedule& a, double t) {
 
 }  // namespace
 
-extern "C" __global__ void tcg_lr_schedule(const tcg::optim::LrSchedule a) {
+extern "C" __global__ void tcg_lr_schedule(const tcg::optim::LrSchedule a) { tcg::cuda::wait_prior();
   if (threadIdx.x != 0) return;
   const double t = __dadd_rn(*a.step, 1.0);
   *a.step = t;

@@ -126,7 +126,6 @@ void launch(const std::string& name, const std::vector<const std::vector<at::Ten
   const int64_t sms = own::sm_count(static_cast<int>(device));
   const int64_t target = (total + sms * 8 - 1) / (sms * 8);
   const int64_t chunk = std::clamp((target + per_iter - 1) / per_iter, int64_t{1}, int64_t{64}) * per_iter;
-  auto stream = at::cuda::getCurrentCUDAStream(device);
   auto* counters = arrivals == nullptr ? nullptr : reinterpret_cast<unsigned int*>(arrivals->data_ptr<int32_t>());
   size_t i = 0;
   while (i < params.size()) {
@@ -152,9 +151,7 @@ void launch(const std::string& name, const std::vector<const std::vector<at::Ten
     }
     t.n_tensors = nt;
     void* args[] = {&t};
-    check_cuda(cudaLaunchKernel(reinterpret_cast<const void*>(k), dim3(static_cast<unsigned>(blocks)),
-                                dim3(kBlockThreads), args, 0, stream.stream()),
-               name.c_str());
+    own::launch_kernel(k, device, dim3(static_cast<unsigned>(blocks)), dim3(kBlockThreads), args, name.c_str());
   }
 }
 

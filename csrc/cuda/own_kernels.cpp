@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -234,13 +235,39 @@ cudaKernel_t kernel(const char* name, int device) {
   return it->second;
 }
 
+namespace {
+
+// Whether the kernels launch as programmatic dependents on `device`: on sm_90 and later, unless
+// TCH_CUDA_GRAPHS_DEPENDENT_LAUNCH=0 (read once).
+bool dependent_launch(int device) {
+  static const bool off = [] {
+    const char* v = std::getenv("TCH_CUDA_GRAPHS_DEPENDENT_LAUNCH");
+    return v != nullptr && std::string(v) == "0";
+  }();
+  return !off && at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device))->major >= 9;
+}
+
+}  // namespace
+
+void launch_kernel(cudaKernel_t k, int device, dim3 grid, dim3 block, void** args, const char* name) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.stream = at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+  cudaLaunchAttribute attr[1]{};
+  if (dependent_launch(device)) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+  }
+  check_cuda(cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(k), args), name);
+}
+
 void launch(const std::string& name, int device, dim3 blocks, unsigned threads, void* params) {
   cudaKernel_t k = kernel(name.c_str(), device);
   void* args[] = {params};
-  auto stream = at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
-  check_cuda(cudaLaunchKernel(reinterpret_cast<const void*>(k), blocks, dim3(threads), args, 0,
-                              stream.stream()),
-             name.c_str());
+  launch_kernel(k, device, blocks, dim3(threads), args, name.c_str());
 }
 
 int64_t sm_count(int device) {

@@ -25,6 +25,12 @@ cudaKernel_t kernel(const char* name, int device);
 // on a launch error.
 void launch(const std::string& name, int device, dim3 blocks, unsigned threads, void* params);
 
+// Launches kernel `k` on `device`'s current stream with `args`: as a programmatic dependent on
+// sm_90 and later (its blocks scheduled while the previous kernel on the stream drains; every own
+// kernel waits for that kernel first, dependent_launch.cuh), unless the environment sets
+// TCH_CUDA_GRAPHS_DEPENDENT_LAUNCH=0. Throws on a launch error. `launch` goes through it.
+void launch_kernel(cudaKernel_t k, int device, dim3 grid, dim3 block, void** args, const char* name);
+
 // What every launcher asks: the device's SM count (its grids are sized from it), and whether a
 // tensor's data is 16-byte aligned for the kernels' vector loads (an undefined tensor is).
 int64_t sm_count(int device);

@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 #include <math_constants.h>
 
+#include "dependent_launch.cuh"
 #include "own_kernel_list.h"
 #include "rotary_params.h"
 #include "vec_io.cuh"
@@ -168,7 +169,7 @@ __device__ void rotary(const Params& a) {
 
 // The kernels of own_kernel_list.h's TCG_ROTARY_TYPES: tcg_rotary_<dtype of q and k>.
 #define TCG_ROTARY_KERNEL(N)                                                                         \
-  extern "C" __global__ void __launch_bounds__(tcg::rotary::kThreads) tcg_rotary_##N(const tcg::rotary::Params a) { \
+  extern "C" __global__ void __launch_bounds__(tcg::rotary::kThreads) tcg_rotary_##N(const tcg::rotary::Params a) { tcg::cuda::wait_prior(); \
     tcg::rotary::rotary<TCG_CUDA_TYPE(N)>(a);                                                       \
   }
 TCG_ROTARY_TYPES(TCG_ROTARY_KERNEL)

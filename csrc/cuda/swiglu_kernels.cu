@@ -12,6 +12,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "dependent_launch.cuh"
 #include "own_kernel_list.h"
 #include "fast_math.cuh"
 #include "swiglu_params.h"
@@ -95,10 +96,10 @@ __device__ void backward(const Backward& a) {
 
 // The kernels of own_kernel_list.h's TCG_SWIGLU_TYPES.
 #define TCG_SWIGLU_KERNELS(N)                                                                        \
-  extern "C" __global__ void __launch_bounds__(tcg::swiglu::kThreads) tcg_swiglu_fwd_##N(const tcg::swiglu::Forward a) { \
+  extern "C" __global__ void __launch_bounds__(tcg::swiglu::kThreads) tcg_swiglu_fwd_##N(const tcg::swiglu::Forward a) { tcg::cuda::wait_prior(); \
     tcg::swiglu::forward<TCG_CUDA_TYPE(N)>(a);                                                      \
   }                                                                                                 \
-  extern "C" __global__ void __launch_bounds__(tcg::swiglu::kThreads) tcg_swiglu_bwd_##N(const tcg::swiglu::Backward a) { \
+  extern "C" __global__ void __launch_bounds__(tcg::swiglu::kThreads) tcg_swiglu_bwd_##N(const tcg::swiglu::Backward a) { tcg::cuda::wait_prior(); \
     tcg::swiglu::backward<TCG_CUDA_TYPE(N)>(a);                                                     \
   }
 TCG_SWIGLU_TYPES(TCG_SWIGLU_KERNELS)
