@@ -40,13 +40,14 @@
 #define TCG_GELU_TYPES(X) X(Float) X(BFloat16) X(Half)
 #define TCG_GELU_FORMS(X, T) X(T, erf, false) X(T, tanh, true)
 
-// Kernels of one instance each: the norms', the loss's and GELU's finishing kernels, the loss's
-// count, the conditional nodes' setter (cond_kernels.cuh, built into optim_kernels.cu's binary),
-// the step's scalars (clipping's factor, a learning-rate schedule: optim_kernels.cu), and the sum
-// of a weight gradient's slices (linear_kernels.cu).
-#define TCG_SINGLE_KERNELS(X)                                                                         \
-  X(tcg_norm_finish) X(tcg_ce_finish) X(tcg_ce_count) X(tcg_gelu_finish) X(tcg_cond_set) X(tcg_clip_coef) \
-      X(tcg_lr_schedule) X(tcg_wgrad_slices_sum)
+// Kernels of one instance each, with the fat binary (its *_kernels.cu) that holds each: the norms',
+// the loss's and GELU's finishing kernels, the loss's count, the conditional nodes' setter
+// (cond_kernels.cuh, built into optim_kernels.cu's binary), the step's scalars (clipping's
+// factor, a learning-rate schedule), and the sum of a weight gradient's slices.
+#define TCG_SINGLE_KERNELS(X)                                                                 \
+  X(tcg_norm_finish, norm) X(tcg_ce_finish, loss) X(tcg_ce_count, loss) X(tcg_gelu_finish, gelu) \
+      X(tcg_cond_set, optim) X(tcg_clip_coef, optim) X(tcg_lr_schedule, optim)                  \
+          X(tcg_wgrad_slices_sum, linear)
 
 // The CUDA type of a dtype name, for the kernels that read memory through vec_io.cuh.
 #define TCG_CUDA_TYPE(NAME) TCG_CUDA_TYPE_##NAME

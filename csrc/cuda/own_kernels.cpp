@@ -37,7 +37,6 @@ namespace {
 #define TCG_TYPE(T) at::ScalarType::T,
 #define TCG_TYPE_PAIR(B, Y) std::pair{at::ScalarType::B, at::ScalarType::Y},
 #define TCG_VEC(B, Y, V) V,
-#define TCG_NAME(N) #N,
 constexpr at::ScalarType kOptimTypes[] = {TCG_OPTIM_TYPES(TCG_TYPE)};
 constexpr std::pair<at::ScalarType, at::ScalarType> kNormTypes[] = {TCG_NORM_TYPES(TCG_TYPE_PAIR)};
 constexpr int kNormVecs[] = {TCG_NORM_VECS(TCG_VEC, Float, Float)};
@@ -46,11 +45,13 @@ constexpr at::ScalarType kRotaryTypes[] = {TCG_ROTARY_TYPES(TCG_TYPE)};
 constexpr at::ScalarType kSwigluTypes[] = {TCG_SWIGLU_TYPES(TCG_TYPE)};
 constexpr at::ScalarType kGeluTypes[] = {TCG_GELU_TYPES(TCG_TYPE)};
 constexpr at::ScalarType kEmbeddingTypes[] = {TCG_EMBEDDING_TYPES(TCG_TYPE)};
-const char* const kSingleKernels[] = {TCG_SINGLE_KERNELS(TCG_NAME)};
+#define TCG_SINGLE(N, BINARY) {#N, #BINARY},
+// (name, the fat binary that holds it)
+const std::pair<const char*, const char*> kSingleKernels[] = {TCG_SINGLE_KERNELS(TCG_SINGLE)};
+#undef TCG_SINGLE
 #undef TCG_TYPE
 #undef TCG_TYPE_PAIR
 #undef TCG_VEC
-#undef TCG_NAME
 
 // Every kernel of each fat binary, by name.
 std::vector<std::string> optim_kernel_names() {
@@ -130,16 +131,22 @@ Library& library() {
   static Library* l = [] {
     auto* l = new Library();
 #ifdef TCG_OWN_KERNELS
-    const std::pair<const unsigned char*, std::vector<std::string>> images[] = {
-        {tcg_optim_kernels_fatbin, optim_kernel_names()},
-        {tcg_norm_kernels_fatbin, norm_kernel_names()},
-        {tcg_loss_kernels_fatbin, loss_kernel_names()},
-        {tcg_rotary_kernels_fatbin, rotary_kernel_names()},
-        {tcg_swiglu_kernels_fatbin, swiglu_kernel_names()},
-        {tcg_gelu_kernels_fatbin, gelu_kernel_names()},
-        {tcg_embedding_kernels_fatbin, embedding_kernel_names()},
-        {tcg_linear_kernels_fatbin, {}}};
-    for (const auto& [image, names] : images) {
+    // each fat binary by its name (TCG_SINGLE_KERNELS's), with its kernels
+    const std::tuple<const char*, const unsigned char*, std::vector<std::string>> images[] = {
+        {"optim", tcg_optim_kernels_fatbin, optim_kernel_names()},
+        {"norm", tcg_norm_kernels_fatbin, norm_kernel_names()},
+        {"loss", tcg_loss_kernels_fatbin, loss_kernel_names()},
+        {"rotary", tcg_rotary_kernels_fatbin, rotary_kernel_names()},
+        {"swiglu", tcg_swiglu_kernels_fatbin, swiglu_kernel_names()},
+        {"gelu", tcg_gelu_kernels_fatbin, gelu_kernel_names()},
+        {"embedding", tcg_embedding_kernels_fatbin, embedding_kernel_names()},
+        {"linear", tcg_linear_kernels_fatbin, {}}};
+    for (const auto& [binary, image, listed] : images) {
+      // its families' kernels and its single ones: asked of it only (no probing of the others)
+      std::vector<std::string> names = listed;
+      for (const auto& [name, holder] : kSingleKernels) {
+        if (std::string(holder) == binary) names.emplace_back(name);
+      }
       cudaLibrary_t lib = nullptr;
       cudaError_t e = cudaLibraryLoadData(&lib, image, nullptr, nullptr, 0, nullptr, nullptr, 0);
       if (e != cudaSuccess) {
@@ -157,20 +164,6 @@ Library& library() {
           return l;
         }
         l->kernels[name] = k;
-      }
-    }
-    for (const char* name : kSingleKernels) {
-      for (cudaLibrary_t lib : l->libs) {
-        cudaKernel_t k = nullptr;
-        if (cudaLibraryGetKernel(&k, lib, name) == cudaSuccess) {
-          l->kernels[name] = k;
-          break;
-        }
-        (void)cudaGetLastError();
-      }
-      if (l->kernels.count(name) == 0) {
-        l->error = std::string("kernel ") + name + " missing from every fat binary";
-        return l;
       }
     }
 #else
