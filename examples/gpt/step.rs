@@ -110,20 +110,10 @@ fn build_on<'a>(
 ) -> Result<Steps<'a>> {
     let dev = vs.device();
     let block = model.block();
-    let cfg = AdamConfig::adamw().lr(h.lr).betas(BETA1, BETA2).eps(EPS).weight_decay(h.weight_decay);
-    let groups = decay_groups(vs, cfg, cfg.weight_decay(0.0));
-    let opt: Box<dyn Optimizer> = match pg {
-        Some(pg) if h.zero => Box::new(ShardedAdam::new(pg, groups)?),
-        _ => Box::new(Adam::with_groups(groups)?),
-    };
+    let (opt, mut reduce) = optimizer(vs, &h, pg)?;
     let schedule = WarmupCosine { warmup: h.warmup, total: h.iters, min_factor: h.min_lr / h.lr };
     let mut sched = DeviceLrScheduler::new(schedule, opt.lr_handles())?;
     let schedule_step = sched.step_tensor().shallow_clone();
-    let params: Vec<Tensor> = opt.params().iter().map(Tensor::shallow_clone).collect();
-    let mut reduce = match pg {
-        Some(pg) if !h.zero => Some(GradAllReduce::new(pg, &params, 25 << 20)?),
-        _ => None,
-    };
     let pg = pg.cloned();
     let mut options = StepOptions::default().eager(h.eager);
     if let Some(dtype) = h.autocast {
@@ -164,6 +154,26 @@ fn build_on<'a>(
     let shadowed = train.weight_shadows().map_or(0, |s| s.len());
     let eval = eval_step(model, &train, options, h.batch, dev)?;
     Ok(Steps { train, eval, schedule_step, shadowed })
+}
+
+/// Fused AdamW with decay on matrices (ZeRO-1's `ShardedAdam` with `h.zero` over `pg`) and,
+/// data-parallel without ZeRO, the gradients' buckets.
+fn optimizer(
+    vs: &nn::VarStore,
+    h: &Hyper,
+    pg: Option<&ProcessGroup>,
+) -> Result<(Box<dyn Optimizer>, Option<GradAllReduce>)> {
+    let cfg = AdamConfig::adamw().lr(h.lr).betas(BETA1, BETA2).eps(EPS).weight_decay(h.weight_decay);
+    let groups = decay_groups(vs, cfg, cfg.weight_decay(0.0));
+    let opt: Box<dyn Optimizer> = match pg {
+        Some(pg) if h.zero => Box::new(ShardedAdam::new(pg, groups)?),
+        _ => Box::new(Adam::with_groups(groups)?),
+    };
+    let reduce = match pg {
+        Some(pg) if !h.zero => Some(GradAllReduce::new(pg, opt.params(), 25 << 20)?),
+        _ => None,
+    };
+    Ok((opt, reduce))
 }
 
 /// The evaluation step: the loss on `[batch, block]` inputs, dropout off, in `train`'s pool. The

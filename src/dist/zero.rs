@@ -175,22 +175,23 @@ pub struct ShardedAdam {
     flat_params: Tensor,
     own_params: Tensor,
     shard_grads: Tensor,
-    /// The flat buffer as parameters and gaps, and the unpack's sinks for its gaps.
+    /// The flat buffer as parameters and gaps, and what its unpack writes into, made once: each
+    /// parameter's flat view, a sink for each gap.
     flat: Layout,
-    gap_sinks: Vec<Tensor>,
-    /// Views of the parameters' pieces in this rank's shard (what `inner` updates), and views of
-    /// `shard_grads` at the same places.
-    pieces: Vec<Tensor>,
+    unpack_into: Vec<Tensor>,
+    /// Views of `shard_grads` at this rank's pieces of the parameters (what `inner`, which updates
+    /// views of those pieces, reads as their gradients).
     piece_grads: Vec<Tensor>,
-    /// This rank's shard as pieces (indices into `pieces`) and gaps.
+    /// This rank's shard as pieces (indices into `piece_at`) and gaps, and those tensors in order
+    /// (what its pack reads, made once).
     own: Layout,
-    /// The parameters' names and groups, AMSGrad per group, and each piece's place and name
-    /// (`"{name}[{start}..{end}]"`, its name in `inner`): what the state translates between.
+    own_parts: Vec<Tensor>,
+    /// The parameters' names and groups, AMSGrad per group, and each piece's place (its name in
+    /// `inner`: [`piece_name`](Self::piece_name)): what the state translates between.
     names: Vec<String>,
     param_group: Vec<usize>,
     amsgrad: Vec<bool>,
     piece_at: Vec<Piece>,
-    piece_names: Vec<String>,
     inner: Adam,
 }
 
@@ -252,6 +253,11 @@ impl Layout {
             })
             .collect()
     }
+}
+
+/// A piece's name among the inner optimizer's parameters: `"{name}[{start}..{end}]"`.
+fn piece_name(param: &str, p: &Piece) -> String {
+    format!("{param}[{}..{}]", p.start, p.start + p.len)
 }
 
 /// A rank's shard, given its pieces, as `(length, piece or gap)` segments in shard order.
@@ -316,8 +322,7 @@ impl ShardedAdam {
         }
         // this rank's pieces, group by group (the plan's order), each a view of its parameter
         let (mut pieces, mut piece_grads, mut inner_groups, mut first) = (Vec::new(), Vec::new(), Vec::new(), 0);
-        let (mut piece_at, mut piece_names, mut param_group, mut amsgrad) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut piece_at, mut param_group, mut amsgrad) = (Vec::new(), Vec::new(), Vec::new());
         for (gi, g) in groups.into_iter().enumerate() {
             let count = g.params.len();
             param_group.extend(std::iter::repeat(gi).take(count));
@@ -326,38 +331,45 @@ impl ShardedAdam {
             for p in mine.iter().filter(|p| p.param >= first && p.param < first + count) {
                 let (name, t) = &params[p.param];
                 let view = t.f_detach()?.f_view([-1])?.f_narrow(0, p.start, p.len)?;
-                let piece_name = format!("{name}[{}..{}]", p.start, p.start + p.len);
-                named.push((piece_name.clone(), view.shallow_clone()));
+                named.push((piece_name(name, p), view.shallow_clone()));
                 pieces.push(view);
                 piece_grads.push(shard_grads.f_narrow(0, p.shard_offset, p.len)?);
                 piece_at.push(*p);
-                piece_names.push(piece_name);
             }
             inner_groups.push(ParamGroup::new(named, g.config));
             first += count;
         }
         let flat = Layout::new(&plan.segments(), device)?;
-        let gap_sinks = flat.gaps.iter().map(Tensor::f_zeros_like).collect::<std::result::Result<_, _>>()?;
+        let gap_sinks: Vec<Tensor> =
+            flat.gaps.iter().map(Tensor::f_zeros_like).collect::<std::result::Result<_, _>>()?;
+        let unpack_into = flat.assemble(&gap_sinks, |i| Ok(params[i].1.f_detach()?.f_view([-1])?))?;
+        let own = Layout::new(&shard_segments(&mine, plan.shard_len()), device)?;
+        let own_parts = own.assemble(&own.gaps, |k| Ok(pieces[k].shallow_clone()))?;
         Ok(ShardedAdam {
             pg: pg.clone(),
             flat_grads: Tensor::f_zeros([plan.flat_len()], (Kind::Float, device))?,
             own_params: flat_params.f_narrow(0, plan.shard_len() * pg.rank() as i64, plan.shard_len())?,
             flat_params,
             shard_grads,
-            own: Layout::new(&shard_segments(&mine, plan.shard_len()), device)?,
+            own,
+            own_parts,
             flat,
-            gap_sinks,
-            pieces,
+            unpack_into,
             piece_grads,
             inner: Adam::with_groups(inner_groups)?,
             names: params.iter().map(|(n, _)| n.clone()).collect(),
             param_group,
             amsgrad,
             piece_at,
-            piece_names,
             params: params.into_iter().map(|(_, t)| t).collect(),
             plan,
         })
+    }
+
+    /// Piece `k`'s name in `inner` (its state's keys).
+    fn piece_name(&self, k: usize) -> String {
+        let p = &self.piece_at[k];
+        piece_name(&self.names[p.param], p)
     }
 
     /// The layout of the parameters across ranks.
@@ -367,7 +379,7 @@ impl ShardedAdam {
 
     /// How many Adam state values this rank holds per moment (its pieces' values).
     pub fn state_len(&self) -> i64 {
-        self.pieces.iter().map(|p| p.numel() as i64).sum()
+        self.piece_at.iter().map(|p| p.len).sum()
     }
 
     /// Packs the gradients (one kernel; every parameter must have one) and reduce-scatters them:
@@ -390,11 +402,9 @@ impl ShardedAdam {
     fn update(&mut self, clip_coef: Option<&Tensor>) -> Result<()> {
         let _no_grad = tch::no_grad_guard();
         self.inner.step_with_grads(&self.piece_grads, clip_coef)?;
-        let own = self.own.assemble(&self.own.gaps, |k| Ok(self.pieces[k].shallow_clone()))?;
-        let _ = Tensor::f_cat_out(&self.own_params, &own, 0)?;
+        let _ = Tensor::f_cat_out(&self.own_params, &self.own_parts, 0)?;
         self.pg.all_gather(&self.flat_params, &self.own_params)?;
-        let outs = self.flat.assemble(&self.gap_sinks, |i| Ok(self.params[i].f_detach()?.f_view([-1])?))?;
-        self.flat_params.f_split_with_sizes_copy_out(&outs, self.flat.sizes.as_slice(), 0)?;
+        self.flat_params.f_split_with_sizes_copy_out(&self.unpack_into, self.flat.sizes.as_slice(), 0)?;
         Ok(())
     }
 
@@ -422,7 +432,7 @@ impl ShardedAdam {
     fn gather_moment(&self, inner: &HashMap<String, Tensor>, field: &str) -> Result<Vec<Tensor>> {
         let device = self.pg.device();
         let parts =
-            self.own.assemble(&self.own.gaps, |k| match inner.get(&format!("{}.{field}", self.piece_names[k])) {
+            self.own.assemble(&self.own.gaps, |k| match inner.get(&format!("{}.{field}", self.piece_name(k))) {
                 Some(t) => Ok(t.f_reshape([-1])?),
                 None => Ok(Tensor::f_zeros([self.piece_at[k].len], (Kind::Float, device))?),
             })?;
@@ -501,24 +511,21 @@ impl Optimizer for ShardedAdam {
             .map(|(k, t)| (k.clone(), t.shallow_clone()))
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
-        // every piece is stepped at every step: one step count, the moments made together
-        let first = &self.piece_names[0];
-        let step = inner.get(&format!("{first}.step"));
+        // every piece is stepped at every step: one step count
+        let step = inner.get(&format!("{}.step", self.piece_name(0)));
         for (i, name) in self.names.iter().enumerate() {
             out.push((format!("{name}.group"), crate::scalar::cpu_i64(self.param_group[i] as i64)?));
             if let Some(s) = step {
                 out.push((format!("{name}.step"), s.copy()));
             }
         }
-        if inner.contains_key(&format!("{first}.exp_avg")) {
-            for field in MOMENTS {
-                if field == MAX_EXP_AVG_SQ && !self.amsgrad.iter().any(|&a| a) {
-                    continue;
-                }
-                for (i, t) in self.gather_moment(&inner, field)?.into_iter().enumerate() {
-                    if field != MAX_EXP_AVG_SQ || self.amsgrad[self.param_group[i]] {
-                        out.push((format!("{}.{field}", self.names[i]), t));
-                    }
+        for field in MOMENTS {
+            if field == MAX_EXP_AVG_SQ && !self.amsgrad.iter().any(|&a| a) {
+                continue;
+            }
+            for (i, t) in self.gather_moment(&inner, field)?.into_iter().enumerate() {
+                if field != MAX_EXP_AVG_SQ || self.amsgrad[self.param_group[i]] {
+                    out.push((format!("{}.{field}", self.names[i]), t));
                 }
             }
         }
@@ -546,8 +553,8 @@ impl Optimizer for ShardedAdam {
             .filter(|(k, _)| k.starts_with("group."))
             .map(|(k, t)| (k.clone(), t.shallow_clone()))
             .collect();
-        for (piece, piece_name) in self.piece_at.iter().zip(&self.piece_names) {
-            let name = &self.names[piece.param];
+        for (k, piece) in self.piece_at.iter().enumerate() {
+            let (name, piece_name) = (&self.names[piece.param], self.piece_name(k));
             for field in fields {
                 let Some(t) = state.get(&format!("{name}.{field}")) else { continue };
                 let t = if MOMENTS.contains(&field) {
