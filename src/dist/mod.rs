@@ -78,6 +78,15 @@ pub enum ReduceOp {
     Avg,
 }
 
+impl ReduceOp {
+    fn raw(self) -> RawReduceOp {
+        match self {
+            ReduceOp::Sum => RawReduceOp::TCG_REDUCE_SUM,
+            ReduceOp::Avg => RawReduceOp::TCG_REDUCE_AVG,
+        }
+    }
+}
+
 /// A NCCL process group: this rank, the world size, this rank's CUDA device. Clones share the
 /// group; it is shut down when the last clone goes.
 #[derive(Clone, Debug)]
@@ -171,12 +180,8 @@ impl ProcessGroup {
 
     /// Reduces `t` (on this rank's device) over all ranks, in place, on the current stream.
     pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<()> {
-        let op = match op {
-            ReduceOp::Sum => RawReduceOp::TCG_REDUCE_SUM,
-            ReduceOp::Avg => RawReduceOp::TCG_REDUCE_AVG,
-        };
         self.retain_in_capture();
-        self.handle.all_reduce(t, op)
+        self.handle.all_reduce(t, op.raw())
     }
 
     /// Copies rank `root`'s `t` into every rank's `t`, in place, on the current stream.
@@ -191,12 +196,8 @@ impl ProcessGroup {
     /// current stream. Contiguous tensors of one dtype on this rank's device;
     /// [`Error::Misuse`] otherwise.
     pub fn reduce_scatter(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
-        let op = match op {
-            ReduceOp::Sum => RawReduceOp::TCG_REDUCE_SUM,
-            ReduceOp::Avg => RawReduceOp::TCG_REDUCE_AVG,
-        };
         self.retain_in_capture();
-        self.handle.reduce_scatter(output, input, op)
+        self.handle.reduce_scatter(output, input, op.raw())
     }
 
     /// ZeRO's parameter collective: `output` (`[world * n]`) gets rank `r`'s `input` (`[n]`)
