@@ -35,6 +35,8 @@ pub fn family(name: &str) -> &'static str {
         "SwiGLU"
     } else if has(&["tcg_gelu"]) {
         "GELU"
+    } else if has(&["tcg_split"]) {
+        "split projection (gradients packed, bias gradient)"
     } else if has(&["tcg_wgrad"]) {
         "reductions"
     } else if has(&["tcg_", "adam", "multi_tensor", "fused_sgd"]) {

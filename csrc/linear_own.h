@@ -22,4 +22,15 @@ std::string unsupported(const Operands& in);
 // Call only where unsupported() is "".
 at::Tensor fused(const Operands& in, bool fp32_wgrad);
 
+// Why the crate's split (fused_split) cannot take y = x · weightᵀ split into `parts` pieces, or
+// "" when it can (asked after unsupported()).
+std::string split_unsupported(const Operands& in, int64_t parts);
+
+// The `parts` pieces of y = x · weightᵀ + bias along its last dimension, as views of y (as
+// at::split). y is fused()'s, its bias added in the GEMM's epilogue but not differentiated
+// there; a second autograd node's backward packs the pieces' gradients into y's in one kernel
+// that also sums the bias gradient (no cat, no separate pass for the bias). Call only where
+// unsupported() and split_unsupported() are "".
+std::vector<at::Tensor> fused_split(const Operands& in, bool fp32_wgrad, int64_t parts);
+
 }  // namespace tcg::linear

@@ -138,6 +138,10 @@ std::string unsupported(const Operands&) { return "this binary was built without
 at::Tensor fused(const Operands&, bool) {
   throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no cuBLASLt path");
 }
+std::string split_unsupported(const Operands&, int64_t) { return "this binary was built without CUDA"; }
+std::vector<at::Tensor> fused_split(const Operands&, bool, int64_t) {
+  throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no cuBLASLt path");
+}
 }  // namespace tcg::linear
 
 // The GELU epilogues need CUDA (cuBLASLt): mlp.cpp runs ATen's linear, gelu, linear.

@@ -320,6 +320,18 @@ typedef struct {
 // *ran_own: whether it was taken. The forward is at::linear on the same operands either way.
 tcg_status tcg_linear_forward(const tcg_linear_inputs* in, tcg_weight_grad wgrad, tcg_kernels kernels,
                               tcg_tensor* out, bool* ran_own);
+// The most pieces tcg_linear_split makes.
+#define TCG_LINEAR_MAX_PARTS 8
+// y = x · weightᵀ + bias as tcg_linear_forward computes it, split into `parts` (1 to
+// TCG_LINEAR_MAX_PARTS) equal pieces along its last dimension: outs[0..parts) get new tensors,
+// views of y (as at::split). On the crate's path the bias is added in the GEMM's epilogue and
+// the backward packs the pieces' gradients into y's in one kernel that also sums the bias
+// gradient (no concatenation, and no pass of the weight-gradient GEMM's epilogue for the bias);
+// it is taken where tcg_linear_forward's is and the output is bfloat16 or float16, at most 4
+// pieces of a width that is a multiple of 8. kernels and *ran_own as tcg_linear_forward's.
+// TCG_MISUSE where the weight's out is not a multiple of `parts`.
+tcg_status tcg_linear_split(const tcg_linear_inputs* in, int64_t parts, tcg_weight_grad wgrad, tcg_kernels kernels,
+                            tcg_tensor* outs, bool* ran_own);
 
 // ---------------------------------------------------------------- loss.cpp (CPU and CUDA)
 // The mean cross-entropy of logits [rows, classes] against int64 targets [rows] (rows whose

@@ -169,6 +169,35 @@ impl Linear {
         Ok(y)
     }
 
+    /// [`Linear::f_forward`]'s output split into `parts` equal pieces along its last dimension,
+    /// as views of it (`f_forward(x)?.f_split(out / parts, -1)`, the same values): a fused
+    /// projection's parts, such as attention's q, k and v.
+    ///
+    /// Backward, a split's gradient is otherwise a concatenation of the pieces' gradients (a
+    /// copy of all of them), and the bias gradient one more pass over the result (the GEMM's
+    /// `BGRADB` epilogue). On the crate's path (the output bfloat16 or float16, at most 4 pieces
+    /// of a width that is a multiple of 8) one kernel packs the pieces' gradients and sums the
+    /// bias gradient as it goes, so the weight-gradient GEMM has no epilogue; elsewhere it is
+    /// ATen's `split`. [`crate::Error::Misuse`] where `out` is not a multiple of `parts` or
+    /// `parts` is outside 1 to 8.
+    ///
+    /// ```no_run
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// use tch::{nn, Device, Kind, Tensor};
+    /// use tch_cuda_graphs::linear::{linear, LinearConfig};
+    /// let vs = nn::VarStore::new(Device::Cuda(0));
+    /// let c_attn = linear(vs.root() / "c_attn", 384, 3 * 384, LinearConfig::default());
+    /// let h = Tensor::randn([8, 256, 384], (Kind::BFloat16, Device::Cuda(0)));
+    /// let qkv = c_attn.f_forward_split(&h, 3)?; // q, k, v: [8, 256, 384] each
+    /// # let _ = qkv; Ok(()) }
+    /// ```
+    pub fn f_forward_split(&self, x: &Tensor, parts: i64) -> Result<Vec<Tensor>> {
+        let modes = (self.config.weight_grad.raw(), self.config.kernels.raw());
+        let (pieces, own) = raw::split(x, &self.ws, self.bs.as_ref(), parts, modes)?;
+        self.last.set(Some(KernelPath::of_one(own)));
+        Ok(pieces)
+    }
+
     /// Which kernels the last forward ran: [`KernelPath::Own`] for the crate's path,
     /// [`KernelPath::PyTorch`] for `at::linear` (None before the first).
     pub fn last_path(&self) -> Option<KernelPath> {

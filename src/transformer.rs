@@ -375,7 +375,9 @@ impl TransformerLayer {
             )));
         }
         let nh = self.config.heads;
-        let qkv = self.c_attn.f_forward(h)?.f_split(e, 2)?;
+        // q, k and v as views of one projection; their gradients packed back with the bias's
+        // summed in one kernel (Linear::f_forward_split)
+        let qkv = self.c_attn.f_forward_split(h, 3)?;
         let heads = |x: &Tensor| x.f_view([n, t, nh, e / nh])?.f_transpose(1, 2);
         let (q, k, v) = (heads(&qkv[0])?, heads(&qkv[1])?, heads(&qkv[2])?);
         let y = Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, p, self.config.causal, None, false)?;

@@ -979,6 +979,46 @@ fn the_linear_layer_runs_aten_on_the_cpu() {
     assert!(matches!(ours.f_forward(&wide), Err(Error::Misuse(_))), "a misfit input is a misuse");
 }
 
+/// Without CUDA a split linear layer is `at::linear` then `split`: the same pieces and gradients
+/// as `Tensor::linear(..).split(..)`; a count of pieces that does not divide the output, or is
+/// out of range, is a misuse.
+#[test]
+fn the_split_linear_layer_runs_aten_on_the_cpu() {
+    use tch_cuda_graphs::linear::{linear, LinearConfig};
+
+    tch::manual_seed(8);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let ours = linear(vs.root() / "qkv", 8, 12, LinearConfig::default());
+    let x = Tensor::randn([2, 3, 8], (Kind::Float, Device::Cpu));
+    let pieces = ours.f_forward_split(&x, 3).expect("split");
+    assert_eq!(ours.last_path(), Some(KernelPath::PyTorch));
+    let expected = x.linear(&ours.ws, ours.bs.as_ref()).split(4, -1);
+    assert_eq!(pieces.len(), 3);
+    assert!(pieces.iter().zip(&expected).all(|(a, b)| a.equal(b)), "the same pieces");
+    // the second piece unused: its part of the gradients is zero
+    let seed = Tensor::randn([2, 3, 4], (Kind::Float, Device::Cpu));
+    let loss = (&pieces[0] * &seed).sum(Kind::Float) + (&pieces[2] * 2.0).sum(Kind::Float);
+    loss.backward();
+    let (dw, db) = (ours.ws.grad(), ours.bs.as_ref().unwrap().grad());
+    let x2 = x.view([6, 8]);
+    let dy = Tensor::cat(
+        &[
+            seed.view([6, 4]),
+            Tensor::zeros([6, 4], (Kind::Float, Device::Cpu)),
+            Tensor::full([6, 4], 2.0, (Kind::Float, Device::Cpu)),
+        ],
+        1,
+    );
+    let (dw_ref, db_ref) = (dy.tr().matmul(&x2), dy.sum_dim_intlist(0, false, Kind::Float));
+    let diff =
+        f64::try_from((&dw - &dw_ref).abs().max()).unwrap().max(f64::try_from((&db - &db_ref).abs().max()).unwrap());
+    println!("split: weight and bias gradients against dyᵀ·x and dy's column sums: max difference {diff:e}");
+    assert!(diff < 1e-5, "the gradients of the packed output");
+    assert!(matches!(ours.f_forward_split(&x, 5), Err(Error::Misuse(_))), "5 pieces of 12");
+    assert!(matches!(ours.f_forward_split(&x, 0), Err(Error::Misuse(_))), "no pieces");
+    assert!(matches!(ours.f_forward_split(&x, 12), Err(Error::Misuse(_))), "more than 8 pieces");
+}
+
 /// Without CUDA the cross-entropy is ATen's: equal to tch's `cross_entropy_loss`, gradient
 /// included; `Kernels::Own` is refused; mismatched targets are a misuse.
 #[test]

@@ -4,7 +4,8 @@
 //! weight gradients within 1e-5 of a float32 reference computed from the same bf16 operands,
 //! closer to it than the rounded ones; the backward launches no separate reduction for the bias
 //! gradient and no cast in float32 mode (the profiler's kernel names); the choice of path
-//! (`Kernels::Own` refuses float32 without autocast, `Kernels::Auto` falls back to `at::linear`).
+//! (`Kernels::Own` refuses float32 without autocast, `Kernels::Auto` falls back to `at::linear`);
+//! a split output's backward packs the pieces' gradients and sums the bias gradient in one pass.
 //! Ignored without a GPU; fails loudly there.
 mod common;
 
@@ -134,6 +135,74 @@ fn the_bias_gradient_comes_out_of_the_gemm() {
         if mode == WeightGrad::Float32 {
             assert_eq!(casts, 0, "float32 gradients come out of the GEMM without a cast");
         }
+    }
+}
+
+/// A split output (attention's q, k, v of one projection), at the GPT's and GPT-2's shapes: the
+/// pieces equal `f_forward(..).split(..)`'s bit for bit, and so does the input gradient (the
+/// same GEMM on the same packed gradient); the weight gradient within 1e-5 of a float32
+/// reference, the bias gradient (the split kernel's column sums) within 1e-6; a piece without
+/// a gradient counts as zeros; the backward runs the split's kernel and its finish, and neither
+/// a concatenation nor cuBLASLt's bias-gradient kernel.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn the_split_packs_the_gradients_and_sums_the_bias_in_one_pass() {
+    let dev = cuda();
+    for (rows, width, use_k) in [(2048i64, 384i64, true), (2048, 768, false), (3000, 64, true)] {
+        tch::manual_seed(4);
+        let vs_whole = nn::VarStore::new(dev);
+        let whole = layer(&vs_whole, width, 3 * width, WeightGrad::Float32, Kernels::Own);
+        let mut vs = nn::VarStore::new(dev);
+        let split = layer(&vs, width, 3 * width, WeightGrad::Float32, Kernels::Own);
+        vs.copy(&vs_whole).expect("the same parameters");
+        let x0 = Tensor::randn([rows, width], (Kind::Float, dev)).to_kind(Kind::BFloat16);
+        let seeds: Vec<Tensor> =
+            (0..3).map(|_| Tensor::randn([rows, width], (Kind::Float, dev)).to_kind(Kind::BFloat16)).collect();
+        // q·s0 + (k·s1 where used) + v·s2, over bf16 pieces
+        let run = |pieces: &[Tensor]| {
+            let mut loss = (&pieces[0] * &seeds[0]).sum(Kind::Float) + (&pieces[2] * &seeds[2]).sum(Kind::Float);
+            if use_k {
+                loss += (&pieces[1] * &seeds[1]).sum(Kind::Float);
+            }
+            loss
+        };
+        let (xa, xb) = (x0.detach().set_requires_grad(true), x0.detach().set_requires_grad(true));
+        let (pa, pb) = {
+            let _autocast = Autocast::new(Kind::BFloat16, false).expect("autocast");
+            (whole.f_forward(&xa).expect("forward").split(width, -1), split.f_forward_split(&xb, 3).expect("split"))
+        };
+        assert_eq!(split.last_path(), Some(KernelPath::Own));
+        let same_forward = pa.iter().zip(&pb).all(|(a, b)| a.equal(b));
+        run(&pa).backward();
+        let inputs = [xb.shallow_clone(), split.ws.shallow_clone(), split.bs.as_ref().unwrap().shallow_clone()];
+        let loss = run(&pb);
+        let (grads, kernels) =
+            kernels_of(dev, || tch_cuda_graphs::autograd::grad(&[loss], &inputs, None, false, false));
+        let grads: Vec<Tensor> = grads.expect("backward").into_iter().map(|g| g.expect("a gradient")).collect();
+        let dy = Tensor::cat(
+            &[&seeds[0], &(if use_k { seeds[1].shallow_clone() } else { seeds[1].zeros_like() }), &seeds[2]],
+            1,
+        )
+        .to_kind(Kind::Float);
+        let dw_ref = dy.tr().matmul(&x0.to_kind(Kind::Float));
+        let db_ref = dy.sum_dim_intlist(0, false, Kind::Double);
+        let same_dx = grads[0].equal(&xa.grad());
+        let figures = [
+            ("dweight vs fp32 reference", rel(&grads[1], &dw_ref)),
+            ("dweight vs the whole output's", rel(&grads[1], &whole.ws.grad())),
+            ("dbias vs fp64 reference", rel(&grads[2].to_kind(Kind::Double), &db_ref)),
+            ("dbias vs the whole output's (BGRADB)", rel(&grads[2], &whole.bs.as_ref().unwrap().grad())),
+        ];
+        println!(
+            "[{rows}, {width}] -> 3 × {width} (k used {use_k}): pieces equal {same_forward}, input gradient equal {same_dx}; \
+             max |a - b| / max |b|: {figures:?}; backward kernels {kernels:?}"
+        );
+        assert!(same_forward, "the pieces are views of the same GEMM's output");
+        assert!(same_dx, "the input gradient is the same GEMM on the same packed gradient");
+        assert!(figures[0].1 <= 1e-5 && figures[2].1 <= 1e-6, "the weight and bias gradients");
+        let has = |name: &str| kernels.iter().any(|k| k.contains(name));
+        assert!(has("tcg_split_bwd") && has("tcg_split_finish"), "the split's kernels ran");
+        assert!(!has("CatArray") && !has("Bgrad"), "no concatenation and no separate bias-gradient kernel");
     }
 }
 

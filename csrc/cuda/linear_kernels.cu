@@ -1,11 +1,17 @@
-// The linear layer's own kernel (see linear_params.h): the sum of a float32 weight gradient's
-// slices. Four values a thread, every slice's load issued before the first add; the adds in
-// slice order, unfused (no contraction to change a result).
+// The linear layer's own kernels (see linear_params.h): the sum of a float32 weight gradient's
+// slices (four values a thread, every slice's load issued before the first add; the adds in
+// slice order, unfused: no contraction to change a result), and the backward of a split output
+// (its pieces' gradients packed, the bias gradient summed on the way).
 //
-// Compiled by nvcc into a fat binary that build.rs embeds in the shim; the launcher
-// (lt_matmul.cpp) launches the extern "C" kernel by name.
+// Compiled by nvcc into a fat binary that build.rs embeds in the shim; the launchers
+// (lt_matmul.cpp, linear_own.cpp) launch the extern "C" kernels by name.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "col_sum.cuh"
 #include "dependent_launch.cuh"
 #include "linear_params.h"
+#include "own_kernel_list.h"
 
 namespace {
 
@@ -35,4 +41,102 @@ extern "C" __global__ void __launch_bounds__(tcg::linear::kSlicesSumThreads)
     }
     out[i] = a.accumulate ? add4(out[i], s) : s;
   }
+}
+
+namespace tcg::linear {
+namespace {
+
+// Eight 16-bit values (16 bytes) added into float accumulators.
+template <typename T>
+__device__ __forceinline__ void add8(float (&acc)[kSplitValues], uint4 v);
+template <>
+__device__ __forceinline__ void add8<__nv_bfloat16>(float (&acc)[kSplitValues], uint4 v) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < kSplitValues / 2; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    acc[2 * i] += f.x;
+    acc[2 * i + 1] += f.y;
+  }
+}
+template <>
+__device__ __forceinline__ void add8<__half>(float (&acc)[kSplitValues], uint4 v) {
+  const __half2* h = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+  for (int i = 0; i < kSplitValues / 2; ++i) {
+    const float2 f = __half22float2(h[i]);
+    acc[2 * i] += f.x;
+    acc[2 * i + 1] += f.y;
+  }
+}
+
+template <typename T>
+__device__ void split_backward(const SplitBackward& a) {
+  const int lane = static_cast<int>(threadIdx.x) % a.lanes, block_row = static_cast<int>(threadIdx.x) / a.lanes;
+  const int rows_per_block = static_cast<int>(blockDim.x) / a.lanes;
+  const int64_t cols = static_cast<int64_t>(a.w) * a.parts;
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * a.lanes + lane) * kSplitValues;
+  const bool active = c < cols;
+  float acc[kSplitValues] = {};
+  if (active) {
+    const int piece = static_cast<int>(c / a.w);
+    const T* g = nullptr;
+#pragma unroll
+    for (int k = 0; k < kSplitMaxParts; ++k) {
+      if (k == piece) g = static_cast<const T*>(a.grad[k]);
+    }
+    const int64_t gc = c - static_cast<int64_t>(piece) * a.w;
+    T* out = static_cast<T*>(a.packed);
+    const int64_t stride = static_cast<int64_t>(gridDim.y) * rows_per_block;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int64_t first = static_cast<int64_t>(blockIdx.y) * rows_per_block + block_row; first < a.rows;
+         first += kSplitRows * stride) {
+      uint4 v[kSplitRows];
+#pragma unroll
+      for (int k = 0; k < kSplitRows; ++k) {
+        const int64_t row = first + k * stride;
+        v[k] = row < a.rows && g != nullptr ? __ldg(reinterpret_cast<const uint4*>(g + row * a.w + gc)) : zero;
+      }
+#pragma unroll
+      for (int k = 0; k < kSplitRows; ++k) {
+        const int64_t row = first + k * stride;
+        if (row < a.rows) {
+          *reinterpret_cast<uint4*>(out + row * cols + c) = v[k];
+          add8<T>(acc, v[k]);
+        }
+      }
+    }
+  }
+  if (a.part == nullptr) return;  // the same for the whole block
+  // the block's rows of sums, added in row order by its first row of threads
+  __shared__ float s[kSplitMaxThreads * kSplitValues];
+#pragma unroll
+  for (int j = 0; j < kSplitValues; ++j) s[threadIdx.x * kSplitValues + j] = acc[j];
+  __syncthreads();
+  if (block_row != 0 || !active) return;
+  for (int r = 1; r < rows_per_block; ++r) {
+#pragma unroll
+    for (int j = 0; j < kSplitValues; ++j) acc[j] += s[(r * a.lanes + lane) * kSplitValues + j];
+  }
+  float4* part = reinterpret_cast<float4*>(a.part + static_cast<int64_t>(blockIdx.y) * cols + c);
+  part[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  part[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+}
+
+}  // namespace
+}  // namespace tcg::linear
+
+// The split's backward per own_kernel_list.h's TCG_SPLIT_TYPES, and its finish.
+#define TCG_SPLIT_KERNEL(N)                                                                         \
+  extern "C" __global__ void __launch_bounds__(tcg::linear::kSplitMaxThreads)                       \
+      tcg_split_bwd_##N(const tcg::linear::SplitBackward a) {                                       \
+    tcg::cuda::wait_prior();                                                                        \
+    tcg::linear::split_backward<TCG_CUDA_TYPE(N)>(a);                                               \
+  }
+TCG_SPLIT_TYPES(TCG_SPLIT_KERNEL)
+
+extern "C" __global__ void __launch_bounds__(tcg::cuda::kColSumThreads)
+    tcg_split_finish(const tcg::linear::SplitFinish a) {
+  tcg::cuda::wait_prior();
+  tcg::cuda::sum_columns<1>(a.part, a.sum, a.blocks, a.cols);
 }

@@ -3,15 +3,23 @@
 // epilogue) and whose backward runs the input-gradient GEMM and computes the weight gradient and
 // the bias gradient in one cuBLASLt GEMM (the BGRADB epilogue:
 // the bias gradient is the reduction of the output gradient over the GEMM's k dimension, made
-// while the GEMM reads it), optionally writing the weight gradient in float32 directly.
+// while the GEMM reads it), optionally writing the weight gradient in float32 directly; and the
+// split of its output into views whose gradients one kernel packs back, summing the bias
+// gradient on the way (linear_kernels.cu).
 #include "../linear_own.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
+
+#include "../kernels.h"
+#include "col_sum.h"
 #include "cuda_shim.h"
+#include "linear_params.h"
 #include "lt_matmul.h"
+#include "own_kernels.h"
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -73,6 +81,92 @@ struct FusedLinear : torch::autograd::Function<FusedLinear> {
   }
 };
 
+// The split's launch shape for a packed row of `cols` values (linear_params.h): tiles of `lanes`
+// threads across the columns, rows_per_block rows of them a block.
+struct SplitShape {
+  int64_t tiles, lanes, rows_per_block;
+};
+
+SplitShape split_shape(int64_t cols) {
+  const int64_t groups = cols / kSplitValues;
+  const int64_t tiles = (groups + kSplitMaxLanes - 1) / kSplitMaxLanes;
+  const int64_t lanes = 32 * (((groups + tiles - 1) / tiles + 31) / 32);
+  return {tiles, lanes, std::max<int64_t>(1, kSplitMaxThreads / lanes)};
+}
+
+// The pieces of a linear layer's output as views; backward, their gradients packed into the
+// output's and the bias gradient summed, in one pass and a small finishing kernel.
+struct PackedSplit : torch::autograd::Function<PackedSplit> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& y, const std::optional<at::Tensor>& bias_arg,
+                               int64_t parts, bool fp32_wgrad) {
+    const at::Tensor bias = bias_arg.value_or(at::Tensor());
+    ctx->saved_data["sizes"] = y.sizes().vec();
+    ctx->saved_data["dtype"] = static_cast<int64_t>(y.scalar_type());
+    ctx->saved_data["device"] = static_cast<int64_t>(y.get_device());
+    ctx->saved_data["b_dtype"] = static_cast<int64_t>(bias.defined() ? bias.scalar_type() : at::kFloat);
+    ctx->saved_data["parts"] = parts;
+    ctx->saved_data["fp32_wgrad"] = fp32_wgrad;
+    return y.split(y.size(-1) / parts, -1);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (at::GradMode::is_enabled()) misuse("linear split: double backward (create_graph) is not supported");
+    const std::vector<int64_t> sizes = ctx->saved_data.at("sizes").toIntVector();
+    const auto dtype_of = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data.at(key).toInt()); };
+    const at::ScalarType dt = dtype_of("dtype");
+    const int device = static_cast<int>(ctx->saved_data.at("device").toInt());
+    const int64_t parts = ctx->saved_data.at("parts").toInt();
+    const bool want_b = ctx->needs_input_grad(1);
+    const auto none = variable_list{at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (std::none_of(grads.begin(), grads.end(), [](const at::Tensor& g) { return g.defined(); })) return none;
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    const auto options = at::TensorOptions().dtype(dt).device(at::kCUDA, static_cast<c10::DeviceIndex>(device));
+    const int64_t cols = sizes.back(), w = cols / parts, rows = cols == 0 ? 0 : c10::multiply_integers(sizes) / cols;
+    at::Tensor packed = at::empty(sizes, options);
+    at::Tensor db = want_b ? at::empty({cols}, options.dtype(at::kFloat)) : at::Tensor();
+    SplitBackward p{};
+    std::vector<at::Tensor> held(static_cast<size_t>(parts));
+    for (int64_t i = 0; i < parts; ++i) {
+      const at::Tensor& g = grads.at(static_cast<size_t>(i));
+      if (!g.defined()) continue;
+      held[i] = g.to(dt).contiguous();
+      if (!own::aligned16(held[i])) held[i] = held[i].clone();
+      p.grad[i] = held[i].data_ptr();
+    }
+    if (rows == 0) {
+      if (want_b) db.zero_();
+    } else {
+      const SplitShape shape = split_shape(cols);
+      const unsigned threads = static_cast<unsigned>(shape.lanes * shape.rows_per_block);
+      const std::string name = own::split_kernel(dt);
+      const int64_t per_block = shape.rows_per_block * kSplitMinRows;
+      const int64_t most = std::clamp<int64_t>((rows + per_block - 1) / per_block, 1, 65535);
+      const int64_t wave = own::sm_count(device) * own::resident_blocks(name, device, threads);
+      const int64_t splits = std::clamp<int64_t>((wave + shape.tiles - 1) / shape.tiles, 1, most);
+      at::Tensor part = want_b ? at::empty({splits, cols}, options.dtype(at::kFloat)) : at::Tensor();
+      p.packed = packed.data_ptr();
+      p.part = want_b ? part.data_ptr<float>() : nullptr;
+      p.rows = rows;
+      p.w = static_cast<int32_t>(w);
+      p.parts = static_cast<int32_t>(parts);
+      p.lanes = static_cast<int32_t>(shape.lanes);
+      own::launch(name, device, dim3(static_cast<unsigned>(shape.tiles), static_cast<unsigned>(splits)), threads, &p);
+      if (want_b) {
+        SplitFinish fin{{part.data_ptr<float>()}, {db.data_ptr<float>()}, static_cast<int32_t>(splits),
+                        static_cast<int32_t>(cols)};
+        own::launch("tcg_split_finish", device,
+                    static_cast<unsigned>((cols + cuda::kColSumCols - 1) / cuda::kColSumCols), cuda::kColSumThreads,
+                    &fin);
+      }
+    }
+    // the bias gradient as the GEMM's epilogue would give it: rounded to the compute dtype
+    // first unless the layer writes float32 gradients
+    if (want_b && !ctx->saved_data.at("fp32_wgrad").toBool()) db = db.to(dt);
+    if (want_b) db = db.to(dtype_of("b_dtype"));
+    return {packed, db, at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 std::string unsupported(const Operands& in) {
@@ -99,6 +193,26 @@ at::Tensor fused(const Operands& in, bool fp32_wgrad) {
   const at::ScalarType dt = compute_dtype(in.x, in.weight);
   auto opt = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
   return FusedLinear::apply(in.x, in.weight, opt(in.bias), Args{in.shadow_w, in.shadow_b, dt, fp32_wgrad})[0];
+}
+
+std::string split_unsupported(const Operands& in, int64_t parts) {
+  const at::ScalarType dt = compute_dtype(in.x, in.weight);
+  if (!own::split_builds(dt)) return std::string("the split's kernel is not built for ") + c10::toString(dt);
+  if (parts > kSplitMaxParts) return "more than " + std::to_string(kSplitMaxParts) + " pieces";
+  if ((in.weight.size(0) / parts) % kSplitValues != 0) {
+    return "the pieces' width (" + std::to_string(in.weight.size(0) / parts) + ") is not a multiple of " +
+           std::to_string(kSplitValues);
+  }
+  return kernels::unavailable(in.x.get_device());
+}
+
+std::vector<at::Tensor> fused_split(const Operands& in, bool fp32_wgrad, int64_t parts) {
+  // the GEMM adds the bias but leaves its gradient to the split's backward
+  Operands gemm = in;
+  if (in.bias.defined()) gemm.bias = in.bias.detach();
+  const at::Tensor y = fused(gemm, fp32_wgrad);
+  const auto bias = in.bias.defined() ? std::optional<at::Tensor>(in.bias) : std::nullopt;
+  return PackedSplit::apply(y, bias, parts, fp32_wgrad);
 }
 
 }  // namespace tcg::linear

@@ -45,6 +45,7 @@ constexpr at::ScalarType kRotaryTypes[] = {TCG_ROTARY_TYPES(TCG_TYPE)};
 constexpr at::ScalarType kSwigluTypes[] = {TCG_SWIGLU_TYPES(TCG_TYPE)};
 constexpr at::ScalarType kGeluTypes[] = {TCG_GELU_TYPES(TCG_TYPE)};
 constexpr at::ScalarType kEmbeddingTypes[] = {TCG_EMBEDDING_TYPES(TCG_TYPE)};
+constexpr at::ScalarType kSplitTypes[] = {TCG_SPLIT_TYPES(TCG_TYPE)};
 #define TCG_SINGLE(N, BINARY) {#N, #BINARY},
 // (name, the fat binary that holds it)
 const std::pair<const char*, const char*> kSingleKernels[] = {TCG_SINGLE_KERNELS(TCG_SINGLE)};
@@ -115,6 +116,12 @@ std::vector<std::string> embedding_kernel_names() {
   return names;
 }
 
+std::vector<std::string> linear_kernel_names() {
+  std::vector<std::string> names;
+  for (at::ScalarType t : kSplitTypes) names.push_back(split_kernel(t));
+  return names;
+}
+
 // The loaded libraries, their kernels, and what each device made of them. One per process,
 // never unloaded (kernels may be captured in graphs that live until exit).
 struct Library {
@@ -140,7 +147,7 @@ Library& library() {
         {"swiglu", tcg_swiglu_kernels_fatbin, swiglu_kernel_names()},
         {"gelu", tcg_gelu_kernels_fatbin, gelu_kernel_names()},
         {"embedding", tcg_embedding_kernels_fatbin, embedding_kernel_names()},
-        {"linear", tcg_linear_kernels_fatbin, {}}};
+        {"linear", tcg_linear_kernels_fatbin, linear_kernel_names()}};
     for (const auto& [binary, image, listed] : images) {
       // its families' kernels and its single ones: asked of it only (no probing of the others)
       std::vector<std::string> names = listed;
@@ -301,6 +308,7 @@ bool rotary_builds(at::ScalarType t) { return holds(kRotaryTypes, t); }
 bool swiglu_builds(at::ScalarType t) { return holds(kSwigluTypes, t); }
 bool gelu_builds(at::ScalarType t) { return holds(kGeluTypes, t); }
 bool embedding_builds(at::ScalarType t) { return holds(kEmbeddingTypes, t); }
+bool split_builds(at::ScalarType t) { return holds(kSplitTypes, t); }
 
 // The names, as own_kernel_list.h documents them; c10::toString spells a dtype as its enumerator.
 std::string adam_kernel(at::ScalarType param, bool adamw, bool amsgrad) {
@@ -334,6 +342,8 @@ std::string gelu_kernel(Pass pass, at::ScalarType t, bool tanh) {
 std::string embedding_kernel(at::ScalarType t, bool scan) {
   return std::string(scan ? "tcg_embedding_scan_" : "tcg_embedding_bwd_") + c10::toString(t);
 }
+
+std::string split_kernel(at::ScalarType t) { return std::string("tcg_split_bwd_") + c10::toString(t); }
 
 }  // namespace tcg::own
 

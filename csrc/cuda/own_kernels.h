@@ -1,6 +1,6 @@
 // The crate's own CUDA kernels as one library: the fat binaries build.rs compiles from
 // csrc/cuda/*_kernels.cu and embeds (optimizers, conditional-node setter, normalization, loss, rotary, SwiGLU, GELU, embedding,
-// the linear layer's weight-gradient slices),
+// the linear layer's weight-gradient slices and split),
 // loaded once per process with the CUDA runtime's library API and checked per device, so that no
 // lazy loading ever happens inside a capture. The launchers (optim_own.cpp, conditional.cpp,
 // norm_own.cpp, loss_own.cpp) take their kernels from here by name.
@@ -51,6 +51,7 @@ bool rotary_builds(at::ScalarType t);
 bool swiglu_builds(at::ScalarType t);
 bool gelu_builds(at::ScalarType t);
 bool embedding_builds(at::ScalarType t);
+bool split_builds(at::ScalarType t);
 std::string adam_kernel(at::ScalarType param, bool adamw, bool amsgrad);
 std::string sgd_kernel(at::ScalarType param, bool momentum);
 // `vec`: 4 for rows up to 512 wide, 8 up to 1024 (norm_params.h's kMaxCols).
@@ -62,5 +63,7 @@ std::string swiglu_kernel(Pass pass, at::ScalarType t);
 std::string gelu_kernel(Pass pass, at::ScalarType t, bool tanh);
 // `scan`: the backward at a small vocabulary, without the sort (tcg_embedding_scan_<T>).
 std::string embedding_kernel(at::ScalarType t, bool scan);
+// The backward of a linear layer's split output (tcg_split_bwd_<T>).
+std::string split_kernel(at::ScalarType t);
 
 }  // namespace tcg::own

@@ -11,7 +11,18 @@ pub struct tcg_linear_inputs {
     pub bias: tcg_tensor,
 }
 
+/// `TCG_LINEAR_MAX_PARTS`: the most pieces `tcg_linear_split` makes.
+pub const TCG_LINEAR_MAX_PARTS: i64 = 8;
+
 extern "C" {
+    pub fn tcg_linear_split(
+        inputs: *const tcg_linear_inputs,
+        parts: i64,
+        wgrad: tcg_weight_grad,
+        kernels: tcg_kernels,
+        outs: *mut tcg_tensor,
+        ran_own: *mut bool,
+    ) -> tcg_status;
     pub fn tcg_linear_forward(
         inputs: *const tcg_linear_inputs,
         wgrad: tcg_weight_grad,
