@@ -179,7 +179,9 @@ impl Linear {
     /// of a width that is a multiple of 8) one kernel packs the pieces' gradients and sums the
     /// bias gradient as it goes, so the weight-gradient GEMM has no epilogue; elsewhere it is
     /// ATen's `split`. [`crate::Error::Misuse`] where `out` is not a multiple of `parts` or
-    /// `parts` is outside 1 to 8.
+    /// `parts` is outside 1 to 8. On the crate's path the pieces are views made inside an
+    /// autograd function, which PyTorch does not let be modified in place while they require a
+    /// gradient: copy a piece first to change it in place.
     ///
     /// ```no_run
     /// # fn main() -> tch_cuda_graphs::Result<()> {
