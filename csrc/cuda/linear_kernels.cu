@@ -8,6 +8,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "col_sum.cuh"
 #include "dependent_launch.cuh"
 #include "linear_params.h"
@@ -46,25 +48,18 @@ extern "C" __global__ void __launch_bounds__(tcg::linear::kSlicesSumThreads)
 namespace tcg::linear {
 namespace {
 
-// Eight 16-bit values (16 bytes) added into float accumulators.
+// Two 16-bit values as floats.
+__device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+__device__ __forceinline__ float2 to_float2(__half2 v) { return __half22float2(v); }
+
+// Eight 16-bit values of T (16 bytes) added into float accumulators.
 template <typename T>
-__device__ __forceinline__ void add8(float (&acc)[kSplitValues], uint4 v);
-template <>
-__device__ __forceinline__ void add8<__nv_bfloat16>(float (&acc)[kSplitValues], uint4 v) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+__device__ __forceinline__ void add8(float (&acc)[kSplitValues], uint4 v) {
+  using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  const Pair* h = reinterpret_cast<const Pair*>(&v);
 #pragma unroll
   for (int i = 0; i < kSplitValues / 2; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    acc[2 * i] += f.x;
-    acc[2 * i + 1] += f.y;
-  }
-}
-template <>
-__device__ __forceinline__ void add8<__half>(float (&acc)[kSplitValues], uint4 v) {
-  const __half2* h = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-  for (int i = 0; i < kSplitValues / 2; ++i) {
-    const float2 f = __half22float2(h[i]);
+    const float2 f = to_float2(h[i]);
     acc[2 * i] += f.x;
     acc[2 * i + 1] += f.y;
   }
