@@ -38,7 +38,8 @@ fn run(logits0: &Tensor, targets: &Tensor, kernels: Kernels, autocast: bool) -> 
 #[ignore = "needs a CUDA device"]
 fn fused_cross_entropy_matches_aten() {
     let dev = cuda();
-    for (rows, classes) in [(16384i64, 65i64), (2048, 50304), (3, 7), (4096, 1024)] {
+    // [2048, 50304] and [1001, 131072]: rows wide enough that their blocks get 1024 threads
+    for (rows, classes) in [(16384i64, 65i64), (2048, 50304), (3, 7), (4096, 1024), (1001, 131072)] {
         tch::manual_seed(4);
         let logits = Tensor::randn([rows, classes], (Kind::Float, dev)) * 4.0;
         let targets = Tensor::randint(classes, [rows], (Kind::Int64, dev));

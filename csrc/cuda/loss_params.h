@@ -19,9 +19,11 @@
 
 namespace tcg::loss {
 
-// The widest block (threads per row); narrower rows get fewer (a multiple of 32). Rows of at most
-// kWarpRowItems loads go a warp each, kWarpRowsPerBlock warps to a block.
-constexpr int kMaxThreads = 512;
+// The widest block (threads per row): kRowThreads, or kMaxThreads where the rows in flight would
+// not fit in the L2 cache (loss_own.cpp's grid_for); narrower rows get fewer (a multiple of 32).
+// Rows of at most kWarpRowItems loads go a warp each, kWarpRowsPerBlock warps to a block.
+constexpr int kRowThreads = 512;
+constexpr int kMaxThreads = 1024;
 constexpr int kWarpRowItems = 512;
 constexpr int kWarpRowsPerBlock = 8;
 constexpr int kFinishThreads = 1024;
