@@ -12,6 +12,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "dependent_launch.cuh"
 #include "col_sum.cuh"
 #include "fast_math.cuh"
@@ -45,28 +47,45 @@ constexpr float kInvSqrt2Pi = 0.39894228040143267794f;                  // 1/√
 struct Tail {
   float ts, e;
 };
+// SHORT: S of degree 5 (fitted the same way; relative error 2.4e-5 in float64), for the forward
+// where it writes 16 bits: x · Φ(x) is then within 2.4e-5 of its value relative (1.2e-5 above
+// 0), a twentieth of a half-precision rounding (2^-11) and a 160th of a bf16 one, for 3 fused
+// multiply-adds a value fewer (the bf16 forward at [12288, 3072]: 47.5 µs against 50.6). The
+// backward keeps degree 8: near the derivative's root (x ≈ -0.75) its absolute error is what
+// shows, and a float32 output keeps it too.
+template <bool SHORT = false>
 __device__ __forceinline__ Tail tail_of(float x) {
   const float t = rcp_approx(fmaf(fabsf(x), 0.5f * kAlpha, 1.0f));
-  float s = -2.959677763e-02f;
-  s = fmaf(s, t, 1.425919384e-01f);
-  s = fmaf(s, t, -2.442314923e-01f);
-  s = fmaf(s, t, 1.397574395e-01f);
-  s = fmaf(s, t, -1.381245907e-02f);
-  s = fmaf(s, t, 1.015552506e-01f);
-  s = fmaf(s, t, 1.214982420e-01f);
-  s = fmaf(s, t, 1.411950439e-01f);
-  s = fmaf(s, t, 1.410427839e-01f);
+  float s;
+  if constexpr (SHORT) {
+    s = -2.735698727e-02f;
+    s = fmaf(s, t, -9.704154444e-03f);
+    s = fmaf(s, t, 1.576618712e-01f);
+    s = fmaf(s, t, 9.131268987e-02f);
+    s = fmaf(s, t, 1.474986046e-01f);
+    s = fmaf(s, t, 1.405759787e-01f);
+  } else {
+    s = -2.959677763e-02f;
+    s = fmaf(s, t, 1.425919384e-01f);
+    s = fmaf(s, t, -2.442314923e-01f);
+    s = fmaf(s, t, 1.397574395e-01f);
+    s = fmaf(s, t, -1.381245907e-02f);
+    s = fmaf(s, t, 1.015552506e-01f);
+    s = fmaf(s, t, 1.214982420e-01f);
+    s = fmaf(s, t, 1.411950439e-01f);
+    s = fmaf(s, t, 1.410427839e-01f);
+  }
   return {t * s, exp2_ftz(x * (x * kHalfLog2e))};
 }
 
-template <bool TANH>
+template <bool TANH, bool SHORT = false>
 __device__ __forceinline__ float gelu(float x) {
   if constexpr (TANH) {
     const float x_cube = x * x * x;
     const float inner = kBetaTanh * (x + kKappa * x_cube);
     return 0.5f * x * (1.0f + tanhf(inner));
   } else {  // x · Φ(x): x · Q(-x) = (x · tS) · E below 0 (no cancellation), x - x · Q(x) above
-    const Tail q = tail_of(x);
+    const Tail q = tail_of<SHORT>(x);
     const float r = (x * q.ts) * q.e;
     return x < 0.0f ? r : x - r;
   }
@@ -117,7 +136,7 @@ __device__ __forceinline__ void for_rows(int64_t rows, int64_t f, int64_t c, Loa
   }
 }
 
-template <typename T, bool TANH>
+template <typename T, bool TANH, bool SHORT = !std::is_same_v<T, float>>
 __device__ void forward(const Forward& a) {
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
   if (c >= a.f) return;
@@ -129,7 +148,8 @@ __device__ void forward(const Forward& a) {
       a.rows, a.f, c, [&](int k, int64_t at) { v[k] = load4<T>(x + at); },
       [&](int k, int64_t at) {
         const float4 z = add4(v[k], b);
-        store4<T>(y + at, make_float4(gelu<TANH>(z.x), gelu<TANH>(z.y), gelu<TANH>(z.z), gelu<TANH>(z.w)));
+        store4<T>(y + at, make_float4(gelu<TANH, SHORT>(z.x), gelu<TANH, SHORT>(z.y), gelu<TANH, SHORT>(z.z),
+                                      gelu<TANH, SHORT>(z.w)));
       });
 }
 
