@@ -26,37 +26,45 @@ using torch::autograd::variable_list;
 namespace tcg::loss {
 namespace {
 
-// 4-value loads: every row 16-byte aligned for them.
-bool vectorized(const at::Tensor& logits) {
-  return logits.size(1) % 4 == 0 && own::aligned16(logits);
-}
-
-// How the rows are spread: a warp per row for narrow rows (kWarpRowsPerBlock to a block), else a
-// block per row of enough threads for one load each, a multiple of 32, at most kRowThreads, or
-// kMaxThreads for rows so wide that the rows kRowThreads-thread blocks hold at once would not
-// fit in three quarters of the L2 cache: the forward reads each row a second time, from the L2
-// cache, which must still hold it (GPT-2's [12288, 50304] bf16 logits: 4 blocks of 512 threads
-// an SM held 53 MB of rows on an H200, and 1.81 GB were read from memory for 1.24 GB of logits;
-// at 1024 threads, half the rows in flight, 1.24 GB, and 827 µs against 910 in one run, where
-// 1024 threads at the Llama's 32,000 classes, whose rows fit, took 602 µs against 506).
+// How the forward kernel runs over logits [rows, cols]: its name, whether it loads 4 values at a
+// time (every row 16-byte aligned for them), and how the rows are spread: a warp per row for
+// narrow rows (kWarpRowsPerBlock to a block), else a block per row of enough threads for one
+// load each, a multiple of 32, at most kRowThreads, or kMaxThreads for rows so wide that the rows
+// kRowThreads-thread blocks hold at once would not fit in three quarters of the L2 cache: the
+// forward reads each row a second time, from the L2 cache, which must still hold it (GPT-2's
+// [12288, 50304] bf16 logits: 4 blocks of 512 threads on each SM held 53 MB of rows on an H200,
+// and 1.81 GB were read from memory for 1.24 GB of logits; at 1024 threads, half the rows in
+// flight, 1.24 GB, and 827 µs against 910 in one run, where 1024 threads at the Llama's 32,000
+// classes, whose rows fit, took 602 µs against 506).
 struct Grid {
+  std::string kernel;
+  bool vec;
   unsigned blocks, threads;
   bool warp_rows;
 };
 
-Grid grid_for(int64_t rows, int64_t cols, bool vec, int64_t elem_bytes, const std::string& kernel, int device) {
-  const int64_t items = vec ? (cols + 3) / 4 : cols;
+Grid grid_for(const at::Tensor& logits) {
+  const int64_t rows = logits.size(0), cols = logits.size(1);
+  const int device = logits.get_device();
+  Grid g{own::loss_kernel(own::Pass::Forward, logits.scalar_type()), cols % 4 == 0 && own::aligned16(logits), 0, 0,
+         false};
+  const int64_t items = g.vec ? (cols + 3) / 4 : cols;
   if (items <= kWarpRowItems) {
-    return {static_cast<unsigned>((rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock), 32 * kWarpRowsPerBlock, true};
+    g.blocks = static_cast<unsigned>((rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock);
+    g.threads = 32 * kWarpRowsPerBlock;
+    g.warp_rows = true;
+    return g;
   }
   const auto threads_for = [&](int64_t most) {
     return static_cast<unsigned>(std::clamp<int64_t>((items + 31) / 32 * 32, 32, most));
   };
-  unsigned threads = threads_for(kRowThreads);
-  const int64_t held = own::sm_count(device) * own::resident_blocks(kernel, device, threads) * cols * elem_bytes;
+  g.blocks = static_cast<unsigned>(rows);
+  g.threads = threads_for(kRowThreads);
+  const int64_t held =
+      own::sm_count(device) * own::resident_blocks(g.kernel, device, g.threads) * cols * logits.element_size();
   const int64_t l2 = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device))->l2CacheSize;
-  if (4 * held > 3 * l2) threads = threads_for(kMaxThreads);
-  return {static_cast<unsigned>(rows), threads, false};
+  if (4 * held > 3 * l2) g.threads = threads_for(kMaxThreads);
+  return g;
 }
 
 // Scales a gradient the forward wrote for a loss gradient of 1 by the loss's gradient g (0-d
@@ -84,9 +92,7 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
     const int64_t rows = logits.size(0), cols = logits.size(1);
     const auto f32 = logits.options().dtype(at::kFloat);
     at::Tensor row_loss = at::empty({rows}, f32), loss = at::empty({}, f32);
-    const bool vec = vectorized(logits);
-    const std::string kernel = own::loss_kernel(own::Pass::Forward, logits.scalar_type());
-    const Grid g = grid_for(rows, cols, vec, logits.element_size(), kernel, device);
+    const Grid g = grid_for(logits);
     at::Tensor dlogits, inv_count;
     if (targets.write_grad) {
       dlogits = at::empty_like(logits);
@@ -95,9 +101,9 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
       own::launch("tcg_ce_count", device, 1, kFinishThreads, &c);
     }
     Forward p{logits.data_ptr(), targets.t.data_ptr<int64_t>(), row_loss.data_ptr<float>(), rows, cols,
-              targets.ignore_index, vec ? 1 : 0, g.warp_rows ? 1 : 0,
+              targets.ignore_index, g.vec ? 1 : 0, g.warp_rows ? 1 : 0,
               dlogits.defined() ? inv_count.data_ptr<float>() : nullptr, dlogits.defined() ? dlogits.data_ptr() : nullptr};
-    own::launch(kernel, device, g.blocks, g.threads, &p);
+    own::launch(g.kernel, device, g.blocks, g.threads, &p);
     Finish f{row_loss.data_ptr<float>(), targets.t.data_ptr<int64_t>(), loss.data_ptr<float>(), rows,
              targets.ignore_index};
     own::launch("tcg_ce_finish", device, 1, kFinishThreads, &f);
@@ -156,14 +162,12 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
       at::Tensor logits = buf.narrow(0, 0, rc);
       const at::Tensor hc = h2.narrow(0, r0, rc);
       lt::linear_into(hc, w, at::Tensor(), logits);
-      const bool vec = vectorized(logits);
-      const std::string kernel = own::loss_kernel(own::Pass::Forward, logits.scalar_type());
-      const Grid g = grid_for(rc, v, vec, logits.element_size(), kernel, device);
+      const Grid g = grid_for(logits);
       // the gradient over the chunk's logits, in place (the kernel reads the target's logit first)
       Forward p{logits.data_ptr(), targets.data_ptr<int64_t>() + r0, row_loss.data_ptr<float>() + r0, rc, v,
-                a.ignore_index, vec ? 1 : 0, g.warp_rows ? 1 : 0,
+                a.ignore_index, g.vec ? 1 : 0, g.warp_rows ? 1 : 0,
                 a.write_grad ? inv_count.data_ptr<float>() : nullptr, a.write_grad ? logits.data_ptr() : nullptr};
-      own::launch(kernel, device, g.blocks, g.threads, &p);
+      own::launch(g.kernel, device, g.blocks, g.threads, &p);
       if (a.write_grad) {
         at::Tensor dhc = dh.narrow(0, r0, rc);
         lt::input_grad_into(logits, w, dhc);
