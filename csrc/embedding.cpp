@@ -6,6 +6,7 @@
 #include "shim.h"
 
 #include <memory>
+#include <tuple>
 
 using tcg::guard;
 using tcg::misuse;
@@ -14,9 +15,10 @@ using tcg::tensor_ref;
 extern "C" {
 
 tcg_status tcg_embedding(tcg_tensor weight_handle, tcg_tensor indices_handle, int64_t padding_idx, tcg_kernels kernels,
-                         tcg_tensor* out, bool* ran_own) {
+                         tcg_tensor* out, tcg_tensor* tie, bool* ran_own) {
   return guard([&] {
     *out = nullptr;
+    if (tie != nullptr) *tie = nullptr;
     *ran_own = false;
     const at::Tensor& weight = tensor_ref(weight_handle);
     const at::Tensor& indices = tensor_ref(indices_handle);
@@ -29,9 +31,15 @@ tcg_status tcg_embedding(tcg_tensor weight_handle, tcg_tensor indices_handle, in
              " rows");
     }
     const bool own = tcg::kernels::own(kernels, "embedding", [&] { return tcg::embedding::unsupported(weight, indices); });
-    at::Tensor y = own ? tcg::embedding::fused(weight, indices, padding_idx)
-                       : at::embedding(weight, indices, padding_idx, false, false);
-    *out = std::make_unique<at::Tensor>(std::move(y)).release();
+    at::Tensor y, tied;
+    if (own) {
+      std::tie(y, tied) = tcg::embedding::fused(weight, indices, padding_idx, tie != nullptr);
+    } else {
+      y = at::embedding(weight, indices, padding_idx, false, false);
+    }
+    auto y_handle = std::make_unique<at::Tensor>(std::move(y));
+    if (tie != nullptr && tied.defined()) *tie = std::make_unique<at::Tensor>(std::move(tied)).release();
+    *out = y_handle.release();
     *ran_own = own;
   });
 }

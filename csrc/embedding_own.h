@@ -11,8 +11,12 @@ namespace tcg::embedding {
 std::string unsupported(const at::Tensor& weight, const at::Tensor& indices);
 
 // weight[indices] (ATen's gather) through one autograd node whose backward is the crate's
-// deterministic kernel; row `padding_idx` (negative: none) gets no gradient. Call only where
+// deterministic kernel; row `padding_idx` (negative: none) gets no gradient. With `tie` (in grad
+// mode, for a weight that requires grad) the node's second output, an alias of the weight, comes
+// back too, else an undefined tensor: the gradient a tied head sends it (linear_own.h's grad_to)
+// is the weight's, to which the backward adds the embedding's rows in place. Call only where
 // unsupported() is "".
-at::Tensor fused(const at::Tensor& weight, const at::Tensor& indices, int64_t padding_idx);
+std::pair<at::Tensor, at::Tensor> fused(const at::Tensor& weight, const at::Tensor& indices, int64_t padding_idx,
+                                        bool tie);
 
 }  // namespace tcg::embedding

@@ -182,6 +182,7 @@ size_t tcg_layout(tcg_layout_struct s, size_t* size, size_t* align, size_t* offs
       TCG_FIELD(tcg_linear_inputs, x);
       TCG_FIELD(tcg_linear_inputs, weight);
       TCG_FIELD(tcg_linear_inputs, bias);
+      TCG_FIELD(tcg_linear_inputs, weight_grad_to);
       break;
     case TCG_LAYOUT_ROTARY_INPUTS:
       set(sizeof(tcg_rotary_inputs), alignof(tcg_rotary_inputs));

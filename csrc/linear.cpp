@@ -31,7 +31,12 @@ tcg::linear::Operands operands(const tcg_linear_inputs* in, tcg_weight_grad wgra
   if (bias.defined() && (bias.dim() != 1 || bias.size(0) != weight.size(0))) {
     misuse("linear: the bias must be a vector of the weight's out (" + std::to_string(weight.size(0)) + ")");
   }
-  return {x, weight, bias, tcg::shadow::lookup(weight), tcg::shadow::lookup(bias)};
+  const at::Tensor grad_to = tcg::tensor_or_undefined(in->weight_grad_to);
+  if (grad_to.defined() && (grad_to.sizes() != weight.sizes() || grad_to.scalar_type() != weight.scalar_type() ||
+                            grad_to.device() != weight.device())) {
+    misuse("linear: weight_grad_to must be the weight's tie (its shape, dtype and device)");
+  }
+  return {x, weight, bias, tcg::shadow::lookup(weight), tcg::shadow::lookup(bias), grad_to};
 }
 
 // ATen's linear on the operands, reading the shadows.
@@ -67,6 +72,7 @@ tcg_status tcg_linear_split(const tcg_linear_inputs* in, int64_t parts, tcg_weig
     std::fill(outs, outs + parts, nullptr);
     *ran_own = false;
     const tcg::linear::Operands ops = operands(in, wgrad);
+    if (ops.grad_to.defined()) misuse("linear split: a weight_grad_to is not taken here");
     if (ops.weight.size(0) % parts != 0) {
       misuse("linear split: the output's width (" + std::to_string(ops.weight.size(0)) + ") is not a multiple of " +
              std::to_string(parts) + " pieces");

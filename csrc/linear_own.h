@@ -9,9 +9,10 @@ namespace tcg::linear {
 
 // The operands, already read: `weight` and `bias` are the parameters (autograd inputs); `shadow_w`
 // and `shadow_b` their shadows in the compute dtype, or undefined where there is none (the path
-// then casts, as autocast would).
+// then casts, as autocast would). `grad_to`: where the weight's gradient goes instead (a tied
+// embedding's alias of the weight, embedding_own.h), or undefined.
 struct Operands {
-  at::Tensor x, weight, bias, shadow_w, shadow_b;
+  at::Tensor x, weight, bias, shadow_w, shadow_b, grad_to;
 };
 
 // Why the crate's path cannot take these operands, or "" when it can.

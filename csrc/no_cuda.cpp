@@ -177,7 +177,7 @@ std::array<at::Tensor, 3> fused_qkv(const at::Tensor&, int64_t, int64_t, const I
 }  // namespace tcg::rotary
 namespace tcg::embedding {
 std::string unsupported(const at::Tensor&, const at::Tensor&) { return "this binary was built without CUDA"; }
-at::Tensor fused(const at::Tensor&, const at::Tensor&, int64_t) {
+std::pair<at::Tensor, at::Tensor> fused(const at::Tensor&, const at::Tensor&, int64_t, bool) {
   throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
 }
 }  // namespace tcg::embedding

@@ -309,8 +309,13 @@ tcg_status tcg_shadows_activate(tcg_shadows* s, tcg_shadows** previous);
 // and cast to the parameter's, as under autocast; TCG_WEIGHT_GRAD_FP32: the GEMM writes the
 // float32 gradient directly (Megatron's main_grad: one rounding fewer, no cast kernel).
 typedef enum { TCG_WEIGHT_GRAD_ROUNDED = 0, TCG_WEIGHT_GRAD_FP32 = 1 } tcg_weight_grad;
+// weight_grad_to (NULL: none): where the weight's gradient goes instead of to `weight`, the tie
+// tensor tcg_embedding made for the same weight (a head tied to a token embedding): on the
+// crate's path the weight-gradient GEMM's result is that tensor's gradient, and the embedding's
+// backward adds its rows into it in place. ATen's path ignores it (the gradient reaches
+// `weight`). tcg_linear_split takes none (TCG_MISUSE).
 typedef struct {
-  tcg_tensor x, weight, bias;
+  tcg_tensor x, weight, bias, weight_grad_to;
 } tcg_linear_inputs;
 // *out: y, a new tensor. kernels: TCG_KERNELS_AUTO takes the crate's path where it applies (CUDA
 // tensors, a 16-bit compute dtype: CUDA autocast's, or x's and weight's when both are bfloat16
@@ -412,9 +417,14 @@ tcg_status tcg_swiglu(tcg_tensor h, tcg_kernels kernels, tcg_tensor* out, bool* 
 // every row of the weight's gradient, each the sum of its positions' output gradients in
 // a fixed order (the same every run: no atomics), with no zero-fill pass. ATen's
 // at::embedding otherwise. *out: a new tensor; *ran_own: whether the crate's path ran. An index
-// outside the weight fails as ATen's gather fails.
+// outside the weight fails as ATen's gather fails. tie (NULL: not asked for): on the crate's path
+// in grad mode with a weight that requires grad, *tie gets a new tensor, an alias of the weight
+// that is the same autograd node's second output: a tied head passes it as its linear layer's
+// weight_grad_to, and the backward then adds the embedding's rows into the head's weight
+// gradient in place (rows no index names untouched), where autograd would add two
+// [num_embeddings, embedding_dim] gradients; NULL otherwise.
 tcg_status tcg_embedding(tcg_tensor weight, tcg_tensor indices, int64_t padding_idx, tcg_kernels kernels,
-                         tcg_tensor* out, bool* ran_own);
+                         tcg_tensor* out, tcg_tensor* tie, bool* ran_own);
 
 // ---------------------------------------------------------------- gelu.cpp (CPU and CUDA)
 // GELU of x [.., F] plus an optional bias [F] (NULL: none; the bias of the linear layer that made

@@ -2,10 +2,12 @@
 //! nvcc runs): against plain tch written from the formulas (Meta's complex product for the
 //! interleaved layout, Hugging Face's `rotate_half` for the half-split one, `silu(gate) * up`),
 //! positions with an offset, the gradient through both, the embedding equal to tch's
-//! `nn::embedding` (rows and gradient, `padding_idx` included), and the typed errors.
+//! `nn::embedding` (rows and gradient, `padding_idx` included, and through a tied head), and the
+//! typed errors.
 use tch::{nn, nn::Module, Device, Kind, Tensor};
 use tch_cuda_graphs::embedding::{embedding, EmbeddingConfig};
 use tch_cuda_graphs::kernels::KernelPath;
+use tch_cuda_graphs::linear::LinearConfig;
 use tch_cuda_graphs::rotary::{Rotary, RotaryConfig, RotaryLayout};
 use tch_cuda_graphs::swiglu::{f_swiglu, SwiGlu, SwiGluConfig};
 use tch_cuda_graphs::Error;
@@ -139,6 +141,24 @@ fn the_embedding_on_the_cpu_is_tchs_with_padding_idx() {
     }
     let past = embedding(vs.root() / "past", 10, 8, EmbeddingConfig { padding_idx: 10, ..Default::default() });
     assert!(matches!(past.f_forward(&idx), Err(Error::Misuse(_))), "padding_idx past the table");
+
+    // the tied head: the rows, then x · wsᵀ, as tch's embedding and linear compute them
+    let h = Tensor::randn([2, 4, 8], (Kind::Float, Device::Cpu));
+    for _ in 0..2 {
+        ours.ws.shallow_clone().zero_grad();
+        theirs.ws.shallow_clone().zero_grad();
+        let x = (ours.forward(&idx) * &h).tanh();
+        let y = ours.attend(&x, &LinearConfig::default());
+        let want = (theirs.forward(&idx) * &h).tanh().linear::<Tensor>(&theirs.ws, None);
+        y.sum(Kind::Float).backward();
+        want.sum(Kind::Float).backward();
+        println!(
+            "tied head: logits {:e}, gradient {:e}",
+            max_diff(&y, &want),
+            max_diff(&ours.ws.grad(), &theirs.ws.grad())
+        );
+        assert!(y.equal(&want) && ours.ws.grad().equal(&theirs.ws.grad()), "the tied head is tch's linear on ws");
+    }
 }
 
 #[test]

@@ -5,13 +5,18 @@
 //! zero; a bfloat16 table's gradient within one rounding of the float64 sum; a captured forward
 //! and backward equal to eager; one crate kernel and none of ATen's scatter kernels (at the small
 //! vocabulary, which the kernel scans, no sort either); and the
-//! choice of path (`Kernels::Own` refuses a CPU table). Ignored without a GPU; fails loudly there.
+//! choice of path (`Kernels::Own` refuses a CPU table); a head tied to the table
+//! (`Embedding::f_attend`) whose weight gradient the embedding's backward adds its rows into:
+//! equal bit for bit to the head on `ws` (`linear::f_apply`) with autograd's add, the add gone,
+//! captured equal to eager. Ignored without a GPU; fails loudly there.
 mod common;
 
 use common::{captured_minus_eager, cuda, kernels_of, rel};
 use tch::{nn, Device, Kind, Tensor};
+use tch_cuda_graphs::amp::Autocast;
 use tch_cuda_graphs::embedding::{embedding, Embedding, EmbeddingConfig};
 use tch_cuda_graphs::kernels::{KernelPath, Kernels};
+use tch_cuda_graphs::linear::{self, LinearConfig, WeightGrad};
 use tch_cuda_graphs::Error;
 
 /// The rows and the table's gradient for the loss sum(rows · w).
@@ -116,4 +121,99 @@ fn a_bf16_table_and_a_captured_step_and_the_choice_of_path() {
     let auto = table(&cpu_vs, 10, 8, -1, Kernels::Auto);
     let _ = auto.f_forward(&Tensor::from_slice(&[1i64, 2])).expect("auto");
     assert_eq!(auto.last_path(), Some(KernelPath::PyTorch), "Kernels::Auto falls back to ATen on a CPU");
+}
+
+/// The table's gradient through a tied head: rows → · body → the head (`f_attend`, or
+/// `linear::f_apply` on `ws` when not `tied`) → sum(logits · v), under bf16 autocast for a
+/// float32 table.
+fn tied_grad(e: &Embedding, idx: &Tensor, body: &Tensor, v: &Tensor, tied: bool) -> tch_cuda_graphs::Result<Tensor> {
+    let ws = e.ws.shallow_clone();
+    let h = e.f_forward(idx)?.f_mul(body)?;
+    let config = LinearConfig { weight_grad: WeightGrad::Float32, kernels: Kernels::Own, ..Default::default() };
+    let logits = {
+        let _autocast = (e.ws.kind() == Kind::Float).then(|| Autocast::new(Kind::BFloat16, false)).transpose()?;
+        if tied {
+            e.f_attend(&h, &config)?
+        } else {
+            linear::f_apply(&h, &e.ws, None, &config)?
+        }
+    };
+    let loss = (logits.to_kind(Kind::Float) * v).sum(Kind::Float);
+    let g = tch_cuda_graphs::autograd::grad(&[loss], &[ws], None, false, false)?;
+    Ok(g[0].as_ref().expect("a gradient").shallow_clone())
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_tied_head_gets_the_embeddings_rows_added_in_place() {
+    let dev = cuda();
+    // sorted ids (a large vocabulary, with padding_idx), scanned ids (65 rows), a bf16 table
+    for (vocab, dim, shape, padding_idx, kind) in [
+        (50304i64, 128i64, [4i64, 512i64], 7i64, Kind::Float),
+        (65, 128, [8, 256], -1, Kind::Float),
+        (4096, 64, [4, 256], -1, Kind::BFloat16),
+    ] {
+        tch::manual_seed(13);
+        let vs = nn::VarStore::new(dev);
+        let e = table(&vs, vocab, dim, padding_idx, Kernels::Own);
+        if kind != Kind::Float {
+            tch::no_grad(|| e.ws.shallow_clone().set_data(&e.ws.to_kind(kind)));
+        }
+        let idx = Tensor::randint(vocab, shape, (Kind::Int64, dev));
+        if padding_idx >= 0 {
+            let _ = idx.get(0).get(0).fill_(padding_idx);
+        }
+        let body = Tensor::randn([shape[0], shape[1], dim], (kind, dev));
+        let v = Tensor::randn([shape[0], shape[1], vocab], (Kind::Float, dev));
+        // the first head to attend makes the table keep its ties from the next forward on
+        let _ = tied_grad(&e, &idx, &body, &v, true).expect("first");
+        let (tied, names) = kernels_of(dev, || tied_grad(&e, &idx, &body, &v, true).expect("tied"));
+        let (plain, plain_names) = kernels_of(dev, || tied_grad(&e, &idx, &body, &v, false).expect("plain"));
+        let adds = |names: &[String]| names.iter().filter(|n| n.contains("CUDAFunctor_add")).count();
+        let d = f64::try_from((&tied - &plain).abs().max()).unwrap();
+        let pad = if padding_idx >= 0 { rel(&tied.get(padding_idx), &plain.get(padding_idx)) } else { 0.0 };
+        println!(
+            "vocab {vocab} x {dim} {kind:?}, {shape:?} tokens: tied against autograd's add max |difference| {d:e}; \
+             adds {} against {}; kernels {} against {}",
+            adds(&names),
+            adds(&plain_names),
+            names.len(),
+            plain_names.len()
+        );
+        assert_eq!(tied.kind(), kind);
+        assert_eq!(d, 0.0, "the tied gradient is autograd's sum, bit for bit");
+        assert_eq!(pad, 0.0, "padding_idx's row is the head's gradient alone");
+        assert!(adds(&names) == 0 && adds(&plain_names) == 1, "the add is gone: {names:?}");
+        assert_eq!(names.len() + 1, plain_names.len(), "one kernel fewer");
+
+        let d = captured_minus_eager(|| tied_grad(&e, &idx, &body, &v, true));
+        println!("captured against eager: max |difference| {d:e}");
+        assert_eq!(d, 0.0);
+    }
+    // a head that takes a tie after the table's backward ran (no forward since) still gets its
+    // gradient to the table; a forward without grad leaves no tie
+    let vs = nn::VarStore::new(dev);
+    let e = table(&vs, 300, 64, -1, Kernels::Own);
+    let idx = Tensor::randint(300, [2, 64], (Kind::Int64, dev));
+    let body = Tensor::randn([2, 64, 64], (Kind::Float, dev));
+    let v = Tensor::randn([2, 64, 300], (Kind::Float, dev));
+    let _ = tied_grad(&e, &idx, &body, &v, true).expect("first");
+    let h = e.f_forward(&idx).expect("forward").f_mul(&body).expect("mul");
+    let _ = tch_cuda_graphs::autograd::grad(&[h.sum(Kind::Float)], &[e.ws.shallow_clone()], None, false, false)
+        .expect("the table's backward");
+    let config = LinearConfig { weight_grad: WeightGrad::Float32, kernels: Kernels::Own, ..Default::default() };
+    let x = Tensor::randn([2, 64, 64], (Kind::Float, dev));
+    let head = |tied: bool| {
+        let _autocast = Autocast::new(Kind::BFloat16, false).expect("autocast");
+        let y = if tied { e.f_attend(&x, &config) } else { linear::f_apply(&x, &e.ws, None, &config) };
+        let loss = (y.expect("head").to_kind(Kind::Float) * &v).sum(Kind::Float);
+        tch_cuda_graphs::autograd::grad(&[loss], &[e.ws.shallow_clone()], None, false, false).expect("grad")[0]
+            .as_ref()
+            .expect("a gradient")
+            .shallow_clone()
+    };
+    let (late, plain) = (head(true), head(false));
+    let d = f64::try_from((&late - &plain).abs().max()).unwrap();
+    println!("a head on a tie whose table's backward ran: max |difference| {d:e} from the head on ws");
+    assert_eq!(d, 0.0);
 }

@@ -1,6 +1,6 @@
 // The crate's embedding backward (see embedding_params.h): one warp per row of the weight's
 // gradient, or a block's warps sharing one where rows have many positions; a row's positions found
-// by binary search in the sorted ids and summed in a fixed order; every row written (zero where
+// by the warp's search in the sorted ids and summed in a fixed order; every row written (zero where
 // no position names it), so no zero-fill pass. At a small vocabulary, no sort: a block per row
 // scans the ids (`scan`).
 //
@@ -20,19 +20,70 @@ namespace {
 using tcg::cuda::load4;
 using tcg::cuda::store4;
 
-// The first index in sorted[0, n) whose id is >= v (> v with `after`).
-__device__ __forceinline__ int64_t search(const int32_t* sorted, int64_t n, int64_t v, bool after) {
+// The first index in sorted[0, n) whose id is >= v, found by the warp's 32 lanes together: each
+// round probes 32 evenly spaced ids of the range left (a 32-ary search: 3 rounds of dependent
+// loads at 12,288 ids, where a binary search takes 14). Call with the whole warp.
+__device__ __forceinline__ int64_t warp_lower_bound(const int32_t* sorted, int64_t n, int64_t v, int lane) {
   int64_t lo = 0, hi = n;
   while (lo < hi) {
-    const int64_t mid = (lo + hi) / 2;
-    const int64_t id = sorted[mid];
-    if (id < v || (after && id == v)) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
+    const int64_t step = (hi - lo + 31) / 32;
+    const int64_t p = lo + lane * step;
+    // true for a prefix of the lanes: the ids ascend
+    const int below = __popc(__ballot_sync(0xffffffffu, p < hi && sorted[p] < v));
+    if (below == 0) return lo;
+    const int64_t last = lo + (below - 1) * step;
+    hi = min(hi, last + step);
+    lo = last + 1;
   }
   return lo;
+}
+
+// The end of v's run of ids from `lo` (its first): 32 ids a round. Call with the whole warp.
+__device__ __forceinline__ int64_t warp_run_end(const int32_t* sorted, int64_t n, int64_t v, int64_t lo, int lane) {
+  for (int64_t base = lo;; base += 32) {
+    const int64_t p = base + lane;
+    const unsigned in = __ballot_sync(0xffffffffu, p < n && sorted[p] == v);
+    if (in != 0xffffffffu) return base + __popc(in);
+  }
+}
+
+__device__ __forceinline__ void add4(float4& acc, float4 g) {
+  acc.x += g.x;
+  acc.y += g.y;
+  acc.z += g.z;
+  acc.w += g.w;
+}
+
+// x rounded to T (to nearest even, as store4 rounds), as a float.
+template <typename T>
+__device__ __forceinline__ float rounded(float x);
+template <>
+__device__ __forceinline__ float rounded<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ float rounded<__nv_bfloat16>(float x) {
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
+template <>
+__device__ __forceinline__ float rounded<__half>(float x) {
+  return __half2float(__float2half_rn(x));
+}
+
+// A row sum rounded to T, as a float4 (what a store and a load of T would give).
+template <typename T>
+__device__ __forceinline__ float4 rounded4(float4 v) {
+  return make_float4(rounded<T>(v.x), rounded<T>(v.y), rounded<T>(v.z), rounded<T>(v.w));
+}
+
+// Row sum `acc` into dw at p: stored, or (accumulate) rounded to T and added to what p holds.
+template <typename T>
+__device__ __forceinline__ void put4(T* p, float4 acc, bool accumulate) {
+  if (accumulate) {
+    const float4 r = rounded4<T>(acc), old = load4<T>(p);
+    acc = make_float4(old.x + r.x, old.y + r.y, old.z + r.z, old.w + r.w);
+  }
+  store4<T>(p, acc);
 }
 
 template <typename T>
@@ -43,6 +94,7 @@ __device__ void backward(const Backward& a) {
   const int member = warp % per_row, first = warp - member;
   const T* dy = static_cast<const T*>(a.dy);
   T* dw = static_cast<T*>(a.dw);
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   // the loops' bounds are the block's (every warp reaches each barrier)
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * rows_per_block; base < a.vocab;
        base += static_cast<int64_t>(gridDim.x) * rows_per_block) {
@@ -50,48 +102,62 @@ __device__ void backward(const Backward& a) {
     const bool active = v < a.vocab;
     // the row's run of positions (none for padding_idx)
     int64_t lo = 0, hi = 0;
-    if (active && v != a.padding_idx) {
-      lo = search(a.sorted, a.n, v, false);
-      hi = search(a.sorted, a.n, v, true);
+    if (active && v != a.padding_idx) {  // the same for the warp's lanes
+      lo = warp_lower_bound(a.sorted, a.n, v, lane);
+      hi = warp_run_end(a.sorted, a.n, v, lo, lane);
     }
-    for (int32_t c0 = 0; c0 < a.dim; c0 += 32 * 4) {
-      const int32_t c = c0 + lane * 4;
-      const bool live = active && c < a.dim;
-      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (live) {
-#pragma unroll 4
-        for (int64_t j = lo + member; j < hi; j += per_row) {
-          const float4 g = load4<T>(dy + a.order[j] * a.dim + c);
-          acc.x += g.x;
-          acc.y += g.y;
-          acc.z += g.z;
-          acc.w += g.w;
+    // kChunks groups of 4 columns a lane (lane-interleaved: each group's loads coalesce), all of
+    // a position's loads issued together
+    for (int32_t c0 = 0; c0 < a.dim; c0 += kPassCols) {
+      float4 acc[kChunks];
+#pragma unroll
+      for (int k = 0; k < kChunks; ++k) acc[k] = zero;
+      for (int64_t j = lo + member; j < hi; j += per_row) {
+        const T* row = dy + a.order[j] * a.dim + c0;
+        float4 g[kChunks];
+#pragma unroll
+        for (int k = 0; k < kChunks; ++k) {
+          const int32_t c = (k * 32 + lane) * 4;
+          g[k] = c0 + c < a.dim ? load4<T>(row + c) : zero;
         }
+#pragma unroll
+        for (int k = 0; k < kChunks; ++k) add4(acc[k], g[k]);
       }
       if (per_row > 1) {
-        part[warp][lane] = acc;
-        __syncthreads();
-        if (member == 0) {
-          for (int m = 1; m < per_row; ++m) {
-            const float4 p = part[first + m][lane];
-            acc.x += p.x;
-            acc.y += p.y;
-            acc.z += p.z;
-            acc.w += p.w;
+#pragma unroll
+        for (int k = 0; k < kChunks; ++k) {
+          part[warp][lane] = acc[k];
+          __syncthreads();
+          if (member == 0) {
+            for (int m = 1; m < per_row; ++m) add4(acc[k], part[first + m][lane]);
+          }
+          __syncthreads();
+        }
+      }
+      // accumulating, a row without positions keeps the head's gradient
+      if (active && member == 0 && (!a.accumulate || hi > lo)) {
+        T* out = dw + v * a.dim + c0;
+        if (a.accumulate) {
+          float4 old[kChunks];
+#pragma unroll
+          for (int k = 0; k < kChunks; ++k) {
+            const int32_t c = (k * 32 + lane) * 4;
+            old[k] = c0 + c < a.dim ? load4<T>(out + c) : zero;
+          }
+#pragma unroll
+          for (int k = 0; k < kChunks; ++k) {
+            const float4 r = rounded4<T>(acc[k]);
+            acc[k] = make_float4(old[k].x + r.x, old[k].y + r.y, old[k].z + r.z, old[k].w + r.w);
           }
         }
-        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < kChunks; ++k) {
+          const int32_t c = (k * 32 + lane) * 4;
+          if (c0 + c < a.dim) store4<T>(out + c, acc[k]);
+        }
       }
-      if (live && member == 0) store4<T>(dw + v * a.dim + c, acc);
     }
   }
-}
-
-__device__ __forceinline__ void add4(float4& acc, float4 g) {
-  acc.x += g.x;
-  acc.y += g.y;
-  acc.z += g.z;
-  acc.w += g.w;
 }
 
 // ids[p] for the lane's kScanIds positions from `base` (-1 past `hi`).
@@ -157,7 +223,7 @@ __device__ void scan(const Scan& a) {
   if (warp == 0 && live) {
     float4 sum = part[0][lane];
     for (int w = 1; w < kScanWarps; ++w) add4(sum, part[w][lane]);
-    store4<T>(static_cast<T*>(a.dw) + v * a.dim + c, sum);
+    put4<T>(static_cast<T*>(a.dw) + v * a.dim + c, sum, a.accumulate);
   }
 }
 

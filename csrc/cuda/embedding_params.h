@@ -6,9 +6,12 @@
 // dy[p] (float32 accumulation, in a fixed order: deterministic without atomics),
 // zero for a row no position names and for padding_idx. The positions come sorted by id (a
 // stable sort: `sorted` the ids, `order` their positions), so a row's positions are one run of
-// `sorted`, found by binary search. `warps_per_row` warps (1 or kWarps) share a row: each sums
-// every warps_per_row-th of its positions, and the row's first warp adds their sums in order
-// (through shared memory); four columns per lane at a time.
+// `sorted`, found by the warp's 32-ary search. `warps_per_row` warps (1 or kWarps) share a row:
+// each sums every warps_per_row-th of its positions, and the row's first warp adds their sums in
+// order (through shared memory); kChunks groups of four columns per lane at a time, each
+// position's loads issued together. With `accumulate`, dw already holds a tied head's weight
+// gradient: each row's sum, rounded to the dtype, is added to it (as autograd's add of the two
+// gradients would, the head's first), and rows no position names are left as they are.
 #pragma once
 #include <stdint.h>
 
@@ -16,6 +19,9 @@ namespace tcg::embedding {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+// Columns a lane holds at a time: kChunks groups of 4, 1024 columns a warp per pass.
+constexpr int kChunks = 8;
+constexpr int kPassCols = 32 * 4 * kChunks;
 
 struct Backward {
   const int32_t* sorted;  // [n] ids, ascending
@@ -26,6 +32,7 @@ struct Backward {
   int64_t padding_idx;  // a row left zero; negative: none
   int32_t dim;          // a multiple of 4
   int32_t warps_per_row;  // 1 or kWarps
+  bool accumulate;        // add into dw (a tied head's gradient) instead of writing it
 };
 
 // The backward at a small vocabulary, without the sort (tcg_embedding_scan_<T>): a block per
@@ -48,6 +55,7 @@ struct Scan {
   int64_t n, vocab;
   int64_t padding_idx;  // a row left zero; negative: none
   int32_t dim;          // a multiple of 4
+  bool accumulate;      // add into dw (a tied head's gradient; every row, zero sums too)
 };
 
 }  // namespace tcg::embedding

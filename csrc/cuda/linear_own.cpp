@@ -38,8 +38,10 @@ struct Args {
 };
 
 struct FusedLinear : torch::autograd::Function<FusedLinear> {
+  // grad_to: where the weight's gradient goes instead of `weight` (a tied embedding's alias).
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                               const std::optional<at::Tensor>& bias_arg, Args args) {
+                               const std::optional<at::Tensor>& bias_arg, const std::optional<at::Tensor>& grad_to,
+                               Args args) {
     const at::Tensor bias = bias_arg.value_or(at::Tensor());
     c10::cuda::CUDAGuard guard(x.device());
     const at::Tensor xc = in_dtype(x, at::Tensor(), args.dt).contiguous();
@@ -50,6 +52,7 @@ struct FusedLinear : torch::autograd::Function<FusedLinear> {
     const at::Tensor y = tcg::lt::linear(xc.view({-1, xc.size(-1)}), wc.contiguous(), bc).view(sizes);
     ctx->save_for_backward({xc, wc});
     ctx->saved_data["has_bias"] = bias.defined();
+    ctx->saved_data["grad_to"] = grad_to.has_value() && grad_to->defined();
     ctx->saved_data["fp32_wgrad"] = args.fp32_wgrad;
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
@@ -65,19 +68,23 @@ struct FusedLinear : torch::autograd::Function<FusedLinear> {
     const auto dtype_of = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data.at(key).toInt()); };
     const at::ScalarType dt = xc.scalar_type();
     at::Tensor dy = grads.at(0);
-    if (!dy.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!dy.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     c10::cuda::CUDAGuard guard(xc.device());
     const int64_t in = wc.size(1), out = wc.size(0);
     const at::Tensor dy2 = dy.to(dt).contiguous().view({-1, out});
     const at::Tensor x2 = xc.view({-1, in});
     at::Tensor dx;
     if (ctx->needs_input_grad(0)) dx = tcg::lt::input_grad(dy2, wc.contiguous()).view(xc.sizes()).to(dtype_of("x_dtype"));
-    const bool want_w = ctx->needs_input_grad(1), want_b = has_bias && ctx->needs_input_grad(2);
+    // needs_input_grad counts the tensors given (an absent bias is not one)
+    const bool tied = ctx->saved_data.at("grad_to").toBool();
+    const bool want_w = ctx->needs_input_grad(tied ? (has_bias ? 3 : 2) : 1);
+    const bool want_b = has_bias && ctx->needs_input_grad(2);
     const at::ScalarType wt = tcg::lt::weight_grad_type(ctx->saved_data.at("fp32_wgrad").toBool(), dtype_of("w_dtype"), dt);
     auto [dw, db] = tcg::lt::weight_grads(x2, dy2, want_w, want_b, wt);
     if (dw.defined()) dw = dw.to(dtype_of("w_dtype"));
     if (db.defined()) db = db.to(dtype_of("b_dtype"));
-    return {dx, dw, db, at::Tensor()};
+    if (tied) return {dx, at::Tensor(), db, dw, at::Tensor()};
+    return {dx, dw, db, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -192,7 +199,8 @@ std::string unsupported(const Operands& in) {
 at::Tensor fused(const Operands& in, bool fp32_wgrad) {
   const at::ScalarType dt = compute_dtype(in.x, in.weight);
   auto opt = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
-  return FusedLinear::apply(in.x, in.weight, opt(in.bias), Args{in.shadow_w, in.shadow_b, dt, fp32_wgrad})[0];
+  return FusedLinear::apply(in.x, in.weight, opt(in.bias), opt(in.grad_to),
+                            Args{in.shadow_w, in.shadow_b, dt, fp32_wgrad})[0];
 }
 
 std::string split_unsupported(const Operands& in, int64_t parts) {

@@ -4,8 +4,8 @@
 //! embedding. One [`ResidualStream`] runs through the layers, so each norm also takes the residual
 //! add and the dropout of the branch before it: ATen's operators by default (the same operations
 //! as nanoGPT's), the crate's fused kernels with `fused` ([`Config::fused`]). Its matmuls are the
-//! crate's `Linear`s (and [`linear::f_apply`] for the tied head), which read the weights' bf16 shadows in a
-//! step run with them: `at::linear` by default, and with `fused` a backward that computes each
+//! crate's `Linear`s (and the token embedding's [`Embedding::f_attend`] for the tied head), which
+//! read the weights' bf16 shadows in a step run with them: `at::linear` by default, and with `fused` a backward that computes each
 //! bias gradient inside the weight-gradient GEMM ([`Config::weight_grad`]). Its loss is the
 //! crate's cross-entropy: ATen's by default, the fused kernels with `fused`.
 //! Shared by `examples/gpt/main.rs` (`--arch gpt`) and `benches/gpt.rs`, and built the same way
@@ -16,7 +16,7 @@ use std::cell::Cell;
 use tch::{nn, Tensor};
 use tch_cuda_graphs::embedding::{embedding, Embedding, EmbeddingConfig};
 use tch_cuda_graphs::kernels::Kernels;
-use tch_cuda_graphs::linear::{self, LinearConfig, WeightGrad};
+use tch_cuda_graphs::linear::{LinearConfig, WeightGrad};
 use tch_cuda_graphs::loss::{f_cross_entropy, f_linear_cross_entropy, CrossEntropyConfig, LinearCrossEntropyConfig};
 use tch_cuda_graphs::norm::{layer_norm, LayerNorm, NormConfig};
 use tch_cuda_graphs::transformer::{Activation, ResidualStream, TransformerConfig, TransformerLayer};
@@ -164,7 +164,7 @@ impl Gpt {
         // the head is the token embedding, transposed (weight tying)
         let head =
             LinearConfig { weight_grad: self.config.weight_grad, kernels: self.config.kernels(), ..Default::default() };
-        Ok(linear::f_apply(&h, &self.wte.ws, None, &head)?)
+        Ok(self.wte.f_attend(&h, &head)?)
     }
 
     /// The final norm's output for tokens `idx`: what the head reads.

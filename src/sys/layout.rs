@@ -72,7 +72,7 @@ mod tests {
         same_layout!(TCG_LAYOUT_BUCKET_SLOT, ffi::tcg_bucket_slot, [bucket, offset]);
         same_layout!(TCG_LAYOUT_NORM_INPUTS, ffi::tcg_norm_inputs, [res, branch, weight, bias, branch_bias]);
         same_layout!(TCG_LAYOUT_NORM_OPTIONS, ffi::tcg_norm_options, [eps, dropout, kind, out, train]);
-        same_layout!(TCG_LAYOUT_LINEAR_INPUTS, ffi::tcg_linear_inputs, [x, weight, bias]);
+        same_layout!(TCG_LAYOUT_LINEAR_INPUTS, ffi::tcg_linear_inputs, [x, weight, bias, weight_grad_to]);
         same_layout!(TCG_LAYOUT_ROTARY_INPUTS, ffi::tcg_rotary_inputs, [q, k, cos, sin, offset]);
         same_layout!(
             TCG_LAYOUT_ROTARY_QKV_INPUTS,

@@ -8,18 +8,25 @@ use tch::Tensor;
 use super::kernels::RawKernels;
 pub(crate) use ffi::tcg_weight_grad as RawWeightGrad;
 
-/// `x · weightᵀ + bias` (differentiable), and whether the crate's path ran.
+/// `x · weightᵀ + bias` (differentiable), and whether the crate's path ran. `grad_to`: a tied
+/// embedding's tie ([`super::embedding::embedding`]), which takes the weight's gradient on the
+/// crate's path.
 pub(crate) fn forward(
     x: &Tensor,
-    weight: &Tensor,
+    (weight, grad_to): (&Tensor, Option<&Tensor>),
     bias: Option<&Tensor>,
     wgrad: RawWeightGrad,
     kernels: RawKernels,
 ) -> Result<(Tensor, bool)> {
-    let raw = ffi::tcg_linear_inputs { x: tensor_ptr(x), weight: tensor_ptr(weight), bias: opt_tensor_ptr(bias) };
+    let raw = ffi::tcg_linear_inputs {
+        x: tensor_ptr(x),
+        weight: tensor_ptr(weight),
+        bias: opt_tensor_ptr(bias),
+        weight_grad_to: opt_tensor_ptr(grad_to),
+    };
     let (mut y, mut ran_own) = (std::ptr::null_mut(), false);
-    // SAFETY: `raw` holds live tensor handles (bias may be null) for the call; the out slots are
-    // valid; the shim writes a new handle or null into `y`.
+    // SAFETY: `raw` holds live tensor handles (bias and weight_grad_to may be null) for the call;
+    // the out slots are valid; the shim writes a new handle or null into `y`.
     check(unsafe { ffi::tcg_linear_forward(&raw, wgrad, kernels, &mut y, &mut ran_own) })?;
     // SAFETY: the slot holds a new handle made for this call (or null), owned by nobody else.
     let y = unsafe { adopt_some(y, "linear")? };
@@ -42,7 +49,12 @@ pub(crate) fn split(
         Ok(n) if (1..=MAX_PARTS).contains(&parts) => n,
         _ => return Err(Error::Misuse(format!("linear split: {parts} pieces (1 to {MAX_PARTS})"))),
     };
-    let raw = ffi::tcg_linear_inputs { x: tensor_ptr(x), weight: tensor_ptr(weight), bias: opt_tensor_ptr(bias) };
+    let raw = ffi::tcg_linear_inputs {
+        x: tensor_ptr(x),
+        weight: tensor_ptr(weight),
+        bias: opt_tensor_ptr(bias),
+        weight_grad_to: std::ptr::null_mut(),
+    };
     let mut outs = vec![std::ptr::null_mut(); count];
     let mut ran_own = false;
     // SAFETY: `raw` holds live tensor handles (bias may be null) for the call; `outs` has a slot

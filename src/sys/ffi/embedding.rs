@@ -8,6 +8,7 @@ extern "C" {
         padding_idx: i64,
         kernels: tcg_kernels,
         out: *mut tcg_tensor,
+        tie: *mut tcg_tensor,
         ran_own: *mut bool,
     ) -> tcg_status;
 }

@@ -9,6 +9,7 @@ pub struct tcg_linear_inputs {
     pub x: tcg_tensor,
     pub weight: tcg_tensor,
     pub bias: tcg_tensor,
+    pub weight_grad_to: tcg_tensor,
 }
 
 /// `TCG_LINEAR_MAX_PARTS`: the most pieces `tcg_linear_split` makes.
