@@ -86,6 +86,17 @@ __device__ __forceinline__ void put4(T* p, float4 acc, bool accumulate) {
   store4<T>(p, acc);
 }
 
+// The lane's kChunks groups of 4 columns of a row's pass from column c0 (zeros past dim), all
+// loads issued together.
+template <typename T>
+__device__ __forceinline__ void load_pass(float4 (&out)[kChunks], const T* row, int32_t c0, int32_t dim, int lane) {
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int32_t c = c0 + (k * 32 + lane) * 4;
+    out[k] = c < dim ? load4<T>(row + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+}
+
 template <typename T>
 __device__ void backward(const Backward& a) {
   __shared__ float4 part[kWarps][32];
@@ -113,13 +124,8 @@ __device__ void backward(const Backward& a) {
 #pragma unroll
       for (int k = 0; k < kChunks; ++k) acc[k] = zero;
       for (int64_t j = lo + member; j < hi; j += per_row) {
-        const T* row = dy + a.order[j] * a.dim + c0;
         float4 g[kChunks];
-#pragma unroll
-        for (int k = 0; k < kChunks; ++k) {
-          const int32_t c = (k * 32 + lane) * 4;
-          g[k] = c0 + c < a.dim ? load4<T>(row + c) : zero;
-        }
+        load_pass<T>(g, dy + a.order[j] * a.dim, c0, a.dim, lane);
 #pragma unroll
         for (int k = 0; k < kChunks; ++k) add4(acc[k], g[k]);
       }
@@ -139,11 +145,7 @@ __device__ void backward(const Backward& a) {
         T* out = dw + v * a.dim + c0;
         if (a.accumulate) {
           float4 old[kChunks];
-#pragma unroll
-          for (int k = 0; k < kChunks; ++k) {
-            const int32_t c = (k * 32 + lane) * 4;
-            old[k] = c0 + c < a.dim ? load4<T>(out + c) : zero;
-          }
+          load_pass<T>(old, dw + v * a.dim, c0, a.dim, lane);
 #pragma unroll
           for (int k = 0; k < kChunks; ++k) {
             const float4 r = rounded4<T>(acc[k]);
