@@ -84,8 +84,8 @@ impl Embedding {
     /// The rows of the table that int64 or int32 `indices` name, shape `indices`' + [dim].
     /// [`crate::Error::Misuse`] for indices of another dtype or a `padding_idx` past the table.
     pub fn f_forward(&self, indices: &Tensor) -> Result<Tensor> {
-        let tie = (self.config.padding_idx, self.attends.get());
-        let (y, tie, own) = raw::embedding(&self.ws, indices, tie, self.config.kernels.raw())?;
+        let (padding_idx, tie) = (self.config.padding_idx, self.attends.get());
+        let (y, tie, own) = raw::embedding(&self.ws, indices, padding_idx, tie, self.config.kernels.raw())?;
         self.last.set(Some(KernelPath::of_one(own)));
         *self.tie.borrow_mut() = tie;
         Ok(y)
@@ -115,8 +115,8 @@ impl Embedding {
     pub fn f_attend(&self, x: &Tensor, config: &LinearConfig) -> Result<Tensor> {
         self.attends.set(true);
         let tie = self.tie.borrow_mut().take();
-        let weight = (&self.ws, tie.as_ref());
-        Ok(raw_linear::forward(x, weight, None, config.weight_grad.raw(), config.kernels.raw())?.0)
+        let (wgrad, kernels) = (config.weight_grad.raw(), config.kernels.raw());
+        Ok(raw_linear::forward(x, &self.ws, tie.as_ref(), None, wgrad, kernels)?.0)
     }
 
     /// [`Embedding::f_attend`], panicking on an error.

@@ -154,7 +154,8 @@ impl Linear {
     pub fn f_forward(&self, x: &Tensor) -> Result<Tensor> {
         let (y, own) = raw::forward(
             x,
-            (&self.ws, None),
+            &self.ws,
+            None,
             self.bs.as_ref(),
             self.config.weight_grad.raw(),
             self.config.kernels.raw(),
@@ -169,8 +170,7 @@ impl Linear {
     /// [`crate::gelu::f_bias_gelu`] (an MLP's first layer). The backward then computes the
     /// weight gradient only. [`Linear::f_forward`] without a bias.
     pub fn f_forward_unbiased(&self, x: &Tensor) -> Result<Tensor> {
-        let (y, own) =
-            raw::forward(x, (&self.ws, None), None, self.config.weight_grad.raw(), self.config.kernels.raw())?;
+        let (y, own) = raw::forward(x, &self.ws, None, None, self.config.weight_grad.raw(), self.config.kernels.raw())?;
         self.last.set(Some(KernelPath::of_one(own)));
         Ok(y)
     }
@@ -234,7 +234,7 @@ impl Linear {
 /// # let _ = logits; Ok(()) }
 /// ```
 pub fn f_apply(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, config: &LinearConfig) -> Result<Tensor> {
-    Ok(raw::forward(x, (weight, None), bias, config.weight_grad.raw(), config.kernels.raw())?.0)
+    Ok(raw::forward(x, weight, None, bias, config.weight_grad.raw(), config.kernels.raw())?.0)
 }
 
 /// [`f_apply`], panicking on an error.

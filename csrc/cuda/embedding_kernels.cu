@@ -76,15 +76,22 @@ __device__ __forceinline__ float4 rounded4(float4 v) {
   return make_float4(rounded<T>(v.x), rounded<T>(v.y), rounded<T>(v.z), rounded<T>(v.w));
 }
 
-// Row sum `acc` into dw at p: stored, or (accumulate) rounded to T and added to what p holds.
+// What the gradient `old` (a tied head's) becomes with a row sum added: the sum rounded to T
+// first, as autograd's add of two gradients of T would take it.
+template <typename T>
+__device__ __forceinline__ float4 plus_rounded(float4 old, float4 sum) {
+  const float4 r = rounded4<T>(sum);
+  return make_float4(old.x + r.x, old.y + r.y, old.z + r.z, old.w + r.w);
+}
+
+// Row sum `acc` into dw at p: stored, or (accumulate) added to what p holds.
 template <typename T>
 __device__ __forceinline__ void put4(T* p, float4 acc, bool accumulate) {
-  if (accumulate) {
-    const float4 r = rounded4<T>(acc), old = load4<T>(p);
-    acc = make_float4(old.x + r.x, old.y + r.y, old.z + r.z, old.w + r.w);
-  }
-  store4<T>(p, acc);
+  store4<T>(p, accumulate ? plus_rounded<T>(load4<T>(p), acc) : acc);
 }
+
+// The lane's column of group k of a pass from c0: groups lane-interleaved, so each coalesces.
+__device__ __forceinline__ int32_t pass_col(int32_t c0, int k, int lane) { return c0 + (k * 32 + lane) * 4; }
 
 // The lane's kChunks groups of 4 columns of a row's pass from column c0 (zeros past dim), all
 // loads issued together.
@@ -92,8 +99,18 @@ template <typename T>
 __device__ __forceinline__ void load_pass(float4 (&out)[kChunks], const T* row, int32_t c0, int32_t dim, int lane) {
 #pragma unroll
   for (int k = 0; k < kChunks; ++k) {
-    const int32_t c = c0 + (k * 32 + lane) * 4;
+    const int32_t c = pass_col(c0, k, lane);
     out[k] = c < dim ? load4<T>(row + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+}
+
+// The pass's groups stored into a row (none past dim).
+template <typename T>
+__device__ __forceinline__ void store_pass(T* row, const float4 (&in)[kChunks], int32_t c0, int32_t dim, int lane) {
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int32_t c = pass_col(c0, k, lane);
+    if (c < dim) store4<T>(row + c, in[k]);
   }
 }
 
@@ -117,8 +134,7 @@ __device__ void backward(const Backward& a) {
       lo = warp_lower_bound(a.sorted, a.n, v, lane);
       hi = warp_run_end(a.sorted, a.n, v, lo, lane);
     }
-    // kChunks groups of 4 columns a lane (lane-interleaved: each group's loads coalesce), all of
-    // a position's loads issued together
+    // kChunks groups of 4 columns a lane, all of a position's loads issued together
     for (int32_t c0 = 0; c0 < a.dim; c0 += kPassCols) {
       float4 acc[kChunks];
 #pragma unroll
@@ -142,21 +158,14 @@ __device__ void backward(const Backward& a) {
       }
       // accumulating, a row without positions keeps the head's gradient
       if (active && member == 0 && (!a.accumulate || hi > lo)) {
-        T* out = dw + v * a.dim + c0;
+        T* out = dw + v * a.dim;
         if (a.accumulate) {
           float4 old[kChunks];
-          load_pass<T>(old, dw + v * a.dim, c0, a.dim, lane);
+          load_pass<T>(old, out, c0, a.dim, lane);
 #pragma unroll
-          for (int k = 0; k < kChunks; ++k) {
-            const float4 r = rounded4<T>(acc[k]);
-            acc[k] = make_float4(old[k].x + r.x, old[k].y + r.y, old[k].z + r.z, old[k].w + r.w);
-          }
+          for (int k = 0; k < kChunks; ++k) acc[k] = plus_rounded<T>(old[k], acc[k]);
         }
-#pragma unroll
-        for (int k = 0; k < kChunks; ++k) {
-          const int32_t c = (k * 32 + lane) * 4;
-          if (c0 + c < a.dim) store4<T>(out + c, acc[k]);
-        }
+        store_pass<T>(out, acc, c0, a.dim, lane);
       }
     }
   }

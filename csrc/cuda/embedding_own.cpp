@@ -32,12 +32,10 @@ bool scans(const at::Tensor& indices, int64_t vocab, int64_t dim) {
   return vocab <= kScanMaxWork / n / groups && indices.scalar_type() == at::kLong && indices.is_contiguous();
 }
 
-// Whether the backward adds its rows into a tied head's weight gradient `dw` in place: the
-// weight's layout, its dtype, 16-byte aligned (else autograd's add, as without the tie).
-bool adds_into(const at::Tensor& dw, const at::Tensor& dy, int64_t vocab, int64_t dim) {
-  return dw.defined() && dw.scalar_type() == dy.scalar_type() && dw.device() == dy.device() && dw.dim() == 2 &&
-         dw.size(0) == vocab && dw.size(1) == dim && dw.is_contiguous() && own::aligned16(dw);
-}
+// Whether the backward adds its rows into a tied head's weight gradient `dw` in place: autograd
+// gave it the weight's shape, dtype and device (the alias's); it must also be dense and 16-byte
+// aligned (else autograd's add, as without the tie).
+bool adds_into(const at::Tensor& dw) { return dw.defined() && dw.is_contiguous() && own::aligned16(dw); }
 
 struct FusedEmbedding : torch::autograd::Function<FusedEmbedding> {
   // tie: also return the weight as a second output (PyTorch makes it an alias whose gradient
@@ -71,7 +69,7 @@ struct FusedEmbedding : torch::autograd::Function<FusedEmbedding> {
     const at::Tensor dy = g.contiguous().view({n, dim});
     // the head's gradient is this node's alone (the tie goes to one head, which made it fresh):
     // the rows are added into it where it can take them
-    const bool add = adds_into(head, dy, vocab, dim);
+    const bool add = adds_into(head);
     at::Tensor dw = add ? head : at::empty({vocab, dim}, dy.options());
     const int64_t padding_idx = ctx->saved_data.at("padding_idx").toInt();
     if (scans(indices, vocab, dim)) {

@@ -10,7 +10,8 @@ use tch::Tensor;
 pub(crate) fn embedding(
     weight: &Tensor,
     indices: &Tensor,
-    (padding_idx, tie): (i64, bool),
+    padding_idx: i64,
+    tie: bool,
     kernels: RawKernels,
 ) -> Result<(Tensor, Option<Tensor>, bool)> {
     let (mut out, mut tied, mut ran_own) = (std::ptr::null_mut(), std::ptr::null_mut(), false);

@@ -13,7 +13,8 @@ pub(crate) use ffi::tcg_weight_grad as RawWeightGrad;
 /// crate's path.
 pub(crate) fn forward(
     x: &Tensor,
-    (weight, grad_to): (&Tensor, Option<&Tensor>),
+    weight: &Tensor,
+    grad_to: Option<&Tensor>,
     bias: Option<&Tensor>,
     wgrad: RawWeightGrad,
     kernels: RawKernels,
