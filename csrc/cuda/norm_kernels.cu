@@ -21,7 +21,10 @@ namespace tcg::norm {
 namespace {
 
 using tcg::cuda::load4;
+using tcg::cuda::load_raw4;
+using tcg::cuda::Raw4;
 using tcg::cuda::store4;
+using tcg::cuda::widen;
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -70,33 +73,6 @@ __device__ __forceinline__ float4 keep4(uint64_t seed, uint64_t offset, uint64_t
 // read-only data cache (ld.global.nc). (The compiler still keeps them after the previous group's
 // store: the branches on which parameters there are stand between.)
 __device__ __forceinline__ float4 param4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
-
-// Four values of T as loaded, not yet widened to floats (8 bytes for the 16-bit types): half the
-// registers of four floats while a row's loads are in flight.
-template <typename T>
-struct Raw4 {
-  uint2 u;
-};
-template <>
-struct Raw4<float> {
-  float4 f;
-};
-template <typename T>
-__device__ __forceinline__ Raw4<T> load_raw4(const T* p) {
-  return {*reinterpret_cast<const uint2*>(p)};
-}
-template <>
-__device__ __forceinline__ Raw4<float> load_raw4<float>(const float* p) {
-  return {load4<float>(p)};
-}
-template <typename T>
-__device__ __forceinline__ float4 widen(const Raw4<T>& r) {
-  return load4<T>(reinterpret_cast<const T*>(&r.u));
-}
-template <>
-__device__ __forceinline__ float4 widen<float>(const Raw4<float>& r) {
-  return r.f;
-}
 
 template <typename TB, typename TY, int VEC>
 __device__ void forward(const Forward& a) {

@@ -1,5 +1,5 @@
 // Four-value loads and stores of float, bfloat16 and half shared by the crate's kernels
-// (norm_kernels.cu, loss_kernels.cu): fp32 in registers, the tensor's type in memory.
+// (norm_kernels.cu, loss_kernels.cu, rotary_kernels.cu): fp32 in registers, the tensor's type in memory.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -26,6 +26,33 @@ __device__ __forceinline__ float4 load4<__half>(const __half* p) {
   const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
   const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
   return make_float4(a.x, a.y, b.x, b.y);
+}
+
+// Four values of T as loaded, not yet widened to floats (8 bytes for the 16-bit types): half the
+// registers of four floats while a kernel's loads are in flight (widen() once they are needed).
+template <typename T>
+struct Raw4 {
+  uint2 u;
+};
+template <>
+struct Raw4<float> {
+  float4 f;
+};
+template <typename T>
+__device__ __forceinline__ Raw4<T> load_raw4(const T* p) {
+  return {*reinterpret_cast<const uint2*>(p)};
+}
+template <>
+__device__ __forceinline__ Raw4<float> load_raw4<float>(const float* p) {
+  return {load4<float>(p)};
+}
+template <typename T>
+__device__ __forceinline__ float4 widen(const Raw4<T>& r) {
+  return load4<T>(reinterpret_cast<const T*>(&r.u));
+}
+template <>
+__device__ __forceinline__ float4 widen<float>(const Raw4<float>& r) {
+  return r.f;
 }
 
 // Stores four floats at p as T (round to nearest even).
