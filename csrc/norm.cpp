@@ -66,12 +66,23 @@ tcg_status tcg_norm_forward(const tcg_norm_inputs* in, const tcg_norm_options* o
     if (branch.defined() && branch.sizes() != res.sizes()) misuse("norm: the branch's shape differs from the input's");
     const int64_t d = res.size(-1);
     if (t.branch_bias.defined() && !branch.defined()) misuse("norm: a branch bias without a branch");
-    for (const at::Tensor* p : {&weight, &bias, &t.branch_bias}) {
-      if (p->defined() && (p->dim() != 1 || p->size(0) != d)) {
-        misuse("norm: the input's last dimension (dimension " + std::to_string(res.dim() - 1) + ", size " +
-               std::to_string(d) + ") differs from the norm's width (" + std::to_string(p->numel()) + ")");
-      }
+    // the branch bias: [d], or the branch's trailing dimensions ([T, d] of a [B, T, d] branch: a
+    // row per position), broadcast over the rest as `branch + branch_bias` is
+    const at::Tensor& bb = t.branch_bias;
+    if (bb.defined() && bb.dim() > 1 &&
+        (bb.dim() > res.dim() || bb.sizes() != res.sizes().slice(res.dim() - bb.dim()))) {
+      misuse("norm: the branch bias's shape " + c10::str(bb.sizes()) + " is not the input's last " +
+             std::to_string(bb.dim()) + " dimensions (the input is " + c10::str(res.sizes()) + ")");
     }
+    const auto check_width = [&](const at::Tensor& p, const std::string& what) {
+      if (p.defined() && (p.dim() != 1 || p.size(0) != d)) {
+        misuse("norm: the input's last dimension (dimension " + std::to_string(res.dim() - 1) + ", size " +
+               std::to_string(d) + ") differs from " + what + " (" + std::to_string(p.numel()) + ")");
+      }
+    };
+    check_width(weight, "the norm's width");
+    check_width(bias, "the norm's width");
+    if (bb.defined() && bb.dim() <= 1) check_width(bb, "the branch bias's width");
     tcg::norm::Options o{opts->kind == TCG_NORM_RMS, opts->eps, opts->dropout, opts->train,
                          out_dtype(res, opts->out)};
     const bool own = tcg::kernels::own(kernels, "norm", [&] { return tcg::norm::unsupported(t, o); });

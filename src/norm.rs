@@ -193,13 +193,45 @@ impl LayerNorm {
     /// # let _ = (x, h); Ok(()) }
     /// ```
     pub fn f_forward_dropout(&self, branch: &Tensor, p: f64, train: bool) -> Result<(Tensor, Tensor)> {
-        let (x, y) = self.run(None, Some(branch), None, p, train)?;
-        Ok((x.unwrap_or_else(|| branch.shallow_clone()), y))
+        self.f_forward_dropout_biased(branch, None, p, train)
     }
 
     /// [`f_forward_dropout`](Self::f_forward_dropout), panicking on an error as tch's layers do.
     pub fn forward_dropout(&self, branch: &Tensor, p: f64, train: bool) -> (Tensor, Tensor) {
         self.f_forward_dropout(branch, p, train).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`f_forward_dropout`](Self::f_forward_dropout) for a start with a bias still to add:
+    /// `x = dropout(branch + branch_bias, p)`. `branch_bias` is `[width]`, or the branch's
+    /// trailing dimensions: the position embeddings `[T, width]` of a `[B, T, width]` branch of
+    /// token embeddings (GPT-2's `wte(idx) + wpe(pos)`), broadcast over the batch as `add` does.
+    /// The fused kernel adds it as it reads the branch (no add of its own, no sum written and read
+    /// again), and the backward sums its gradient over the batch from the branch gradient, as
+    /// autograd sums a broadcast add's (`at::sum_to`: the same bits). A bias of several rows
+    /// needs a float32 branch there; otherwise, and on ATen's path, `add` and `dropout` compute
+    /// the same. [`crate::transformer::ResidualStream::with_positions`] starts a stream so.
+    ///
+    /// ```no_run
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// use tch::{nn, Device, Kind, Tensor};
+    /// use tch_cuda_graphs::norm::{layer_norm, NormConfig};
+    /// let vs = nn::VarStore::new(Device::Cuda(0));
+    /// let ln_1 = layer_norm(vs.root() / "ln_1", vec![384], NormConfig::default());
+    /// let tok = Tensor::randn([8, 256, 384], (Kind::Float, Device::Cuda(0)));
+    /// let pos = Tensor::randn([256, 384], (Kind::Float, Device::Cuda(0)));
+    /// // was: let (x, h) = ln_1.f_forward_dropout(&(&tok + &pos), 0.2, true)?;
+    /// let (x, h) = ln_1.f_forward_dropout_biased(&tok, Some(&pos), 0.2, true)?;
+    /// # let _ = (x, h); Ok(()) }
+    /// ```
+    pub fn f_forward_dropout_biased(
+        &self,
+        branch: &Tensor,
+        branch_bias: Option<&Tensor>,
+        p: f64,
+        train: bool,
+    ) -> Result<(Tensor, Tensor)> {
+        let (x, y) = self.run(None, Some(branch), branch_bias, p, train)?;
+        Ok((x.unwrap_or_else(|| branch.shallow_clone()), y))
     }
 
     /// `(x, y)`: the new residual stream `x = res + dropout(branch, p)` (dropout only when
@@ -212,7 +244,8 @@ impl LayerNorm {
     /// [`f_forward_residual`](Self::f_forward_residual) for a branch whose bias is still to be
     /// added: `x = res + dropout(branch + branch_bias, p)`. `branch` is the output of a linear
     /// layer run without its bias ([`crate::linear::Linear::f_forward_unbiased`]), `branch_bias`
-    /// that layer's bias (`[width]`): the fused kernel adds it in float32 and sums its gradient
+    /// that layer's bias (`[width]`; or the branch's trailing dimensions, as
+    /// [`f_forward_dropout_biased`](Self::f_forward_dropout_biased) takes them): the fused kernel adds it in float32 and sums its gradient
     /// from the branch gradient it writes anyway, so the linear layer's backward makes no pass
     /// for it. ATen's path computes the same with `add`.
     ///

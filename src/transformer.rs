@@ -42,15 +42,23 @@ use tch::{nn, Tensor};
 /// still to be added to it (with its dropout). The next norm adds it in the same kernel
 /// ([`LayerNorm::f_forward_residual`]); [`f_into_tensor`](Self::f_into_tensor) adds it with
 /// ATen's operators when no norm follows. The first norm takes the stream's start itself
-/// ([`LayerNorm::f_forward_dropout`], with the start's dropout), so the gradients coming back to
+/// ([`LayerNorm::f_forward_dropout`], with the start's dropout and position embeddings), so the gradients coming back to
 /// the start along the stream and through that norm are added in the norm's backward kernel.
 #[derive(Debug)]
 pub struct ResidualStream {
     x: Tensor,
-    /// The dropout `(p, train)` the start `x` has yet to go through (in the first norm's kernel);
-    /// `None` once the start is settled. Never set together with `pending`: a push settles it.
-    start: Option<(f64, bool)>,
+    /// What the start `x` has yet to go through (in the first norm's kernel); `None` once the
+    /// start is settled. Never set together with `pending`: a push settles it.
+    start: Option<Start>,
     pending: Option<Pending>,
+}
+
+/// The start's position embeddings still to add and its dropout `(p, train)`.
+#[derive(Debug)]
+struct Start {
+    positions: Option<Tensor>,
+    p: f64,
+    train: bool,
 }
 
 #[derive(Debug)]
@@ -64,7 +72,7 @@ struct Pending {
 impl ResidualStream {
     /// A stream starting at `x` (the embeddings, say), nothing pending.
     pub fn new(x: Tensor) -> Self {
-        ResidualStream { x, start: Some((0.0, false)), pending: None }
+        Self::with_dropout(x, 0.0, false)
     }
 
     /// A stream starting at `dropout(x, p)` (dropout only when `train`), drawn by the first
@@ -81,15 +89,34 @@ impl ResidualStream {
     /// # let _ = x; Ok(()) }
     /// ```
     pub fn with_dropout(x: Tensor, p: f64, train: bool) -> Self {
-        ResidualStream { x, start: Some((p, train)), pending: None }
+        ResidualStream { x, start: Some(Start { positions: None, p, train }), pending: None }
+    }
+
+    /// A stream starting at `dropout(x + positions, p)`: `x` the token embeddings `[B, T, width]`,
+    /// `positions` the position embeddings `[T, width]` (GPT-2's `wpe` rows), added in the first
+    /// norm's kernel ([`LayerNorm::f_forward_dropout_biased`]) rather than by an add of their own,
+    /// their gradient summed over the batch as autograd sums a broadcast add's. Where no norm
+    /// follows, ATen's `add` and `dropout`.
+    ///
+    /// ```
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// use tch::{Device, Kind, Tensor};
+    /// use tch_cuda_graphs::transformer::ResidualStream;
+    /// let (tok, pos) = (Tensor::randn([2, 8, 16], (Kind::Float, Device::Cpu)), Tensor::randn([8, 16], (Kind::Float, Device::Cpu)));
+    /// let stream = ResidualStream::with_positions(tok, pos, 0.1, true); // was: ResidualStream::with_dropout(tok + pos, 0.1, true)
+    /// let x = stream.f_into_tensor()?;
+    /// # let _ = x; Ok(()) }
+    /// ```
+    pub fn with_positions(x: Tensor, positions: Tensor, p: f64, train: bool) -> Self {
+        ResidualStream { x, start: Some(Start { positions: Some(positions), p, train }), pending: None }
     }
 
     /// `norm(x + dropout(branch))` for the pending branch (or `norm(x)`), the sum becoming the
     /// stream's `x`: one fused kernel where the norm's kernels apply.
     pub fn f_norm(&mut self, norm: &LayerNorm) -> Result<Tensor> {
-        if let Some((p, train)) = self.start.take() {
+        if let Some(Start { positions, p, train }) = self.start.take() {
             // nothing is pending before the first branch (a push settles the start)
-            let (x, h) = norm.f_forward_dropout(&self.x, p, train)?;
+            let (x, h) = norm.f_forward_dropout_biased(&self.x, positions.as_ref(), p, train)?;
             self.x = x;
             return Ok(h);
         }
@@ -176,7 +203,10 @@ impl ResidualStream {
     }
 
     fn settle(&mut self) -> Result<()> {
-        if let Some((p, train)) = self.start.take() {
+        if let Some(Start { positions, p, train }) = self.start.take() {
+            if let Some(positions) = positions {
+                self.x = self.x.f_add(&positions)?;
+            }
             if train && p > 0.0 {
                 self.x = self.x.f_dropout(p, true)?;
             }

@@ -1171,6 +1171,46 @@ fn the_stream_start_takes_its_dropout_in_the_first_norm() {
     assert!(eval.equal(&e.detach()), "no dropout outside training");
 }
 
+/// Position embeddings at the stream's start on ATen's path (`ResidualStream::with_positions`,
+/// `LayerNorm::f_forward_dropout_biased`): the first norm's x and y and the positions' gradient
+/// (summed over the batch) equal `tokens + positions` then the norm, bit for bit; where no norm
+/// follows, the stream is `tokens + positions`; positions not the tokens' trailing dimensions are
+/// `Error::Misuse`.
+#[test]
+fn the_stream_start_takes_position_embeddings() {
+    use tch_cuda_graphs::norm::{layer_norm, NormConfig};
+    use tch_cuda_graphs::transformer::ResidualStream;
+    tch::manual_seed(8);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let ln = layer_norm(vs.root() / "ln", vec![16], NormConfig::default());
+    let tok0 = Tensor::randn([3, 8, 16], (Kind::Float, Device::Cpu));
+    let pos0 = Tensor::randn([8, 16], (Kind::Float, Device::Cpu));
+    let run = |folded: bool| {
+        let (tok, pos) = (tok0.detach().set_requires_grad(true), pos0.detach().set_requires_grad(true));
+        let mut stream = if folded {
+            ResidualStream::with_positions(tok.shallow_clone(), pos.shallow_clone(), 0.0, true)
+        } else {
+            ResidualStream::with_dropout(&tok + &pos, 0.0, true)
+        };
+        let h = stream.f_norm(&ln).unwrap();
+        let x = stream.f_into_tensor().unwrap();
+        ((&x * 0.5).sum(Kind::Float) + h.sum(Kind::Float)).backward();
+        (x, h, tok.grad(), pos.grad())
+    };
+    let (x1, h1, dt1, dp1) = run(true);
+    let (x2, h2, dt2, dp2) = run(false);
+    let same = [x1.equal(&x2), h1.equal(&h2), dt1.equal(&dt2), dp1.equal(&dp2)];
+    println!("with_positions against tokens + positions: x, y, d tokens, d positions equal {same:?}");
+    assert!(same.iter().all(|&e| e));
+    let settled =
+        ResidualStream::with_positions(tok0.shallow_clone(), pos0.shallow_clone(), 0.0, true).f_into_tensor().unwrap();
+    assert!(settled.equal(&(&tok0 + &pos0)), "no norm: tokens + positions");
+    let wrong = Tensor::zeros([9, 16], (Kind::Float, Device::Cpu));
+    let e = ln.f_forward_dropout_biased(&tok0, Some(&wrong), 0.0, true).unwrap_err();
+    println!("positions [9, 16] for tokens [3, 8, 16]: {e}");
+    assert!(matches!(e, Error::Misuse(_)));
+}
+
 /// A step is given weight shadows once, in the autocast dtype, before its first run, and only
 /// when it asks for them (`weight_shadows(true)` under autocast): each other case is a misuse.
 #[test]

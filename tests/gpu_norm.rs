@@ -7,7 +7,7 @@
 //! Ignored without a GPU; fails loudly there.
 mod common;
 
-use common::cuda;
+use common::{captured_minus_eager, cuda, kernels_of};
 use tch::{nn, Device, Kind, Tensor};
 use tch_cuda_graphs::amp::Autocast;
 use tch_cuda_graphs::kernels::{KernelPath, Kernels};
@@ -292,4 +292,85 @@ fn the_stream_start_folds_its_dropout_and_gradient_add() {
         Err(Error::Unsupported(why)) => println!("a bf16 start under Kernels::Own: {why}"),
         other => panic!("expected Unsupported, got {other:?}"),
     }
+}
+
+/// Position embeddings folded into the stream's start (`f_forward_dropout_biased` with a
+/// `[T, width]` bias, what `ResidualStream::with_positions` runs) against the same fused norm fed
+/// `tokens + positions` from ATen's add: x, y and every gradient (the tokens', the positions',
+/// summed over the batch, and the norm's weight and bias) bit for bit, in fp32 without dropout
+/// and under bf16 autocast with dropout 0.2 (the generator seeded alike: the same mask), with
+/// one kernel fewer (no add); captured equals eager. A bias that is not the branch's trailing
+/// dimensions is a typed error, and a bf16 branch with one takes ATen's path under
+/// `Kernels::Auto` (its sum of the rounded branch gradient would not be the sum before rounding).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn position_embeddings_fold_into_the_stream_start() {
+    let dev = cuda();
+    let (b, t, dim) = (16i64, 256i64, 384i64);
+    tch::manual_seed(7);
+    let (_vs_a, a, _vs_b, _b) = twins(dev, dim, NormKind::Layer);
+    let tok0 = Tensor::randn([b, t, dim], (Kind::Float, dev));
+    let pos0 = Tensor::randn([t, dim], (Kind::Float, dev)) * 0.3;
+    let (dx_out, dy) = (Tensor::randn([b, t, dim], (Kind::Float, dev)), Tensor::randn([b, t, dim], (Kind::Float, dev)));
+    let params = [a.ws.as_ref().expect("a weight"), a.bs.as_ref().expect("a bias")];
+    // (x, y, d tokens, d positions, d weight, d bias), the folded start or ATen's add before it
+    let run = |folded: bool, p: f64, autocast: bool| {
+        let (tok, pos) = (tok0.detach().set_requires_grad(true), pos0.detach().set_requires_grad(true));
+        let (x, y) = {
+            let _autocast = autocast.then(|| Autocast::new(Kind::BFloat16, false).expect("autocast"));
+            if folded {
+                a.f_forward_dropout_biased(&tok, Some(&pos), p, true).expect("forward")
+            } else {
+                a.f_forward_dropout(&(&tok + &pos), p, true).expect("forward")
+            }
+        };
+        assert_eq!(a.last_path(), Some(KernelPath::Own), "the fused kernels ran");
+        let loss = (&x * &dx_out).sum(Kind::Float) + (y.to_kind(Kind::Float) * &dy).sum(Kind::Float);
+        let g = Tensor::run_backward(&[&loss], &[&tok, &pos, params[0], params[1]], false, false);
+        [x, y, g[0].shallow_clone(), g[1].shallow_clone(), g[2].shallow_clone(), g[3].shallow_clone()]
+    };
+    for (p, autocast) in [(0.0, false), (0.2, true)] {
+        // the same seed before each: the same dropout mask
+        let (folded, names_folded) = kernels_of(dev, || {
+            tch::manual_seed(11);
+            run(true, p, autocast)
+        });
+        let (added, names_added) = kernels_of(dev, || {
+            tch::manual_seed(11);
+            run(false, p, autocast)
+        });
+        let equal: Vec<bool> = folded.iter().zip(&added).map(|(f, a)| f.equal(a)).collect();
+        let dropped = 1.0 - f64::try_from(folded[0].ne(0.0).to_kind(Kind::Float).mean(Kind::Float)).unwrap();
+        println!(
+            "[{b}, {t}, {dim}] start + [{t}, {dim}] positions, dropout {p}, autocast {autocast}: x, y, d tokens, d positions, d weight, d bias equal to ATen's add before the norm: {equal:?}; dropped {dropped:.4}; kernels {} against {}",
+            names_folded.len(),
+            names_added.len()
+        );
+        assert!(equal.iter().all(|&e| e), "the folded start equals the add before it, bit for bit");
+        assert_eq!(
+            names_folded.len() + 1,
+            names_added.len(),
+            "one kernel fewer: {names_folded:?} against {names_added:?}"
+        );
+    }
+    let captured = captured_minus_eager(|| {
+        let [x, y, dt, dp, _, _] = run(true, 0.0, false);
+        Ok(Tensor::cat(&[x.flatten(0, -1), y.flatten(0, -1), dt.flatten(0, -1), dp.flatten(0, -1)], 0))
+    });
+    println!("the folded start captured and replayed against eager: max |difference| {captured:e}");
+    assert_eq!(captured, 0.0);
+
+    // a bias that is not the branch's trailing dimensions: a typed error
+    for wrong in [Tensor::zeros([t + 1, dim], (Kind::Float, dev)), Tensor::zeros([2, t, dim], (Kind::Float, dev))] {
+        let r = a.f_forward_dropout_biased(&tok0, Some(&wrong), 0.0, true);
+        println!("positions {:?} for tokens {:?}: {r:?}", wrong.size(), tok0.size());
+        assert!(matches!(r, Err(Error::Misuse(_))));
+    }
+    // a bf16 branch with positions: ATen's add and norm (Kernels::Auto), the same as the composition
+    let auto = layer_norm(nn::VarStore::new(dev).root(), vec![dim], NormConfig::default());
+    let tok_bf16 = tok0.to_kind(Kind::BFloat16);
+    let (x, _) = auto.f_forward_dropout_biased(&tok_bf16, Some(&pos0), 0.0, true).expect("ATen's path");
+    println!("a bf16 branch with positions under Kernels::Auto: {:?}", auto.last_path());
+    assert_eq!(auto.last_path(), Some(KernelPath::PyTorch));
+    assert!(x.equal(&(&tok_bf16 + &pos0)));
 }

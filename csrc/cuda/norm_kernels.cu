@@ -69,7 +69,7 @@ __device__ __forceinline__ float4 keep4(uint64_t seed, uint64_t offset, uint64_t
                      static_cast<float>(r.w >> 8) * k < keep ? scale : 0.0f);
 }
 
-// Four floats of a parameter (gamma, beta, a bias), read by every row of the launch, through the
+// Four floats of a parameter (gamma, beta, a bias), read by many rows of the launch, through the
 // read-only data cache (ld.global.nc). (The compiler still keeps them after the previous group's
 // store: the branches on which parameters there are stand between.)
 __device__ __forceinline__ float4 param4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
@@ -83,6 +83,7 @@ __device__ void forward(const Forward& a) {
   const int64_t base = row * cols;
   uint64_t seed = 0, offset = 0;
   if (a.dropout) unpack(a.philox, &seed, &offset);
+  const float* branch_bias = a.branch_bias == nullptr ? nullptr : a.branch_bias + (row % a.bias_rows) * cols;
   // every group's loads first, in flight together, then the sums and the stores (the stores of
   // the residual stream may alias its loads, so the compiler keeps a load after an earlier
   // group's store: loading group by group, a row waited on VEC round trips to memory)
@@ -104,8 +105,8 @@ __device__ void forward(const Forward& a) {
       float4 x = v[i];
       if (a.branch != nullptr) {
         float4 b = widen<TB>(br[i]);
-        if (a.branch_bias != nullptr) {
-          const float4 bb = param4(a.branch_bias + c);
+        if (branch_bias != nullptr) {
+          const float4 bb = param4(branch_bias + c);
           b = make_float4(b.x + bb.x, b.y + bb.y, b.z + bb.z, b.w + bb.w);
         }
         if (a.dropout) {

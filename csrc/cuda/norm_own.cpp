@@ -97,6 +97,7 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     p.res = res.defined() ? res.data_ptr<float>() : has_branch ? nullptr : lead.data_ptr<float>();
     p.branch = has_branch ? branch.data_ptr() : nullptr;
     p.branch_bias = branch_bias.defined() ? branch_bias.data_ptr<float>() : nullptr;
+    p.bias_rows = branch_bias.defined() ? std::max<int64_t>(1, branch_bias.numel() / std::max<int64_t>(cols, 1)) : 1;
     p.gamma = weight.defined() ? weight.data_ptr<float>() : nullptr;
     p.beta = bias.defined() ? bias.data_ptr<float>() : nullptr;
     p.res_out = has_branch ? x.data_ptr<float>() : nullptr;
@@ -123,6 +124,10 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     ctx->saved_data["stream_out"] = branch_given.defined();
     ctx->saved_data["has_bias"] = bias.defined();
     ctx->saved_data["has_branch_bias"] = branch_bias.defined();
+    // a bias of several rows (one per position): its gradient is summed over the batch from the
+    // branch gradient, as autograd sums a broadcast add's (float32 branches only: unsupported())
+    ctx->saved_data["branch_bias_sizes"] = branch_bias.defined() && p.bias_rows > 1 ? branch_bias.sizes().vec()
+                                                                                      : std::vector<int64_t>{};
     ctx->saved_data["rms"] = o.rms;
     ctx->saved_data["keep"] = static_cast<double>(p.keep);
     ctx->saved_data["scale"] = static_cast<double>(p.scale);
@@ -143,6 +148,8 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     const bool dropout = ctx->saved_data.at("dropout").toBool();
     const bool has_bias = ctx->saved_data.at("has_bias").toBool();
     const bool has_branch_bias = ctx->saved_data.at("has_branch_bias").toBool();
+    const std::vector<int64_t> bias_rows_sizes = ctx->saved_data.at("branch_bias_sizes").toIntVector();
+    const bool bias_per_row = !bias_rows_sizes.empty();
     const auto branch_type = static_cast<at::ScalarType>(ctx->saved_data.at("branch_type").toInt());
     at::Tensor dres = stream_out ? grads.at(0) : at::Tensor();
     at::Tensor dy = grads.at(stream_out ? 1 : 0);
@@ -161,7 +168,7 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     const int64_t blocks =
         std::max<int64_t>(1, std::min<int64_t>((rows + kBwdMinRows - 1) / kBwdMinRows, bwd_blocks_per_sm(v) * sms));
     // the weight, bias and branch-bias gradients (Finish's order): per-block partials, then sums
-    const bool summed[kFinishSums] = {weight.defined(), has_bias, has_branch_bias};
+    const bool summed[kFinishSums] = {weight.defined(), has_bias, has_branch_bias && !bias_per_row};
     at::Tensor part[kFinishSums], sum[kFinishSums];
     Backward p{};
     Finish f{};
@@ -191,12 +198,13 @@ struct FusedNorm : torch::autograd::Function<FusedNorm> {
     const at::ScalarType y_type = dy.defined() ? dy.scalar_type() : at::kFloat;
     own::launch(own::norm_kernel(own::Pass::Backward, branch_type, y_type, v), device,
            static_cast<unsigned>(blocks), 32 * v, &p);
-    if (weight.defined() || has_bias || has_branch_bias) {
+    if (summed[0] || summed[1] || summed[2]) {
       f.blocks = static_cast<int32_t>(blocks);
       f.cols = static_cast<int32_t>(cols);
       own::launch("tcg_norm_finish", device, static_cast<unsigned>((cols + cuda::kColSumCols - 1) / cuda::kColSumCols),
                   cuda::kColSumThreads, &f);
     }
+    if (bias_per_row) sum[2] = at::sum_to(dbranch, bias_rows_sizes);
     if (!has_res) return {at::Tensor(), has_branch ? dbranch : dx, sum[2], sum[0], sum[1], at::Tensor()};
     return {dx, dbranch, sum[2], sum[0], sum[1], at::Tensor()};
   }
@@ -222,6 +230,9 @@ std::string unsupported(const Inputs& in, const Options& o) {
       return std::string("branch dtype ") + c10::toString(branch.scalar_type()) + " with output dtype " + c10::toString(o.out);
     }
     if (!branch.is_contiguous() || !own::aligned16(branch)) return "the branch is not contiguous and 16-byte aligned";
+  }
+  if (in.branch_bias.defined() && in.branch_bias.numel() > cols && branch.scalar_type() != at::kFloat) {
+    return "a branch bias of several rows (one per position) with a branch that is not float32";
   }
   for (const at::Tensor* p : {&in.weight, &in.bias, &in.branch_bias}) {
     if (!p->defined()) continue;

@@ -5,13 +5,16 @@
 //
 // What they compute, per row of `cols` values (fp32 math):
 //   forward:  x = res + dropout(branch + bb)      (res_out; skipped without a branch; bb: the
-//                                                  branch's bias, 0 without one; without res,
+//                                                  branch's bias, 0 without one, a row of its
+//                                                  own per position where it has one per
+//                                                  position; without res,
 //                                                  x = dropout(branch + bb): the stream's start)
 //             y = (x - mean) * rstd * gamma + beta (LayerNorm; RMSNorm: mean 0, no beta)
 //   backward: dx = dres + rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma
 //             dbranch = dropout mask * scale * dx;  dgamma = sum over rows of dy * xhat,
 //             dbeta = sum of dy, dbb = sum of dbranch before its rounding (per block, then
-//             summed by the finishing kernel)
+//             summed by the finishing kernel; a bias of several rows: the launcher's sum over
+//             the batch of dbranch, float32 there)
 // Forward: one warp per row (kWarps rows a block); backward: one block of 32 * VEC threads.
 // The dropout mask of element e is Philox4x32-10 of counter (offset / 4, e / 4) and key seed,
 // lane e % 4, below `keep`: the backward draws it again rather than storing it.
@@ -42,7 +45,7 @@ constexpr int kFinishSums = 3;
 struct Forward {
   const float* res;     // [rows, cols] fp32, or null where a branch starts the stream
   const void* branch;   // [rows, cols] of the kernel's branch type, or null
-  const float* branch_bias;  // [cols] or null (zeros)
+  const float* branch_bias;  // [bias_rows, cols] or null (zeros)
   const float* gamma;   // [cols] or null (ones)
   const float* beta;    // [cols] or null (zeros; RMSNorm has none)
   float* res_out;       // [rows, cols] fp32, written when there is a branch
@@ -50,6 +53,8 @@ struct Forward {
   float* mean;          // [rows] (LayerNorm; RMSNorm writes 0)
   float* rstd;          // [rows]
   int64_t rows;
+  int64_t bias_rows;    // the branch bias's rows: row r adds row r % bias_rows (1: one for all;
+                        // a position table's T where the rows are [batch, T])
   int32_t cols;
   int32_t rms;          // 1: RMSNorm
   float eps;

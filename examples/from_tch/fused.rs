@@ -81,7 +81,7 @@ impl Gpt {
     /// The mean cross-entropy of the next characters; dropout when `train`.
     fn loss(&self, idx: &Tensor, targets: &Tensor, train: bool) -> Tensor {
         let pos = Tensor::arange(BLOCK, (Kind::Int64, idx.device()));
-        let mut x = ResidualStream::with_dropout(idx.apply(&self.wte) + pos.apply(&self.wpe), DROPOUT, train);
+        let mut x = ResidualStream::with_positions(idx.apply(&self.wte), pos.apply(&self.wpe), DROPOUT, train);
         for block in &self.blocks {
             block.forward_t(&mut x, train);
         }

@@ -172,13 +172,12 @@ impl Gpt {
         let train = self.train.get();
         let (t, p) = (idx.size()[1], self.config.dropout);
         // the positions' embeddings, wpe(arange(t)), are the table's first t rows: the table
-        // itself at full length (its gradient then is the add's sum over the batch, no gather
-        // and no sort of positions), a view of it otherwise
+        // itself at full length (its gradient then is the sum over the batch, no gather and no
+        // sort of positions), a view of it otherwise
         let pos = if t == self.config.block { self.wpe.ws.shallow_clone() } else { self.wpe.ws.f_narrow(0, 0, t)? };
-        let x = self.wte.f_forward(idx)?.f_add(&pos)?;
         // each norm takes the residual stream and the branch before it: x += dropout(branch);
-        // the first takes the start's dropout
-        let mut stream = ResidualStream::with_dropout(x, p, train);
+        // the first takes the start, dropout(tokens + positions), adding the positions itself
+        let mut stream = ResidualStream::with_positions(self.wte.f_forward(idx)?, pos, p, train);
         for b in &self.blocks {
             b.f_forward_t(&mut stream, train)?;
         }
