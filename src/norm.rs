@@ -245,9 +245,9 @@ impl LayerNorm {
     /// added: `x = res + dropout(branch + branch_bias, p)`. `branch` is the output of a linear
     /// layer run without its bias ([`crate::linear::Linear::f_forward_unbiased`]), `branch_bias`
     /// that layer's bias (`[width]`; or the branch's trailing dimensions, as
-    /// [`f_forward_dropout_biased`](Self::f_forward_dropout_biased) takes them): the fused kernel adds it in float32 and sums its gradient
-    /// from the branch gradient it writes anyway, so the linear layer's backward makes no pass
-    /// for it. ATen's path computes the same with `add`.
+    /// [`f_forward_dropout_biased`](Self::f_forward_dropout_biased) takes them): the fused kernel
+    /// adds it in float32 and sums its gradient from the branch gradient it writes anyway, so
+    /// the linear layer's backward makes no pass for it. ATen's path computes the same with `add`.
     ///
     /// ```no_run
     /// # fn main() -> tch_cuda_graphs::Result<()> {

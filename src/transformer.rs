@@ -42,8 +42,9 @@ use tch::{nn, Tensor};
 /// still to be added to it (with its dropout). The next norm adds it in the same kernel
 /// ([`LayerNorm::f_forward_residual`]); [`f_into_tensor`](Self::f_into_tensor) adds it with
 /// ATen's operators when no norm follows. The first norm takes the stream's start itself
-/// ([`LayerNorm::f_forward_dropout`], with the start's dropout and position embeddings), so the gradients coming back to
-/// the start along the stream and through that norm are added in the norm's backward kernel.
+/// ([`LayerNorm::f_forward_dropout`], with the start's dropout and position embeddings), so the
+/// gradients coming back to the start along the stream and through that norm are added in the
+/// norm's backward kernel.
 #[derive(Debug)]
 pub struct ResidualStream {
     x: Tensor,

@@ -17,6 +17,7 @@
 namespace tcg::embedding {
 namespace {
 
+using tcg::cuda::add4;
 using tcg::cuda::load4;
 using tcg::cuda::store4;
 
@@ -47,13 +48,6 @@ __device__ __forceinline__ int64_t warp_run_end(const int32_t* sorted, int64_t n
   }
 }
 
-__device__ __forceinline__ void add4(float4& acc, float4 g) {
-  acc.x += g.x;
-  acc.y += g.y;
-  acc.z += g.z;
-  acc.w += g.w;
-}
-
 // x rounded to T (to nearest even, as store4 rounds), as a float.
 template <typename T>
 __device__ __forceinline__ float rounded(float x);
@@ -80,8 +74,7 @@ __device__ __forceinline__ float4 rounded4(float4 v) {
 // first, as autograd's add of two gradients of T would take it.
 template <typename T>
 __device__ __forceinline__ float4 plus_rounded(float4 old, float4 sum) {
-  const float4 r = rounded4<T>(sum);
-  return make_float4(old.x + r.x, old.y + r.y, old.z + r.z, old.w + r.w);
+  return add4(old, rounded4<T>(sum));
 }
 
 // Row sum `acc` into dw at p: stored, or (accumulate) added to what p holds.
@@ -143,7 +136,7 @@ __device__ void backward(const Backward& a) {
         float4 g[kChunks];
         load_pass<T>(g, dy + a.order[j] * a.dim, c0, a.dim, lane);
 #pragma unroll
-        for (int k = 0; k < kChunks; ++k) add4(acc[k], g[k]);
+        for (int k = 0; k < kChunks; ++k) acc[k] = add4(acc[k], g[k]);
       }
       if (per_row > 1) {
 #pragma unroll
@@ -151,7 +144,7 @@ __device__ void backward(const Backward& a) {
           part[warp][lane] = acc[k];
           __syncthreads();
           if (member == 0) {
-            for (int m = 1; m < per_row; ++m) add4(acc[k], part[first + m][lane]);
+            for (int m = 1; m < per_row; ++m) acc[k] = add4(acc[k], part[first + m][lane]);
           }
           __syncthreads();
         }
@@ -222,7 +215,7 @@ __device__ void scan(const Scan& a) {
           }
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            if (q < k) add4(acc, g[q]);
+            if (q < k) acc = add4(acc, g[q]);
           }
         }
       }
@@ -233,7 +226,7 @@ __device__ void scan(const Scan& a) {
   __syncthreads();
   if (warp == 0 && live) {
     float4 sum = part[0][lane];
-    for (int w = 1; w < kScanWarps; ++w) add4(sum, part[w][lane]);
+    for (int w = 1; w < kScanWarps; ++w) sum = add4(sum, part[w][lane]);
     put4<T>(static_cast<T*>(a.dw) + v * a.dim + c, sum, a.accumulate);
   }
 }

@@ -24,6 +24,7 @@
 namespace tcg::gelu {
 namespace {
 
+using tcg::cuda::add4;
 using tcg::cuda::exp2_ftz;
 using tcg::cuda::load4;
 using tcg::cuda::rcp_approx;
@@ -110,10 +111,6 @@ __device__ __forceinline__ float gelu_grad(float dy, float x) {
     const float tail = q.ts * q.e;
     return dy * ((x < 0.0f ? tail : 1.0f - tail) + (x * kInvSqrt2Pi) * q.e);
   }
-}
-
-__device__ __forceinline__ float4 add4(float4 a, float4 b) {
-  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
 }
 
 // Runs body(k, at) for this thread's rows: the block's rows are blockIdx.y, + gridDim.y, ...; R

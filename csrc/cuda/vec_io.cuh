@@ -1,5 +1,5 @@
-// Four-value loads and stores of float, bfloat16 and half shared by the crate's kernels
-// (norm_kernels.cu, loss_kernels.cu, rotary_kernels.cu): fp32 in registers, the tensor's type in memory.
+// Four-value loads and stores of float, bfloat16 and half shared by the crate's kernels (norm,
+// loss, rotary, gelu, embedding): fp32 in registers, the tensor's type in memory.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -53,6 +53,11 @@ __device__ __forceinline__ float4 widen(const Raw4<T>& r) {
 template <>
 __device__ __forceinline__ float4 widen<float>(const Raw4<float>& r) {
   return r.f;
+}
+
+// a + b, value by value.
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
 }
 
 // Stores four floats at p as T (round to nearest even).
