@@ -24,7 +24,6 @@ mod timing;
 
 use std::fmt::Write as _;
 use tch::{nn, Device, Kind, Tensor};
-use tch_cuda_graphs::gemm::{self, GemmChoice};
 use tch_cuda_graphs::transformer::Activation;
 use tch_cuda_graphs::{empty_cache, memory_stats, reset_peak_stats, synchronize, Result};
 
@@ -45,7 +44,7 @@ fn tanh(c: model::Config) -> model::Config {
 }
 
 const USAGE: &str = "\
-usage: gpt [--iters N] [--rows NAME,...] [--no-torch] [--peak-tflops T] [--chunked-loss] [--timed-gemms] [--profile [--fused] [--top N]]
+usage: gpt [--iters N] [--rows NAME,...] [--no-torch] [--peak-tflops T] [--chunked-loss] [--timed-gemms [--gemm-file F]] [--profile [--fused] [--top N]]
 
 nanoGPT's training step captured by this crate (with ATen's norms, and with the crate's fused
 norms and weight shadows: `--fused` in examples/gpt), beside PyTorch's eager, graph, compile and compile + graph
@@ -57,7 +56,11 @@ modes of the same step.
   --peak-tflops T    the GPU's dense bf16 peak for MFU (default 989, an H100/H200 SXM)
   --chunked-loss     the fused steps run the head and the loss in chunks of rows
                      (loss::f_linear_cross_entropy: the logits never all in memory)
-  --timed-gemms      this crate's GEMMs choose their algorithm by timing (gemm::GemmChoice::Timed)
+  --timed-gemms      the fused steps measured again with the GEMMs' algorithms timed
+                     (gemm::GemmChoice::Timed), in two more columns; with --profile, the
+                     profiled step's GEMMs are timed
+  --gemm-file F      with --timed-gemms: the choices read from F where it exists, written to F
+                     after (gemm::f_read_file, gemm::f_write_file)
   --profile          only: 10 replays of the first row's captured step under the crate's
                      profiler, kernel time per replay grouped by kernel family
   --fused            with --profile: the step with the crate's fused norms and weight shadows
@@ -67,6 +70,7 @@ modes of the same step.
 struct Args {
     chunked_loss: bool,
     timed_gemms: bool,
+    gemm_file: Option<String>,
     profile: bool,
     fused: bool,
     top: usize,
@@ -84,6 +88,7 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
     let mut a = Args {
         chunked_loss: false,
         timed_gemms: false,
+        gemm_file: None,
         profile: false,
         fused: false,
         top: 12,
@@ -104,6 +109,7 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
             Long("top") => a.top = parser.value()?.parse()?,
             Long("chunked-loss") => a.chunked_loss = true,
             Long("timed-gemms") => a.timed_gemms = true,
+            Long("gemm-file") => a.gemm_file = Some(parser.value()?.string()?),
             Short('h') | Long("help") => return Ok(None),
             Long("bench") => {} // cargo bench passes --bench
             _ => return Err(arg.unexpected()),
@@ -141,14 +147,16 @@ fn ours(device: Device, config: model::Config, batch: i64, iters: usize, eager: 
 fn main() {
     let args = reference::args_or_exit("gpt", parse_args(), USAGE);
     reference::require_cuda("gpt");
-    if args.timed_gemms {
-        gemm::set_choice(GemmChoice::Timed);
-    }
     if args.profile {
         let row = rows().into_iter().find(|r| args.rows.iter().any(|n| n == r.0)).expect("a row");
         let (name, config, batch) = row;
         let config = model::Config { chunked_loss: args.chunked_loss, ..config };
-        profile(Device::Cuda(0), (name, config, batch), &args).expect("the profile");
+        let run = || profile(Device::Cuda(0), (name, config, batch), &args).expect("the profile");
+        if args.timed_gemms {
+            reference::with_timed_gemms(args.gemm_file.as_deref(), run).expect("timed GEMMs");
+        } else {
+            run();
+        }
         return;
     }
     if args.torch {
@@ -170,6 +178,8 @@ struct OursRow {
     batch: i64,
     /// ms per iteration: the step as written, fused.
     ms: (f64, f64),
+    /// ms per iteration of the fused step with its GEMMs' algorithms timed (`--timed-gemms`).
+    timed_ms: Option<f64>,
     /// MiB reserved at peak by the captured step as written.
     peak: f64,
     /// With the eager steps measured (char_b64 only): eager, fused graph, fused eager peaks.
@@ -187,6 +197,14 @@ fn measure_ours(device: Device, args: &Args) -> Vec<OursRow> {
         let fused = model::Config { fused: true, chunked_loss: args.chunked_loss, ..config };
         let (fms, fpeak, _) = ours(device, fused, batch, iters, false).expect("the fused captured step");
         println!("  {name:<16} this crate, fused graph {fms:8.3} ms/iter, {fpeak:6.0} MiB reserved at peak");
+        let timed_ms = args.timed_gemms.then(|| {
+            let measure = || ours(device, fused, batch, iters, false).expect("the fused step, timed GEMMs");
+            let (tms, tpeak, _) = reference::with_timed_gemms(args.gemm_file.as_deref(), measure).expect("timed GEMMs");
+            println!(
+                "  {name:<16} this crate, fused graph, timed GEMMs {tms:8.3} ms/iter, {tpeak:6.0} MiB reserved at peak"
+            );
+            tms
+        });
         let eager_peak = if name == "char_b64" {
             let (ems, epeak, _) = ours(device, config, batch, 20, true).expect("the eager step");
             println!("  {name:<16} this crate, eager {ems:8.3} ms/iter, {epeak:6.0} MiB reserved at peak");
@@ -195,7 +213,7 @@ fn measure_ours(device: Device, args: &Args) -> Vec<OursRow> {
         } else {
             None
         };
-        rows_out.push(OursRow { name, config, batch, ms: (ms, fms), peak, eager_peak, params });
+        rows_out.push(OursRow { name, config, batch, ms: (ms, fms), timed_ms, peak, eager_peak, params });
     }
     rows_out
 }
@@ -232,16 +250,19 @@ fn measure_torch(args: &Args) -> Torch {
 /// The speed table and the memory table.
 fn tables(args: &Args, ours: Vec<OursRow>, torch: &Torch) -> (String, String) {
     let mut table = String::from(
-        "| row | params | tokens/iter | this crate: graph | **fused graph** | tok/s | MFU | torch eager | torch graph | torch compile | compile + graph | graph / torch graph | fused / compile + graph |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| row | params | tokens/iter | this crate: graph | **fused graph** | tok/s | MFU | torch eager | torch graph | torch compile | compile + graph | graph / torch graph | fused / compile + graph |",
     );
+    table += if args.timed_gemms { " fused, timed GEMMs | timed / compile + graph |\n" } else { "\n" };
+    table += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
+    table += if args.timed_gemms { "---:|---:|\n" } else { "\n" };
     let mut memory = String::from(
         "| row | this crate: graph | eager | graph / eager | fused graph | fused eager | fused graph / eager | torch eager | torch graph | graph / eager | torch compile + graph |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for OursRow { name, config, batch, ms: (ms, fms), peak, eager_peak, params } in ours {
+    for OursRow { name, config, batch, ms: (ms, fms), timed_ms, peak, eager_peak, params } in ours {
         let tokens = batch * config.block;
         let mfu = config.flops_per_token(params) * tokens as f64 / (fms * 1e-3) / (args.peak_tflops * 1e12) * 100.0;
         let t = |m: &str| Torch::find(&torch.ms, name, m);
-        let _ = writeln!(
+        let _ = write!(
             table,
             "| {name} | {:.2} M | {tokens} | {ms:.2} | **{fms:.2}** | {:.0} | {mfu:.1}% | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             params as f64 / 1e6,
@@ -253,6 +274,12 @@ fn tables(args: &Args, ours: Vec<OursRow>, torch: &Torch) -> (String, String) {
             ms / t("graph"),
             fms / t("compile_graph"),
         );
+        match timed_ms {
+            Some(tms) => {
+                let _ = writeln!(table, " {tms:.2} | {:.2} |", tms / t("compile_graph"));
+            }
+            None => table.push('\n'),
+        }
         if let Some((e, fpeak, fe)) = eager_peak {
             let tm = |m: &str| Torch::find(&torch.mem, name, m);
             let _ = writeln!(

@@ -21,14 +21,13 @@ mod timing;
 
 use std::fmt::Write as _;
 use tch::{nn, Device, Kind, Tensor};
-use tch_cuda_graphs::gemm::{self, GemmChoice};
 use tch_cuda_graphs::linear::WeightGrad;
 use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig, Optimizer};
 use tch_cuda_graphs::{amp, empty_cache, memory_stats, reset_peak_stats, synchronize};
 use tch_cuda_graphs::{Result, StepOptions, TrainStep};
 
 const USAGE: &str = "\
-usage: llama [--iters N] [--rows small,base] [--no-torch] [--expand-kv] [--rounded-grads] [--timed-gemms] [--profile]
+usage: llama [--iters N] [--rows small,base] [--no-torch] [--expand-kv] [--rounded-grads] [--timed-gemms [--gemm-file F]] [--profile]
 
 A Llama-style step captured by this crate (plain and fused) beside PyTorch's four modes.
   --iters N        timed iterations per row (default 200; a quarter for the base row)
@@ -36,7 +35,11 @@ A Llama-style step captured by this crate (plain and fused) beside PyTorch's fou
   --no-torch       skip PyTorch's side (benches/torch_llama.py)
   --expand-kv      this crate's rows with the key and value heads expanded to every query head
                    before attention, instead of SDPA's enable_gqa
-  --timed-gemms    this crate's GEMMs choose their algorithm by timing (gemm::GemmChoice::Timed)
+  --timed-gemms    the fused rows measured again with the GEMMs' algorithms timed
+                   (gemm::GemmChoice::Timed), in two more columns; with --profile, both
+                   profiled steps' GEMMs are timed
+  --gemm-file F    with --timed-gemms: the choices read from F where it exists, written to F
+                   after (gemm::f_read_file, gemm::f_write_file)
   --rounded-grads  the fused rows' weight gradients in bf16, then cast (WeightGrad::Rounded),
                    instead of float32 from the GEMM
   --profile        only: kernel time of one replay of each row's step, as written and fused,
@@ -50,6 +53,7 @@ struct Args {
     expand_kv: bool,
     rounded_grads: bool,
     timed_gemms: bool,
+    gemm_file: Option<String>,
     profile: bool,
 }
 
@@ -62,6 +66,7 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
         expand_kv: false,
         rounded_grads: false,
         timed_gemms: false,
+        gemm_file: None,
         profile: false,
     };
     let mut parser = lexopt::Parser::from_env();
@@ -73,6 +78,7 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
             Long("expand-kv") => a.expand_kv = true,
             Long("rounded-grads") => a.rounded_grads = true,
             Long("timed-gemms") => a.timed_gemms = true,
+            Long("gemm-file") => a.gemm_file = Some(parser.value()?.string()?),
             Long("profile") => a.profile = true,
             Long("bench") => {}
             Short('h') | Long("help") => return Ok(None),
@@ -153,9 +159,6 @@ fn profile(device: Device, name: &str, config: model::Config, batch: i64) -> Res
 fn main() {
     let args = reference::args_or_exit("llama", parse_args(), USAGE);
     reference::require_cuda("llama");
-    if args.timed_gemms {
-        gemm::set_choice(GemmChoice::Timed);
-    }
     let device = Device::Cuda(0);
     let chosen = || {
         rows().into_iter().filter(|r| args.rows.iter().any(|n| n == r.0)).map(|(name, c, batch)| {
@@ -165,7 +168,13 @@ fn main() {
     };
     if args.profile {
         for (name, config, batch) in chosen() {
-            println!("{}", profile(device, name, config, batch).expect("the profile"));
+            let run = || profile(device, name, config, batch).expect("the profile");
+            let report = if args.timed_gemms {
+                reference::with_timed_gemms(args.gemm_file.as_deref(), run).expect("timed GEMMs")
+            } else {
+                run()
+            };
+            println!("{report}");
         }
         return;
     }
@@ -179,7 +188,16 @@ fn main() {
         println!("  {name:<6} this crate, graph       {ms:8.3} ms/iter, {peak:6.0} MiB reserved at peak");
         let (fms, fpeak) = ours(device, model::Config { fused: true, ..config }, batch, iters).expect("the fused step");
         println!("  {name:<6} this crate, fused graph {fms:8.3} ms/iter, {fpeak:6.0} MiB reserved at peak");
-        ours_rows.push((name, (ms, peak), (fms, fpeak)));
+        let timed = args.timed_gemms.then(|| {
+            let measure =
+                || ours(device, model::Config { fused: true, ..config }, batch, iters).expect("the fused step");
+            let (tms, tpeak) = reference::with_timed_gemms(args.gemm_file.as_deref(), measure).expect("timed GEMMs");
+            println!(
+                "  {name:<6} this crate, fused graph, timed GEMMs {tms:8.3} ms/iter, {tpeak:6.0} MiB reserved at peak"
+            );
+            (tms, tpeak)
+        });
+        ours_rows.push((name, (ms, peak), (fms, fpeak), timed));
     }
     let mut torch: Vec<(String, String, f64, f64)> = Vec::new();
     if args.torch {
@@ -203,17 +221,24 @@ fn main() {
 /// A measured mode: ms per iteration, MiB reserved at peak.
 type Figure = (f64, f64);
 
-fn table(ours: &[(&str, Figure, Figure)], torch: &[(String, String, f64, f64)]) -> String {
+/// One row of this crate's: the graph, the fused graph, and the fused graph with timed GEMMs.
+type OursRow<'a> = (&'a str, Figure, Figure, Option<Figure>);
+
+fn table(ours: &[OursRow], torch: &[(String, String, f64, f64)]) -> String {
     let find = |row: &str, mode: &str| {
         torch.iter().find(|t| t.0 == row && t.1 == mode).map_or((f64::NAN, f64::NAN), |t| (t.2, t.3))
     };
+    let timed = ours.iter().any(|r| r.3.is_some());
     let mut s = String::from(
-        "| row | torch eager | torch graph | torch compile | torch compile + graph | **this crate, graph** | **this crate, fused graph** | fused / compile + graph |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| row | torch eager | torch graph | torch compile | torch compile + graph | **this crate, graph** | **this crate, fused graph** | fused / compile + graph |",
     );
-    for (name, (g, gm), (f, fm)) in ours {
+    s += if timed { " fused, timed GEMMs | timed / compile + graph |\n" } else { "\n" };
+    s += "|---|---:|---:|---:|---:|---:|---:|---:|";
+    s += if timed { "---:|---:|\n" } else { "\n" };
+    for (name, (g, gm), (f, fm), t) in ours {
         let cell = |(ms, mib): Figure| format!("{ms:.2} ({mib:.0})");
         let cg = find(name, "compile_graph");
-        let _ = writeln!(
+        let _ = write!(
             s,
             "| {name} | {} | {} | {} | {} | **{}** | **{}** | {:.2} |",
             cell(find(name, "eager")),
@@ -224,6 +249,12 @@ fn table(ours: &[(&str, Figure, Figure)], torch: &[(String, String, f64, f64)]) 
             cell((*f, *fm)),
             f / cg.0
         );
+        match t {
+            Some((tms, tm)) => {
+                let _ = writeln!(s, " {} | {:.2} |", cell((*tms, *tm)), tms / cg.0);
+            }
+            None => s.push('\n'),
+        }
     }
     s
 }

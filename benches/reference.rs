@@ -1,9 +1,10 @@
 //! What the benchmarks share around their command line and PyTorch's side: the Python that runs
 //! the PyTorch scripts (the venv's, made by `scripts/setup.sh`, or `$TCG_PYTHON`), a check that it
-//! has torch before anything is measured, and the exits for a usage error or a missing GPU.
+//! has torch before anything is measured, the exits for a usage error or a missing GPU, and the
+//! crate's steps measured again with their GEMMs' algorithms timed.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The Python that runs PyTorch's side: `$TCG_PYTHON`, else `.venv/bin/python` (from the
@@ -104,4 +105,22 @@ pub fn args_or_exit<T>(bench: &str, parsed: Result<Option<T>, lexopt::Error>, us
 pub fn usage_error(bench: &str, err: impl std::fmt::Display, usage: &str) -> ! {
     eprintln!("bench {bench}: {err}\n{usage}");
     std::process::exit(2)
+}
+
+/// Runs `measure` with the crate's GEMMs' algorithms timed (`gemm::GemmChoice::Timed`): the
+/// choices first read from `file` where it exists (those shapes are not timed again), and
+/// written to it after; then the heuristic's choice is put back.
+pub fn with_timed_gemms<T>(file: Option<&str>, measure: impl FnOnce() -> T) -> tch_cuda_graphs::Result<T> {
+    use tch_cuda_graphs::gemm::{self, GemmChoice};
+    gemm::f_set_choice(GemmChoice::Timed)?;
+    if let Some(f) = file.filter(|f| Path::new(f).exists()) {
+        println!("  GEMM choices read from {f}: {} shapes", gemm::f_read_file(f)?);
+    }
+    let out = measure();
+    println!("  GEMM shapes {:?}", gemm::f_shapes()?);
+    if let Some(f) = file {
+        println!("  GEMM choices written to {f}: {} shapes", gemm::f_write_file(f)?);
+    }
+    gemm::f_set_choice(GemmChoice::Heuristic)?;
+    Ok(out)
 }

@@ -6,7 +6,9 @@ tokens, timed like the Rust side (median over blocks of iterations, device synch
 each block).
 
 Modes: eager, graph (torch.cuda.graph of the whole step), compile (torch.compile of the loss,
-eager step), compile_graph (the compiled loss inside the whole-step graph).
+eager step), compile_graph (the compiled loss inside the whole-step graph), autotune_graph
+(compile_graph with mode="max-autotune-no-cudagraphs": inductor times GEMM templates and
+kernel configurations; not in the default modes, its compilation takes minutes).
 Prints ROW,<row>,<mode>,<ms per iteration> and MEM,<row>,<mode>,<MiB reserved at peak>.
 
 With --train DIR it instead trains the character GPT on the corpus that examples/gpt prepared in

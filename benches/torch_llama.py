@@ -9,7 +9,9 @@ with the cache off, backward outside autocast, clipping at 1.0, fused capturable
 character corpus.
 
 Modes: eager, graph (torch.cuda.graph of the whole step), compile (torch.compile of the loss,
-eager step), compile_graph (the compiled loss inside the whole-step graph).
+eager step), compile_graph (the compiled loss inside the whole-step graph), autotune_graph
+(compile_graph with mode="max-autotune-no-cudagraphs": inductor times GEMM templates and
+kernel configurations; not in the default modes, its compilation takes minutes).
 Prints ROW,<row>,<mode>,<ms per iteration>,<MiB reserved at peak>.
 
 python benches/torch_llama.py [--rows small,base] [--iters N] [--modes M,...]

@@ -63,11 +63,16 @@ def time_training(model, vocab, batch, block, mode, iters, lr, betas, write_lr=F
     autocast with the cache off, backward outside it, clipping at 1.0, fused capturable AdamW
     (decay 0.1 on matrices) at lr with betas; `mode` eager, graph, compile (torch.compile of
     model.loss) or compile_graph. write_lr: the step also writes the learning rate into the
-    optimizer's tensor, as the crate's device schedule does each step."""
+    optimizer's tensor, as the crate's device schedule does each step. autotune_graph: compile_graph
+    with inductor's GEMM and kernel autotuning (mode "max-autotune-no-cudagraphs"; the step's own
+    graph stands for its CUDA graphs)."""
     dev = next(model.parameters()).device
     opt = torch.optim.AdamW(decay_groups(model.parameters(), 0.1), lr=torch.tensor(lr, device=dev), betas=betas,
                             fused=True, capturable=True)
-    loss_fn = torch.compile(model.loss) if mode.startswith("compile") else model.loss
+    if mode.startswith("autotune"):
+        loss_fn = torch.compile(model.loss, mode="max-autotune-no-cudagraphs")
+    else:
+        loss_fn = torch.compile(model.loss) if mode.startswith("compile") else model.loss
     lr_value = torch.tensor(lr, device=dev)
     data = torch.randint(vocab, (8, batch, block + 1), device=dev)
     sx, sy = data[0, :, :-1].clone(), data[0, :, 1:].clone()

@@ -2,6 +2,7 @@
 // The choice is one process-wide value; the cache of choices made is cuda/lt_matmul.cpp's.
 #include "gemm.h"
 
+#include <algorithm>
 #include <atomic>
 
 namespace tcg::gemm {
@@ -31,12 +32,36 @@ tcg_status tcg_gemm_get_choice(tcg_gemm_choice* out) {
   });
 }
 
-tcg_status tcg_gemm_shapes(int64_t* chosen, int64_t* timed) {
+tcg_status tcg_gemm_shapes(int64_t* chosen, int64_t* timed, int64_t* from_file) {
   return tcg::guard([&] {
-    if (chosen == nullptr || timed == nullptr) tcg::misuse("gemm: null output");
+    if (chosen == nullptr || timed == nullptr || from_file == nullptr) tcg::misuse("gemm: null output");
     const tcg::gemm::Shapes s = tcg::gemm::shapes();
     *chosen = s.chosen;
     *timed = s.timed;
+    *from_file = s.from_file;
+  });
+}
+
+tcg_status tcg_gemm_get_identity(tcg_gemm_identity* out) {
+  return tcg::guard([&] {
+    if (out == nullptr) tcg::misuse("gemm: null output");
+    *out = tcg::gemm::identity();
+  });
+}
+
+tcg_status tcg_gemm_export(tcg_gemm_entry* out, int64_t cap, int64_t* n) {
+  return tcg::guard([&] {
+    if (n == nullptr || cap < 0 || (cap > 0 && out == nullptr)) tcg::misuse("gemm: bad output buffer");
+    const std::vector<tcg_gemm_entry> all = tcg::gemm::export_choices();
+    std::copy_n(all.begin(), std::min<int64_t>(cap, static_cast<int64_t>(all.size())), out);
+    *n = static_cast<int64_t>(all.size());
+  });
+}
+
+tcg_status tcg_gemm_import(const tcg_gemm_entry* in, int64_t n) {
+  return tcg::guard([&] {
+    if (n < 0 || (n > 0 && in == nullptr)) tcg::misuse("gemm: bad entries");
+    tcg::gemm::import_choices(in, n);
   });
 }
 

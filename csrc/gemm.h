@@ -4,6 +4,7 @@
 #include "shim.h"
 
 #include <cstdint>
+#include <vector>
 
 namespace tcg::gemm {
 
@@ -11,12 +12,22 @@ namespace tcg::gemm {
 tcg_gemm_choice choice();
 void set_choice(tcg_gemm_choice c);
 
-// The GEMM shapes with an algorithm chosen, and how many of them by timing.
+// The GEMM shapes with an algorithm chosen, how many of them by timing, how many from a file.
 struct Shapes {
-  int64_t chosen, timed;
+  int64_t chosen, timed, from_file;
 };
 Shapes shapes();
-// Forgets every choice made (the next call of each shape chooses again).
+// Forgets every choice made and every one read from a file (the next call of each shape chooses
+// again).
 void forget();
+
+// What a file of choices is valid for (tcg.h's tcg_gemm_identity); throws TCG_NO_CUDA without
+// CUDA.
+tcg_gemm_identity identity();
+// The current device's choices, those read and not yet met included.
+std::vector<tcg_gemm_entry> export_choices();
+// Takes entries as the current device's choices (checked on each shape's next call); throws
+// TCG_NO_CUDA without CUDA.
+void import_choices(const tcg_gemm_entry* in, int64_t n);
 
 }  // namespace tcg::gemm

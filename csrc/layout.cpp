@@ -218,6 +218,18 @@ size_t tcg_layout(tcg_layout_struct s, size_t* size, size_t* align, size_t* offs
       TCG_FIELD(tcg_mlp_inputs, proj_weight);
       TCG_FIELD(tcg_mlp_inputs, proj_bias);
       break;
+    case TCG_LAYOUT_GEMM_ENTRY:
+      set(sizeof(tcg_gemm_entry), alignof(tcg_gemm_entry));
+      TCG_FIELD(tcg_gemm_entry, key);
+      TCG_FIELD(tcg_gemm_entry, algo);
+      TCG_FIELD(tcg_gemm_entry, timed);
+      break;
+    case TCG_LAYOUT_GEMM_IDENTITY:
+      set(sizeof(tcg_gemm_identity), alignof(tcg_gemm_identity));
+      TCG_FIELD(tcg_gemm_identity, device);
+      TCG_FIELD(tcg_gemm_identity, cublaslt_version);
+      TCG_FIELD(tcg_gemm_identity, torch_version);
+      break;
     case TCG_LAYOUT_LINEAR_CE_OPTIONS:
       set(sizeof(tcg_linear_ce_options), alignof(tcg_linear_ce_options));
       TCG_FIELD(tcg_linear_ce_options, ignore_index);

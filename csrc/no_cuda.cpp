@@ -25,8 +25,13 @@ tcg_status no_cuda() noexcept {
 
 namespace tcg::gemm {
 // No cuBLASLt GEMM runs without CUDA: no shape has a choice made.
-Shapes shapes() { return Shapes{0, 0}; }
+Shapes shapes() { return Shapes{0, 0, 0}; }
 void forget() {}
+std::vector<tcg_gemm_entry> export_choices() { return {}; }
+tcg_gemm_identity identity() { throw tcg::exception(TCG_NO_CUDA, "gemm: no CUDA device, so no GEMM choices"); }
+void import_choices(const tcg_gemm_entry*, int64_t) {
+  throw tcg::exception(TCG_NO_CUDA, "gemm: no CUDA device to take GEMM choices");
+}
 }  // namespace tcg::gemm
 
 extern "C" {

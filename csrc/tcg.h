@@ -154,18 +154,47 @@ tcg_status tcg_kernels_check(int device);
 // How the crate's cuBLASLt GEMMs (the linear layer's forward, input- and weight-gradient GEMMs,
 // the MLP's, the chunked loss's) choose their algorithm, for the whole process.
 // TCG_GEMM_HEURISTIC (the default): cuBLASLt's heuristic's first, the same in every process.
-// TCG_GEMM_TIMED: the fastest of the heuristic's first eight candidates, timed (into scratch
+// TCG_GEMM_TIMED: the fastest of the heuristic's first 32 candidates, timed (into scratch
 // outputs) on a GEMM shape's first call outside a stream capture, kept for the shape's later
 // calls; a shape first met under capture keeps the heuristic's first. A candidate replaces the
 // heuristic's first only when 3% faster. As with torch.backends.cudnn.benchmark, two processes
 // may choose differently, and so differ in their results' last bits; one process's eager and
 // captured calls run the same algorithm.
 typedef enum { TCG_GEMM_HEURISTIC = 0, TCG_GEMM_TIMED = 1 } tcg_gemm_choice;
-// Sets the choice and forgets the choices made for each shape (the next call chooses again).
+// Sets the choice and forgets the choices made for each shape and those read from a file (the
+// next call chooses again).
 tcg_status tcg_gemm_set_choice(tcg_gemm_choice choice);
 tcg_status tcg_gemm_get_choice(tcg_gemm_choice* out);
 // How many GEMM shapes have their algorithm chosen, and how many of those were timed.
-tcg_status tcg_gemm_shapes(int64_t* chosen, int64_t* timed);
+tcg_status tcg_gemm_shapes(int64_t* chosen, int64_t* timed, int64_t* from_file);
+
+// One GEMM shape's chosen algorithm as a file of choices holds it: what makes two calls the same
+// GEMM (operands' shapes, layouts, dtypes and alignments, the epilogue, beta; the device left
+// out), cuBLASLt's algorithm (its 64 opaque bytes, which cuBLASLt documents as serializable for
+// the same library version), and whether it was chosen by timing.
+#define TCG_GEMM_KEY_LEN 30
+typedef struct {
+  int64_t key[TCG_GEMM_KEY_LEN];
+  uint64_t algo[8];
+  bool timed;
+} tcg_gemm_entry;
+// What a file of choices is valid for: the current device's name, cuBLASLt's version
+// (cublasLtGetVersion) and libtorch's (major * 10000 + minor * 100 + patch). TCG_NO_CUDA
+// without CUDA.
+typedef struct {
+  char device[256];
+  int64_t cublaslt_version;
+  int64_t torch_version;
+} tcg_gemm_identity;
+tcg_status tcg_gemm_get_identity(tcg_gemm_identity* out);
+// The current device's chosen shapes (those read from a file and not yet met included): the first
+// `cap` into `out` (NULL with cap 0 counts), *n how many there are.
+tcg_status tcg_gemm_export(tcg_gemm_entry* out, int64_t cap, int64_t* n);
+// Takes `n` entries as the current device's choices, replacing the choices made for those shapes.
+// Each is checked (cublasLtMatmulAlgoCheck, with the call's own descriptors) on its shape's next
+// call; one cuBLASLt refuses is dropped and that shape chooses as the process's choice says.
+// TCG_NO_CUDA without CUDA.
+tcg_status tcg_gemm_import(const tcg_gemm_entry* in, int64_t n);
 
 // ---------------------------------------------------------------- optim.cpp (CPU and CUDA)
 // The own kernels apply to CUDA tensors of float32/64/16/bfloat16, contiguous, grads like their
@@ -787,6 +816,8 @@ typedef enum {
   TCG_LAYOUT_LINEAR_CE_OPTIONS,
   TCG_LAYOUT_ROTARY_QKV_INPUTS,
   TCG_LAYOUT_SCHEDULE,
+  TCG_LAYOUT_GEMM_ENTRY,
+  TCG_LAYOUT_GEMM_IDENTITY,
 } tcg_layout_struct;
 // The size and alignment of struct `s` as this shim was compiled, and the offsets of its fields
 // in declaration order (at most `cap` written); returns the number of fields (0: unknown `s`).

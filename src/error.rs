@@ -77,6 +77,20 @@ pub enum Error {
         #[source]
         source: tch::TchError,
     },
+    /// A file of GEMM algorithm choices ([`crate::gemm::f_read_file`], [`crate::gemm::f_write_file`])
+    /// that cannot be read or written (`source`: the I/O error; a missing file's kind is
+    /// `NotFound`), is not such a file, or was written for another GPU, cuBLASLt or libtorch
+    /// (`source` is `None`; the reason names both sides). No choice was changed.
+    #[error("GEMM choices file {path}: {reason}")]
+    GemmFile {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+        /// The I/O error, where there was one.
+        #[source]
+        source: Option<std::io::Error>,
+    },
     /// c10d reported an error: the store (a rank that never joined), the network, NCCL.
     #[error("distributed: {0}")]
     Distributed(String),

@@ -45,8 +45,29 @@ fn the_gemm_choice_round_trips_and_forgets_the_shapes() {
         let (now, shapes) = (gemm::f_choice().expect("choice"), gemm::f_shapes().expect("shapes"));
         println!("{choice:?}: {now:?}, {shapes:?}");
         assert_eq!(now, choice);
-        assert_eq!(shapes, GemmShapes { chosen: 0, timed: 0 }, "no shape's choice kept after a set");
+        assert_eq!(shapes, GemmShapes { chosen: 0, timed: 0, from_file: 0 }, "no shape's choice kept after a set");
     }
+}
+
+/// A file of GEMM choices that is missing, or is not such a file, is refused with
+/// `Error::GemmFile` (the I/O error kept as its source), in any build.
+#[test]
+fn a_missing_or_foreign_gemm_choices_file_is_refused() {
+    use tch_cuda_graphs::gemm;
+    let dir = std::env::temp_dir().join(format!("tcg-gemm-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let missing = gemm::f_read_file(dir.join("missing.csv"));
+    println!("missing: {missing:?}");
+    match missing {
+        Err(Error::GemmFile { source: Some(e), .. }) => assert_eq!(e.kind(), std::io::ErrorKind::NotFound),
+        other => panic!("a missing file is GemmFile with the I/O error: {other:?}"),
+    }
+    let foreign = dir.join("foreign.csv");
+    std::fs::write(&foreign, "Validator,PT_VERSION,2.11.0\n").expect("write");
+    let refused = gemm::f_read_file(&foreign);
+    println!("foreign: {refused:?}");
+    assert!(matches!(refused, Err(Error::GemmFile { source: None, .. })), "not a file of choices: {refused:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Without CUDA every GPU entry point says NoCuda with a message; with CUDA they work. Either

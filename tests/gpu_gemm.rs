@@ -4,8 +4,9 @@
 //! of the largest value, repeat bit for bit within the process, and replay captured equal to eager bit
 //! for bit; a shape first met under a capture keeps the heuristic's first (nothing timed) and its
 //! eager calls then run the captured algorithm (equal bit for bit); setting the choice forgets
-//! the shapes. In its own binary: the choice is the process's. Ignored without a GPU; fails
-//! loudly there.
+//! the shapes; the choices written to a file and read back give the timed bits, a file for
+//! another GPU is refused, and algorithms cuBLASLt refuses give way to the heuristic's. In its
+//! own binary: the choice is the process's. Ignored without a GPU; fails loudly there.
 mod common;
 
 use common::{captured_minus_eager, cuda, rel};
@@ -79,6 +80,80 @@ fn timed_gemms_agree_with_the_heuristic_and_replay_as_eager() {
     assert!(diff < 1e-2, "timed GEMMs agree with the heuristic's within 1e-2: {diff:e}");
     assert_eq!(repeat, 0.0, "the timed choice repeats bit for bit");
     assert_eq!(captured, 0.0, "captured equals eager bit for bit under timed GEMMs");
+}
+
+/// The timed choices written to a file and read back (after the choice forgot them) run the same
+/// algorithms: the step equals the timed one bit for bit with nothing timed; a file for another
+/// GPU is refused and changes nothing; an algorithm cuBLASLt refuses gives way to the process's
+/// choice (here the heuristic's: equal to its step bit for bit).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gemm_choices_written_to_a_file_are_read_back() {
+    let dev = cuda();
+    let _after = HeuristicAfter;
+    tch::manual_seed(7);
+    let vs = nn::VarStore::new(dev);
+    let layers = mlp(&vs);
+    let x = Tensor::randn([4096, 768], (Kind::Float, dev)).to_kind(Kind::BFloat16);
+    let w = Tensor::randn([4096, 768], (Kind::Float, dev));
+    let dir = std::env::temp_dir().join(format!("tcg-gemm-choices-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("choices.csv");
+
+    gemm::f_set_choice(GemmChoice::Heuristic).expect("set");
+    let heuristic = step(&x, &layers, &w).expect("heuristic step");
+    gemm::f_set_choice(GemmChoice::Timed).expect("set");
+    let timed = step(&x, &layers, &w).expect("timed step");
+    let timed_shapes = gemm::f_shapes().expect("shapes");
+    let written = gemm::f_write_file(&file).expect("write");
+    let text = std::fs::read_to_string(&file).expect("read");
+    println!("timed {timed_shapes:?}; {written} written:\n{text}");
+    assert_eq!(written, timed_shapes.chosen, "every shape met is written");
+
+    gemm::f_set_choice(GemmChoice::Heuristic).expect("set (forgets)");
+    let read = gemm::f_read_file(&file).expect("read back");
+    let from_file = step(&x, &layers, &w).expect("step from the file");
+    let shapes = gemm::f_shapes().expect("shapes");
+    let diff = f64::try_from((&from_file - &timed).abs().max()).unwrap();
+    let captured = captured_minus_eager(|| step(&x, &layers, &w));
+    println!("read {read}: {shapes:?}; from the file - timed {diff:e}; captured - eager {captured:e}");
+    assert_eq!(read, written);
+    assert_eq!((shapes.from_file, shapes.timed), (written, 0), "every shape from the file, nothing timed: {shapes:?}");
+    assert_eq!(diff, 0.0, "the file's algorithms give the timed step's bits");
+    assert_eq!(captured, 0.0, "captured equals eager bit for bit with the file's algorithms");
+
+    let other = dir.join("other_gpu.csv");
+    let device_line = text.lines().find(|l| l.starts_with("Validator,device,")).expect("a device validator");
+    std::fs::write(&other, text.replace(device_line, "Validator,device,Some Other GPU")).expect("write");
+    let refused = gemm::f_read_file(&other);
+    println!("another GPU's file: {refused:?}");
+    assert!(
+        matches!(&refused, Err(tch_cuda_graphs::Error::GemmFile { source: None, reason, .. }) if reason.contains("Some Other GPU")),
+        "a file for another GPU is refused: {refused:?}"
+    );
+    assert_eq!(gemm::f_shapes().expect("shapes"), shapes, "a refused file changes nothing");
+
+    let broken = dir.join("broken_algorithms.csv");
+    let broken_text: String = text
+        .lines()
+        .map(|l| match l.strip_prefix("Gemm,") {
+            Some(rest) => {
+                let f: Vec<&str> = rest.split(',').collect();
+                format!("Gemm,{},{},{}\n", f[0], ["ffffffffffffffff"; 8].join(" "), f[2])
+            }
+            None => format!("{l}\n"),
+        })
+        .collect();
+    std::fs::write(&broken, broken_text).expect("write");
+    gemm::f_set_choice(GemmChoice::Heuristic).expect("set (forgets)");
+    assert_eq!(gemm::f_read_file(&broken).expect("a well-formed file"), written);
+    let fallback = step(&x, &layers, &w).expect("step after refused algorithms");
+    let fb_shapes = gemm::f_shapes().expect("shapes");
+    let fb_diff = f64::try_from((&fallback - &heuristic).abs().max()).unwrap();
+    println!("refused algorithms: {fb_shapes:?}; step - heuristic step {fb_diff:e}");
+    assert_eq!(fb_shapes.from_file, 0, "cuBLASLt refused every broken algorithm: {fb_shapes:?}");
+    assert_eq!(fb_diff, 0.0, "the shapes chose as the heuristic does: its bits");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -47,3 +47,15 @@ TCG_FORWARD_LT(cublasLtMatmul,
                 void* dd, cublasLtMatrixLayout_t ddd, const cublasLtMatmulAlgo_t* algo, void* ws, size_t wss,
                 cudaStream_t s),
                (h, d, alpha, a, ad, b, bd, beta, c, cd, dd, ddd, algo, ws, wss, s))
+TCG_FORWARD_LT(cublasLtMatmulAlgoCheck,
+               (cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dd, const cublasLtMatmulAlgo_t* algo,
+                cublasLtMatmulHeuristicResult_t* r),
+               (h, d, a, b, c, dd, algo, r))
+
+// 0 where the library is not loaded (no GEMM of the crate's has run through it).
+extern "C" size_t cublasLtGetVersion(void) {
+  using Fn = size_t (*)(void);
+  static Fn fn = reinterpret_cast<Fn>(resolve("cublasLtGetVersion"));
+  return fn == nullptr ? 0 : fn();
+}

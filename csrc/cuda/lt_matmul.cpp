@@ -6,10 +6,14 @@
 
 #include <ATen/cuda/CUDAContext.h>
 
+#include <torch/headeronly/version.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "../gemm.h"
@@ -130,10 +134,18 @@ Key key_of(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue& e,
   return k;
 }
 
+// A shape's algorithm and how it was chosen.
+struct Choice {
+  cublasLtMatmulAlgo_t algo;
+  bool timed;      // by timing (in this process, or in the one that wrote the file)
+  bool from_file;  // read from a file of choices (gemm::import_choices)
+};
+
+// The choices made, and those read from a file and not yet met (checked on first use).
 struct Cache {
   std::mutex mutex;
-  std::map<Key, cublasLtMatmulAlgo_t> chosen;
-  int64_t timed = 0;
+  std::map<Key, Choice> chosen, read;
+  int64_t timed = 0, from_file = 0;
 };
 Cache& cache() {
   static Cache* c = new Cache();  // leaked: no destruction order to get wrong at exit
@@ -221,6 +233,16 @@ cublasLtMatmulAlgo_t fastest(const Matrix& a, const Matrix& b, const Matrix& d, 
   return best_us < 0.97f * first_us ? found[best].algo : found[0].algo;
 }
 
+// Whether cuBLASLt takes `algo` for this call's descriptors within the workspace (a choice read
+// from a file: written by another process, perhaps for another library).
+bool accepts(const MatmulDesc& desc, const Layout& la, const Layout& lb, const Layout& ld,
+             const cublasLtMatmulAlgo_t& algo) {
+  cublasLtMatmulHeuristicResult_t result{};
+  return cublasLtMatmulAlgoCheck(at::cuda::getCurrentCUDABlasLtHandle(), desc.d, la.l, lb.l, ld.l, ld.l, &algo,
+                                 &result) == CUBLAS_STATUS_SUCCESS &&
+         result.workspaceSize <= at::cuda::getCUDABlasLtWorkspaceSize();
+}
+
 // How many of the heuristic's candidates GemmChoice::Timed times (32 found faster algorithms for
 // GPT-2's and the 124 M Llama's shapes that the first 8 did not hold).
 constexpr int kTimedCandidates = 32;
@@ -232,13 +254,25 @@ bool algorithm(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue
                cublasLtMatmulAlgo_t& out) {
   Cache& c = cache();
   const Key key = key_of(a, b, d, e, accumulate);
+  std::optional<Choice> read;
   {
     std::lock_guard<std::mutex> lock(c.mutex);
     const auto it = c.chosen.find(key);
     if (it != c.chosen.end()) {
-      out = it->second;
+      out = it->second.algo;
       return true;
     }
+    const auto r = c.read.find(key);
+    if (r != c.read.end()) {
+      read = r->second;
+      c.read.erase(r);
+    }
+  }
+  if (read && accepts(desc, la, lb, ld, read->algo)) {
+    out = read->algo;
+    std::lock_guard<std::mutex> lock(c.mutex);
+    if (c.chosen.emplace(key, *read).second) ++c.from_file;
+    return true;
   }
   const bool timed = tcg::gemm::choice() == TCG_GEMM_TIMED && !capturing();
   Preference pref;
@@ -257,7 +291,7 @@ bool algorithm(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue
   found.resize(static_cast<size_t>(n));
   out = timed && n > 1 ? fastest(a, b, d, e, accumulate, found) : found[0].algo;
   std::lock_guard<std::mutex> lock(c.mutex);
-  if (c.chosen.emplace(key, out).second && timed) ++c.timed;
+  if (c.chosen.emplace(key, Choice{out, timed, false}).second && timed) ++c.timed;
   return true;
 }
 
@@ -431,14 +465,65 @@ namespace tcg::gemm {
 Shapes shapes() {
   tcg::lt::Cache& c = tcg::lt::cache();
   std::lock_guard<std::mutex> lock(c.mutex);
-  return Shapes{static_cast<int64_t>(c.chosen.size()), c.timed};
+  return Shapes{static_cast<int64_t>(c.chosen.size()), c.timed, c.from_file};
 }
 
 void forget() {
   tcg::lt::Cache& c = tcg::lt::cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   c.chosen.clear();
+  c.read.clear();
   c.timed = 0;
+  c.from_file = 0;
+}
+
+tcg_gemm_identity identity() {
+  tcg_gemm_identity id{};
+  const cudaDeviceProp* p = at::cuda::getCurrentDeviceProperties();
+  std::snprintf(id.device, sizeof(id.device), "%s", p->name);
+  id.cublaslt_version = static_cast<int64_t>(cublasLtGetVersion());
+  if (id.cublaslt_version == 0) throw tcg::exception(TCG_ERROR, "gemm: cuBLASLt is not loaded, so it has no version");
+  id.torch_version = TORCH_VERSION_MAJOR * 10000 + TORCH_VERSION_MINOR * 100 + TORCH_VERSION_PATCH;
+  return id;
+}
+
+// A key is the device, then TCG_GEMM_KEY_LEN values (key_of).
+std::vector<tcg_gemm_entry> export_choices() {
+  tcg::lt::Cache& c = tcg::lt::cache();
+  const int64_t device = c10::cuda::current_device();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  std::vector<tcg_gemm_entry> out;
+  for (const auto* m : {&c.chosen, &c.read}) {
+    for (const auto& [key, choice] : *m) {
+      if (key.size() != TCG_GEMM_KEY_LEN + 1 || key[0] != device) continue;
+      tcg_gemm_entry e{};
+      std::copy(key.begin() + 1, key.end(), e.key);
+      std::copy(std::begin(choice.algo.data), std::end(choice.algo.data), e.algo);
+      e.timed = choice.timed;
+      out.push_back(e);
+    }
+  }
+  return out;
+}
+
+void import_choices(const tcg_gemm_entry* in, int64_t n) {
+  tcg::lt::Cache& c = tcg::lt::cache();
+  const int64_t device = c10::cuda::current_device();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  for (int64_t i = 0; i < n; ++i) {
+    tcg::lt::Key key{device};
+    key.insert(key.end(), std::begin(in[i].key), std::end(in[i].key));
+    tcg::lt::Choice choice{};
+    std::copy(std::begin(in[i].algo), std::end(in[i].algo), choice.algo.data);
+    choice.timed = in[i].timed;
+    choice.from_file = true;
+    if (const auto it = c.chosen.find(key); it != c.chosen.end()) {
+      if (it->second.timed && !it->second.from_file) --c.timed;
+      if (it->second.from_file) --c.from_file;
+      c.chosen.erase(it);
+    }
+    c.read[key] = choice;
+  }
 }
 
 }  // namespace tcg::gemm

@@ -82,6 +82,8 @@ mod tests {
         same_layout!(TCG_LAYOUT_LINEAR_CE_OPTIONS, ffi::tcg_linear_ce_options, [ignore_index, chunk_rows, wgrad]);
         same_layout!(TCG_LAYOUT_MLP_INPUTS, ffi::tcg_mlp_inputs, [x, fc_weight, fc_bias, proj_weight, proj_bias]);
         same_layout!(TCG_LAYOUT_SCHEDULE, ffi::tcg_schedule, [kind, warmup, total, min_factor, step_size, gamma]);
+        same_layout!(TCG_LAYOUT_GEMM_ENTRY, ffi::tcg_gemm_entry, [key, algo, timed]);
+        same_layout!(TCG_LAYOUT_GEMM_IDENTITY, ffi::tcg_gemm_identity, [device, cublaslt_version, torch_version]);
     }
 
     #[test]

@@ -24,6 +24,8 @@ c_enum!(tcg_layout_struct {
     TCG_LAYOUT_LINEAR_CE_OPTIONS = 19,
     TCG_LAYOUT_ROTARY_QKV_INPUTS = 20,
     TCG_LAYOUT_SCHEDULE = 21,
+    TCG_LAYOUT_GEMM_ENTRY = 22,
+    TCG_LAYOUT_GEMM_IDENTITY = 23,
 });
 
 extern "C" {
