@@ -142,11 +142,7 @@ pub fn f_write_file(path: impl AsRef<Path>) -> Result<usize> {
         let _ =
             writeln!(text, "Gemm,{},{},{}", key.join(" "), algo.join(" "), if e.timed { "timed" } else { "heuristic" });
     }
-    std::fs::write(path, text).map_err(|source| Error::GemmFile {
-        path: path.display().to_string(),
-        reason: "cannot be written".into(),
-        source: Some(source),
-    })?;
+    std::fs::write(path, text).map_err(|e| io_error(path, "cannot be written", e))?;
     Ok(entries.len())
 }
 
@@ -162,11 +158,7 @@ pub fn write_file(path: impl AsRef<Path>) -> usize {
 pub fn f_read_file(path: impl AsRef<Path>) -> Result<usize> {
     let path = path.as_ref();
     let refuse = |reason: String| Error::GemmFile { path: path.display().to_string(), reason, source: None };
-    let text = std::fs::read_to_string(path).map_err(|source| Error::GemmFile {
-        path: path.display().to_string(),
-        reason: "cannot be read".into(),
-        source: Some(source),
-    })?;
+    let text = std::fs::read_to_string(path).map_err(|e| io_error(path, "cannot be read", e))?;
     let mut lines = text.lines().enumerate();
     if lines.next().map(|(_, l)| l) != Some(HEADER) {
         return Err(refuse(format!("not a file of GEMM choices (its first line is not `{HEADER}`)")));
@@ -193,6 +185,11 @@ pub fn f_read_file(path: impl AsRef<Path>) -> Result<usize> {
     }
     sys::import(&entries)?;
     Ok(entries.len())
+}
+
+/// The file's I/O error as [`Error::GemmFile`].
+fn io_error(path: &Path, reason: &str, source: std::io::Error) -> Error {
+    Error::GemmFile { path: path.display().to_string(), reason: reason.into(), source: Some(source) }
 }
 
 /// [`f_read_file`], panicking on an error.

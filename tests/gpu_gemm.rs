@@ -31,6 +31,17 @@ fn mlp(vs: &nn::VarStore) -> (Linear, Linear) {
     (linear(vs.root() / "fc", 768, 3072, cfg), linear(vs.root() / "proj", 3072, 768, cfg))
 }
 
+/// The MLP (seeded), an input of 4,096 rows and the loss's weights, on the GPU.
+fn mlp_case(seed: i64) -> (nn::VarStore, (Linear, Linear), Tensor, Tensor) {
+    let dev = cuda();
+    tch::manual_seed(seed);
+    let vs = nn::VarStore::new(dev);
+    let layers = mlp(&vs);
+    let x = Tensor::randn([4096, 768], (Kind::Float, dev)).to_kind(Kind::BFloat16);
+    let w = Tensor::randn([4096, 768], (Kind::Float, dev));
+    (vs, layers, x, w)
+}
+
 /// proj(fc(x)) and the gradients of x and both weights and biases for the loss sum(y · w),
 /// under bf16 autocast, concatenated flat (float32; y detached: nothing keeps the autograd graph).
 fn step(x: &Tensor, (fc, proj): &(Linear, Linear), w: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
@@ -50,13 +61,8 @@ fn step(x: &Tensor, (fc, proj): &(Linear, Linear), w: &Tensor) -> tch_cuda_graph
 #[test]
 #[ignore = "needs a CUDA device"]
 fn timed_gemms_agree_with_the_heuristic_and_replay_as_eager() {
-    let dev = cuda();
     let _after = HeuristicAfter;
-    tch::manual_seed(5);
-    let vs = nn::VarStore::new(dev);
-    let layers = mlp(&vs);
-    let x = Tensor::randn([4096, 768], (Kind::Float, dev)).to_kind(Kind::BFloat16);
-    let w = Tensor::randn([4096, 768], (Kind::Float, dev));
+    let (_vs, layers, x, w) = mlp_case(5);
 
     gemm::f_set_choice(GemmChoice::Heuristic).expect("set");
     assert_eq!(gemm::f_choice().expect("choice"), GemmChoice::Heuristic);
@@ -89,13 +95,8 @@ fn timed_gemms_agree_with_the_heuristic_and_replay_as_eager() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gemm_choices_written_to_a_file_are_read_back() {
-    let dev = cuda();
     let _after = HeuristicAfter;
-    tch::manual_seed(7);
-    let vs = nn::VarStore::new(dev);
-    let layers = mlp(&vs);
-    let x = Tensor::randn([4096, 768], (Kind::Float, dev)).to_kind(Kind::BFloat16);
-    let w = Tensor::randn([4096, 768], (Kind::Float, dev));
+    let (_vs, layers, x, w) = mlp_case(7);
     let dir = std::env::temp_dir().join(format!("tcg-gemm-choices-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let file = dir.join("choices.csv");

@@ -145,7 +145,6 @@ struct Choice {
 struct Cache {
   std::mutex mutex;
   std::map<Key, Choice> chosen, read;
-  int64_t timed = 0, from_file = 0;
 };
 Cache& cache() {
   static Cache* c = new Cache();  // leaked: no destruction order to get wrong at exit
@@ -271,7 +270,7 @@ bool algorithm(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue
   if (read && accepts(desc, la, lb, ld, read->algo)) {
     out = read->algo;
     std::lock_guard<std::mutex> lock(c.mutex);
-    if (c.chosen.emplace(key, *read).second) ++c.from_file;
+    c.chosen.emplace(key, *read);
     return true;
   }
   const bool timed = tcg::gemm::choice() == TCG_GEMM_TIMED && !capturing();
@@ -291,7 +290,7 @@ bool algorithm(const Matrix& a, const Matrix& b, const Matrix& d, const Epilogue
   found.resize(static_cast<size_t>(n));
   out = timed && n > 1 ? fastest(a, b, d, e, accumulate, found) : found[0].algo;
   std::lock_guard<std::mutex> lock(c.mutex);
-  if (c.chosen.emplace(key, Choice{out, timed, false}).second && timed) ++c.timed;
+  c.chosen.emplace(key, Choice{out, timed, false});
   return true;
 }
 
@@ -465,7 +464,12 @@ namespace tcg::gemm {
 Shapes shapes() {
   tcg::lt::Cache& c = tcg::lt::cache();
   std::lock_guard<std::mutex> lock(c.mutex);
-  return Shapes{static_cast<int64_t>(c.chosen.size()), c.timed, c.from_file};
+  Shapes s{static_cast<int64_t>(c.chosen.size()), 0, 0};
+  for (const auto& [key, choice] : c.chosen) {
+    s.from_file += choice.from_file;
+    s.timed += choice.timed && !choice.from_file;
+  }
+  return s;
 }
 
 void forget() {
@@ -473,8 +477,6 @@ void forget() {
   std::lock_guard<std::mutex> lock(c.mutex);
   c.chosen.clear();
   c.read.clear();
-  c.timed = 0;
-  c.from_file = 0;
 }
 
 tcg_gemm_identity identity() {
@@ -517,11 +519,7 @@ void import_choices(const tcg_gemm_entry* in, int64_t n) {
     std::copy(std::begin(in[i].algo), std::end(in[i].algo), choice.algo.data);
     choice.timed = in[i].timed;
     choice.from_file = true;
-    if (const auto it = c.chosen.find(key); it != c.chosen.end()) {
-      if (it->second.timed && !it->second.from_file) --c.timed;
-      if (it->second.from_file) --c.from_file;
-      c.chosen.erase(it);
-    }
+    c.chosen.erase(key);
     c.read[key] = choice;
   }
 }
