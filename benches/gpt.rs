@@ -10,8 +10,10 @@
 //! allocator's reserved bytes at peak (this crate: captured, and the same step eager).
 //!
 //! `cargo bench --bench gpt -- [--iters N] [--rows NAME,...] [--no-torch] [--peak-tflops T]`
-//! (or `make bench-gpt`)
+//! (or `make bench-gpt`); `--profile` for the step's kernels by family, `--floors` for the fused
+//! norm beside a copy of its bytes (`floors.rs`).
 
+mod floors;
 mod kernel_profile;
 #[path = "../examples/gpt/lm.rs"]
 mod lm;
@@ -44,7 +46,7 @@ fn tanh(c: model::Config) -> model::Config {
 }
 
 const USAGE: &str = "\
-usage: gpt [--iters N] [--rows NAME,...] [--no-torch] [--peak-tflops T] [--chunked-loss] [--timed-gemms [--gemm-file F]] [--profile [--fused] [--top N]]
+usage: gpt [--iters N] [--rows NAME,...] [--no-torch] [--peak-tflops T] [--chunked-loss] [--timed-gemms [--gemm-file F]] [--profile [--fused] [--top N]] [--floors [--peak-tbps T]]
 
 nanoGPT's training step captured by this crate (with ATen's norms, and with the crate's fused
 norms and weight shadows: `--fused` in examples/gpt), beside PyTorch's eager, graph, compile and compile + graph
@@ -65,6 +67,9 @@ modes of the same step.
                      profiler, kernel time per replay grouped by kernel family
   --fused            with --profile: the step with the crate's fused norms and weight shadows
   --top N            with --profile: list the N kernels that take longest (default 12)
+  --floors           only: the fused norm's forward and backward at each row's shape beside a
+                     copy of the bytes they must move (TB/s, and the share of --peak-tbps)
+  --peak-tbps T      the GPU's memory bandwidth for --floors (default 4.8, an H200's HBM3e)
   -h, --help         this text";
 
 struct Args {
@@ -72,6 +77,8 @@ struct Args {
     timed_gemms: bool,
     gemm_file: Option<String>,
     profile: bool,
+    floors: bool,
+    peak_tbps: f64,
     fused: bool,
     top: usize,
     iters: usize,
@@ -90,6 +97,8 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
         timed_gemms: false,
         gemm_file: None,
         profile: false,
+        floors: false,
+        peak_tbps: 4.8,
         fused: false,
         top: 12,
         iters: 200,
@@ -105,6 +114,8 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
             Long("no-torch") => a.torch = false,
             Long("peak-tflops") => a.peak_tflops = parser.value()?.parse()?,
             Long("profile") => a.profile = true,
+            Long("floors") => a.floors = true,
+            Long("peak-tbps") => a.peak_tbps = parser.value()?.parse()?,
             Long("fused") => a.fused = true,
             Long("top") => a.top = parser.value()?.parse()?,
             Long("chunked-loss") => a.chunked_loss = true,
@@ -147,6 +158,19 @@ fn ours(device: Device, config: model::Config, batch: i64, iters: usize, eager: 
 fn main() {
     let args = reference::args_or_exit("gpt", parse_args(), USAGE);
     reference::require_cuda("gpt");
+    if args.floors {
+        let named = rows()
+            .into_iter()
+            .filter(|r| args.rows.iter().any(|n| n == r.0) && !r.0.ends_with("_tanh"))
+            .map(|(name, c, batch)| {
+                (name.to_owned(), floors::norm(Device::Cuda(0), batch * c.block, c.embd, c.dropout))
+            })
+            .map(|(name, f)| f.map(|f| (name, f)))
+            .collect::<Result<Vec<_>>>()
+            .expect("the floors");
+        println!("{}", floors::report(&named, args.peak_tbps));
+        return;
+    }
     if args.profile {
         let row = rows().into_iter().find(|r| args.rows.iter().any(|n| n == r.0)).expect("a row");
         let (name, config, batch) = row;
