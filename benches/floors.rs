@@ -10,7 +10,6 @@
 //! the weight and bias gradients are not counted). Each kernel's time, and a `copy_` of as many
 //! bytes (a device-to-device memcpy: half of them read, half written), come from the crate's
 //! profiler over 20 calls: the median call.
-#![allow(dead_code)]
 
 use tch::{nn, Device, Kind, Tensor};
 use tch_cuda_graphs::amp::Autocast;

@@ -163,9 +163,8 @@ fn main() {
             .into_iter()
             .filter(|r| args.rows.iter().any(|n| n == r.0) && !r.0.ends_with("_tanh"))
             .map(|(name, c, batch)| {
-                (name.to_owned(), floors::norm(Device::Cuda(0), batch * c.block, c.embd, c.dropout))
+                Ok((name.to_owned(), floors::norm(Device::Cuda(0), batch * c.block, c.embd, c.dropout)?))
             })
-            .map(|(name, f)| f.map(|f| (name, f)))
             .collect::<Result<Vec<_>>>()
             .expect("the floors");
         println!("{}", floors::report(&named, args.peak_tbps));
