@@ -11,12 +11,13 @@
 //! bytes (a device-to-device memcpy: half of them read, half written), come from the crate's
 //! profiler over 20 calls: the median call.
 
+use crate::kernel_profile;
 use tch::{nn, Device, Kind, Tensor};
 use tch_cuda_graphs::amp::Autocast;
 use tch_cuda_graphs::kernels::Kernels;
 use tch_cuda_graphs::norm::{layer_norm, NormConfig, NormKind};
-use tch_cuda_graphs::profiler::{EventKind, Profiler};
-use tch_cuda_graphs::{synchronize, Result};
+use tch_cuda_graphs::profiler::{Event, EventKind};
+use tch_cuda_graphs::Result;
 
 const CALLS: usize = 20;
 
@@ -52,7 +53,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Durations (µs) of the profiled events of `kind` whose name contains `name`.
-fn durations(events: &[tch_cuda_graphs::profiler::Event], kind: EventKind, name: &str) -> Vec<f64> {
+fn durations(events: &[Event], kind: EventKind, name: &str) -> Vec<f64> {
     events
         .iter()
         .filter(|e| e.kind == kind && e.name.contains(name))
@@ -66,13 +67,7 @@ fn copy_us(device: Device, bytes: f64) -> Result<f64> {
     let src = Tensor::f_zeros([n], (Kind::Uint8, device))?;
     let mut dst = Tensor::f_empty([n], (Kind::Uint8, device))?;
     dst.f_copy_(&src)?;
-    synchronize(device)?;
-    let prof = Profiler::start()?;
-    for _ in 0..CALLS {
-        dst.f_copy_(&src)?;
-    }
-    synchronize(device)?;
-    let profile = prof.stop()?;
+    let profile = kernel_profile::profiled(device, CALLS, || dst.f_copy_(&src).map(drop).map_err(Into::into))?;
     Ok(median(durations(profile.events(), EventKind::Memcpy, "")))
 }
 
@@ -99,13 +94,7 @@ pub fn norm(device: Device, rows: i64, cols: i64, p: f64) -> Result<Vec<Floor>> 
     for _ in 0..3 {
         step()?;
     }
-    synchronize(device)?;
-    let prof = Profiler::start()?;
-    for _ in 0..CALLS {
-        step()?;
-    }
-    synchronize(device)?;
-    let profile = prof.stop()?;
+    let profile = kernel_profile::profiled(device, CALLS, step)?;
     let values = (rows * cols) as f64;
     let mut floors = Vec::new();
     for (pass, name, per_value) in [("forward", "tcg_norm_fwd", 12.0), ("backward", "tcg_norm_bwd", 16.0)] {

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use tch::Device;
-use tch_cuda_graphs::profiler::{EventKind, Profiler};
+use tch_cuda_graphs::profiler::{EventKind, Profile, Profiler};
 use tch_cuda_graphs::{synchronize, Result};
 
 /// Kernel time per replay: by family and by kernel (launches, µs), the total, the replay span.
@@ -66,15 +66,20 @@ pub fn family(name: &str) -> &'static str {
     }
 }
 
-/// Profiles `replays` calls of `replay` (a captured step, warm) and sums its kernels.
-pub fn measure(device: Device, replays: usize, mut replay: impl FnMut() -> Result<()>) -> Result<KernelTimes> {
+/// The crate's profiler around `calls` calls of `f`, the device synchronized before and after.
+pub fn profiled(device: Device, calls: usize, mut f: impl FnMut() -> Result<()>) -> Result<Profile> {
     synchronize(device)?;
     let prof = Profiler::start()?;
-    for _ in 0..replays {
-        replay()?;
+    for _ in 0..calls {
+        f()?;
     }
     synchronize(device)?;
-    let profile = prof.stop()?;
+    prof.stop()
+}
+
+/// Profiles `replays` calls of `replay` (a captured step, warm) and sums its kernels.
+pub fn measure(device: Device, replays: usize, replay: impl FnMut() -> Result<()>) -> Result<KernelTimes> {
+    let profile = profiled(device, replays, replay)?;
     let mut t = KernelTimes::default();
     for e in profile.events().iter().filter(|e| e.kind == EventKind::Kernel) {
         let us = (e.end_ns - e.start_ns) as f64 / 1e3 / replays as f64;
