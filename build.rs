@@ -17,6 +17,11 @@
 //! - `TCH_CUDA_GRAPHS_CUDA_ARCHS`: the GPU architectures of those fat binaries (default `80;90;100`,
 //!   each as SASS, plus PTX of the last for newer GPUs).
 //! - `TCH_CUDA_GRAPHS_NO_OWN_KERNELS=1`: do not build them.
+//! - `CUTLASS_DIR`: the CUTLASS checkout or package whose `include/` (and `tools/util/include/`)
+//!   the GEMMs with GELU in their epilogues build against (`csrc/cuda/gelu_gemm.cu`, sm_90 only;
+//!   default: pip's `nvidia-cutlass` beside torch, `cutlass_library/source`). Without it, or
+//!   without 90 among the architectures, the MLP with exact GELU runs its GEMMs and its GELU
+//!   kernels apart.
 //! - the `doc-only` feature, or `DOCS_RS`: compile nothing (docs.rs has no libtorch).
 use std::env;
 use std::path::{Path, PathBuf};
@@ -132,6 +137,54 @@ fn build_own_kernels(
     let embed = out.join("own_kernels_fatbin.cpp");
     std::fs::write(&embed, asm).map_err(|e| format!("writing {}: {e}", embed.display()))?;
     Ok(embed)
+}
+
+/// The CUTLASS source tree (holding `include/cutlass/cutlass.h`): `$CUTLASS_DIR`, or pip's
+/// `nvidia-cutlass` beside torch.
+fn find_cutlass(torch_root: &Path) -> Option<PathBuf> {
+    let mut candidates: Vec<PathBuf> = env_var("CUTLASS_DIR").map(PathBuf::from).into_iter().collect();
+    if let Some(site) = torch_root.parent() {
+        candidates.push(site.join("cutlass_library").join("source"));
+    }
+    candidates.into_iter().find(|d| d.join("include").join("cutlass").join("cutlass.h").exists())
+}
+
+/// Compiles `csrc/cuda/gelu_gemm.cu` (CUTLASS's kernels and the host code that launches them)
+/// into an object for the shim, for sm_90a. Err: why not (the MLP then runs its GEMMs and GELU
+/// kernels apart).
+fn build_gelu_gemm(torch_root: &Path, cuda_include: &Path) -> Result<PathBuf, String> {
+    if env_var("TCH_CUDA_GRAPHS_NO_OWN_KERNELS").is_some_and(|v| v != "0") {
+        return Err("TCH_CUDA_GRAPHS_NO_OWN_KERNELS is set".into());
+    }
+    let archs = env_var("TCH_CUDA_GRAPHS_CUDA_ARCHS").unwrap_or_else(|| "80;90;100".into());
+    if !archs.split([';', ',', ' ']).any(|a| a == "90") {
+        return Err("90 is not among TCH_CUDA_GRAPHS_CUDA_ARCHS".into());
+    }
+    let cutlass =
+        find_cutlass(torch_root).ok_or("no CUTLASS headers found (set CUTLASS_DIR, or run scripts/setup.sh)")?;
+    let nvcc = find_nvcc(torch_root).ok_or("no nvcc found (set NVCC, or run scripts/setup.sh)")?;
+    let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
+    let object = out.join("gelu_gemm.o");
+    let mut cmd = Command::new(&nvcc);
+    cmd.args(["-c", "-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr"])
+        .args(["-gencode", "arch=compute_90a,code=sm_90a", "-Xcompiler", "-fPIC,-fvisibility=hidden"])
+        .arg("-I")
+        .arg(cutlass.join("include"))
+        .arg("-I")
+        .arg(cutlass.join("tools").join("util").join("include"))
+        .arg("-I")
+        .arg(cuda_include);
+    if cuda_include.join("cccl").exists() {
+        cmd.arg("-I").arg(cuda_include.join("cccl"));
+    }
+    cmd.arg("csrc/cuda/gelu_gemm.cu").arg("-o").arg(&object);
+    let output = cmd.output().map_err(|e| format!("{} did not run: {e}", nvcc.display()))?;
+    if !output.status.success() {
+        let err = String::from_utf8_lossy(&output.stderr);
+        let first: Vec<&str> = err.lines().filter(|l| l.contains("error")).take(4).collect();
+        return Err(format!("{} failed on gelu_gemm.cu: {}", nvcc.display(), first.join(" | ")));
+    }
+    Ok(object)
 }
 
 /// The directory holding `nccl.h`: `$NCCL_INCLUDE_DIR`, or pip's `nvidia/nccl/include` beside
@@ -291,6 +344,15 @@ fn add_cuda(build: &mut cc::Build, torch_root: &Path, includes: &[PathBuf], cxx1
         Err(why) => {
             println!("cargo:warning=tch-cuda-graphs: own kernels not built ({why}); the optimizers will run PyTorch's fused kernels, the fused layers ATen's operators");
             build.define("TCG_OWN_KERNELS_MISSING", Some(format!("{why:?}").as_str()));
+        }
+    }
+    // the GEMMs with GELU in their epilogues, where CUTLASS is there
+    match build_gelu_gemm(torch_root, &cuda_include) {
+        Ok(object) => {
+            build.object(object).define("TCG_GELU_GEMM", None);
+        }
+        Err(why) => {
+            println!("cargo:warning=tch-cuda-graphs: GEMMs with GELU in their epilogues not built ({why}); the MLP with exact GELU runs its GEMMs and GELU kernels apart");
         }
     }
     // process groups over libtorch's c10d and NCCL, when NCCL's header is there

@@ -1,6 +1,6 @@
-// The MLP with GELU (tanh) in its GEMMs' epilogues (CPU and CUDA builds): the C API over the
-// crate's path (cuda/mlp_own.cpp) and ATen's composition, linear, gelu(approximate="tanh"),
-// linear, for every input that path does not take. Both read weight shadows where a step made
+// The MLP with GELU in its GEMMs' epilogues (CPU and CUDA builds): the C API over the crate's
+// path (cuda/mlp_own.cpp) and ATen's composition, linear, gelu, linear, for every input that path
+// does not take. Both read weight shadows where a step made
 // them.
 #include "kernels.h"
 #include "mlp_own.h"
@@ -34,13 +34,15 @@ std::optional<at::Tensor> read_bias(const at::Tensor& b) {
 
 extern "C" {
 
-tcg_status tcg_mlp_gelu_tanh(const tcg_mlp_inputs* in, tcg_weight_grad wgrad, tcg_kernels kernels, tcg_tensor* out,
-                             bool* ran_own) {
+tcg_status tcg_mlp_gelu(const tcg_mlp_inputs* in, tcg_gelu_form form, tcg_weight_grad wgrad, tcg_kernels kernels,
+                        tcg_tensor* out, bool* ran_own) {
   return guard([&] {
     *out = nullptr;
     *ran_own = false;
     if (in == nullptr) misuse("mlp: null inputs");
     if (wgrad != TCG_WEIGHT_GRAD_ROUNDED && wgrad != TCG_WEIGHT_GRAD_FP32) misuse("mlp: unknown weight-gradient mode");
+    if (form != TCG_GELU_ERF && form != TCG_GELU_TANH) misuse("mlp: unknown GELU form");
+    const bool tanh = form == TCG_GELU_TANH;
     const at::Tensor& x = tensor_ref(in->x);
     const at::Tensor& fc_w = tensor_ref(in->fc_weight);
     const at::Tensor& proj_w = tensor_ref(in->proj_weight);
@@ -51,12 +53,12 @@ tcg_status tcg_mlp_gelu_tanh(const tcg_mlp_inputs* in, tcg_weight_grad wgrad, tc
     using tcg::shadow::lookup;
     const tcg::mlp::Operands ops{x,          fc_w,         fc_b,           proj_w,         proj_b,
                                  lookup(fc_w), lookup(fc_b), lookup(proj_w), lookup(proj_b)};
-    const bool own = tcg::kernels::own(kernels, "mlp", [&] { return tcg::mlp::unsupported(ops); });
+    const bool own = tcg::kernels::own(kernels, "mlp", [&] { return tcg::mlp::unsupported(ops, tanh); });
     at::Tensor y;
     if (own) {
-      y = tcg::mlp::gelu_tanh(ops, wgrad == TCG_WEIGHT_GRAD_FP32);
+      y = tcg::mlp::gelu(ops, tanh, wgrad == TCG_WEIGHT_GRAD_FP32);
     } else {
-      const at::Tensor h = at::gelu(at::linear(x, tcg::shadow::read(fc_w), read_bias(fc_b)), "tanh");
+      const at::Tensor h = at::gelu(at::linear(x, tcg::shadow::read(fc_w), read_bias(fc_b)), tanh ? "tanh" : "none");
       y = at::linear(h, tcg::shadow::read(proj_w), read_bias(proj_b));
     }
     *out = std::make_unique<at::Tensor>(std::move(y)).release();

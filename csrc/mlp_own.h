@@ -15,14 +15,16 @@ struct Operands {
   at::Tensor shadow_fc_w, shadow_fc_b, shadow_proj_w, shadow_proj_b;
 };
 
-// Why the crate's path cannot take these operands, or "" when it can.
-std::string unsupported(const Operands& in);
+// Why the crate's path cannot take these operands with GELU's tanh (`tanh`) or exact form, or ""
+// when it can.
+std::string unsupported(const Operands& in, bool tanh);
 
-// proj(gelu_tanh(fc(x))) through one autograd node: the forward GEMM of fc adds its bias and
-// applies the GELU in cuBLASLt's GELU_AUX_BIAS epilogue (keeping GELU's input for the backward),
-// and the backward's GEMM through proj applies GELU's derivative (DGELU), fc's weight-gradient
-// GEMM summing its bias gradient (BGRADB). `fp32_wgrad`: the weight-gradient GEMMs write float32. Call only where
-// unsupported() is "".
-at::Tensor gelu_tanh(const Operands& in, bool fp32_wgrad);
+// proj(gelu(fc(x))) through one autograd node: the forward GEMM of fc adds its bias and applies
+// the GELU in its epilogue (keeping GELU's input for the backward), and the backward's GEMM
+// through proj applies GELU's derivative. The tanh form: cuBLASLt's GELU_AUX_BIAS and DGELU
+// epilogues, fc's weight-gradient GEMM summing its bias gradient (BGRADB); the exact form:
+// CUTLASS's (cuda/gelu_gemm.h), whose backward GEMM sums fc's bias gradient. `fp32_wgrad`: the
+// weight-gradient GEMMs write float32. Call only where unsupported() is "".
+at::Tensor gelu(const Operands& in, bool tanh, bool fp32_wgrad);
 
 }  // namespace tcg::mlp

@@ -469,20 +469,23 @@ tcg_status tcg_gelu(tcg_tensor x, tcg_tensor bias, tcg_gelu_form form, tcg_kerne
                     bool* ran_own);
 
 // ---------------------------------------------------------------- mlp.cpp (CPU and CUDA)
-// A two-layer MLP with GELU's tanh approximation between, y = proj(gelu_tanh(fc(x))): x [.., C],
-// fc_weight [H, C], fc_bias [H] (NULL: none), proj_weight [C', H], proj_bias [C'] (NULL: none);
-// *out: y [.., C'], a new tensor. Reads weight shadows, as tcg_linear_forward does. On the
-// crate's path (the linear family's conditions for both layers, H a multiple of 8) fc's GEMM
-// adds its bias and applies the GELU in cuBLASLt's GELU_AUX_BIAS epilogue, and the backward's
-// GEMM through proj applies GELU's derivative (DGELU), fc's weight-gradient GEMM summing its bias
-// gradient (BGRADB), so no GELU kernel runs; wgrad as tcg_linear_forward's. Elsewhere ATen's linear, gelu(approximate=
-// "tanh"), linear. kernels: the linear family's rules. A weight or bias of the wrong shape:
-// TCG_MISUSE. *ran_own: whether the crate's path was taken.
+// A two-layer MLP with GELU between, y = proj(gelu(fc(x))), GELU's `form` (TCG_GELU_ERF: the
+// exact one; TCG_GELU_TANH: the tanh approximation): x [.., C], fc_weight [H, C], fc_bias [H]
+// (NULL: none), proj_weight [C', H], proj_bias [C'] (NULL: none); *out: y [.., C'], a new tensor.
+// Reads weight shadows, as tcg_linear_forward does. On the crate's path (the linear family's
+// conditions for both layers, H a multiple of 8) fc's GEMM adds its bias and applies the GELU in
+// its epilogue (keeping GELU's input), and the backward's GEMM through proj applies GELU's
+// derivative, so no GELU kernel runs: the tanh form in cuBLASLt's GELU_AUX_BIAS and DGELU
+// epilogues (fc's weight-gradient GEMM summing its bias gradient, BGRADB), the exact form in
+// CUTLASS's (csrc/cuda/gelu_gemm.h: bf16, sm_90, where the build found CUTLASS; its backward
+// GEMM sums fc's bias gradient); wgrad as tcg_linear_forward's. Elsewhere ATen's linear, gelu,
+// linear. kernels: the linear family's rules. A weight or bias of the wrong shape: TCG_MISUSE.
+// *ran_own: whether the crate's path was taken.
 typedef struct {
   tcg_tensor x, fc_weight, fc_bias, proj_weight, proj_bias;
 } tcg_mlp_inputs;
-tcg_status tcg_mlp_gelu_tanh(const tcg_mlp_inputs* in, tcg_weight_grad wgrad, tcg_kernels kernels, tcg_tensor* out,
-                             bool* ran_own);
+tcg_status tcg_mlp_gelu(const tcg_mlp_inputs* in, tcg_gelu_form form, tcg_weight_grad wgrad, tcg_kernels kernels,
+                        tcg_tensor* out, bool* ran_own);
 
 // ---------------------------------------------------------------- autograd.cpp (CPU and CUDA)
 // torch::autograd::grad(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused).

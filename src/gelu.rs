@@ -53,9 +53,9 @@ pub struct GeluConfig {
     pub kernels: Kernels,
 }
 
-impl GeluConfig {
-    fn form(&self) -> RawGeluForm {
-        match self.approximate {
+impl GeluApproximate {
+    pub(crate) fn raw(self) -> RawGeluForm {
+        match self {
             GeluApproximate::None => RawGeluForm::TCG_GELU_ERF,
             GeluApproximate::Tanh => RawGeluForm::TCG_GELU_TANH,
         }
@@ -66,7 +66,7 @@ impl GeluConfig {
 /// differentiable in both. [`crate::Error::Misuse`] for a bias of another width or device, or
 /// integer tensors.
 pub fn f_bias_gelu(x: &Tensor, bias: Option<&Tensor>, config: &GeluConfig) -> Result<Tensor> {
-    Ok(raw::gelu(x, bias, config.form(), config.kernels.raw())?.0)
+    Ok(raw::gelu(x, bias, config.approximate.raw(), config.kernels.raw())?.0)
 }
 
 /// [`f_bias_gelu`], panicking on an error as tch's operators do.
@@ -96,7 +96,7 @@ impl Gelu {
 
     /// `gelu(x + bias)`: [`f_bias_gelu`] with this module's config.
     pub fn f_forward_biased(&self, x: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-        let (y, own) = raw::gelu(x, bias, self.config.form(), self.config.kernels.raw())?;
+        let (y, own) = raw::gelu(x, bias, self.config.approximate.raw(), self.config.kernels.raw())?;
         self.last.set(Some(KernelPath::of_one(own)));
         Ok(y)
     }

@@ -1,48 +1,70 @@
-//! A two-layer MLP with GELU's tanh approximation between, `proj(gelu_tanh(fc(x)))`, whose
-//! activation runs inside its GEMMs: [`f_gelu_tanh_mlp`].
+//! A two-layer MLP with GELU between, `proj(gelu(fc(x)))`, whose activation runs inside its
+//! GEMMs: [`f_gelu_mlp`] (and [`f_gelu_tanh_mlp`] for GELU's tanh approximation).
 //!
-//! GPT-2's original activation (and llm.c's) is GELU's tanh approximation, which cuBLASLt can
-//! compute in a GEMM's epilogue. On the crate's path `fc`'s forward GEMM adds its bias and
-//! applies the GELU to the float32 accumulators (`GELU_AUX_BIAS`, keeping GELU's input for the
-//! backward), and in the backward the GEMM through `proj` (the one that makes GELU's output
-//! gradient) applies GELU's derivative and sums `fc`'s bias gradient (`DGELU_BGRAD`): no GELU
-//! kernel runs, and neither does a bias-gradient pass for `fc`. The weight gradients are those of
-//! [`crate::linear::Linear`]'s backward (`proj`'s bias gradient in its weight-gradient GEMM, float
-//! 32 under [`WeightGrad::Float32`](crate::linear::WeightGrad::Float32)). Numerics against ATen's
-//! `gelu(approximate="tanh")` on the same GEMM: `tests/gpu_mlp.rs` states the figures.
+//! On the crate's path `fc`'s forward GEMM adds its bias and applies the GELU to the float32
+//! accumulators (keeping GELU's input for the backward), and in the backward the GEMM through
+//! `proj` (the one that makes GELU's output gradient) applies GELU's derivative: no GELU kernel
+//! runs. The two forms run in different GEMMs:
+//! - **the tanh approximation** (GPT-2's original activation, llm.c's) in cuBLASLt's epilogues
+//!   (`GELU_AUX_BIAS` forward, `DGELU` backward; `fc`'s bias gradient in its weight-gradient
+//!   GEMM's `BGRADB`);
+//! - **the exact form** (`approximate="none"`, PyTorch's default) in CUTLASS's, on bf16 and
+//!   sm_90 (H100, H200) where the build found CUTLASS's headers (`scripts/setup.sh` installs
+//!   them; `docs/building.md`): GELU computed as
+//!   [`crate::gelu`]'s kernels compute it, and `fc`'s bias gradient summed by the backward GEMM in
+//!   a fixed order. cuBLASLt offers no epilogue for it.
+//!
+//! The weight gradients are those of [`crate::linear::Linear`]'s backward (`proj`'s bias gradient
+//! in its weight-gradient GEMM, float 32 under
+//! [`WeightGrad::Float32`](crate::linear::WeightGrad::Float32)). Numerics against ATen's
+//! composition on the same GEMM: `tests/gpu_mlp.rs` states the figures. GELU applied to the
+//! float32 accumulators, not to their bf16 rounding, is closer to the exact value than the
+//! composition's.
 //!
 //! The crate's path runs where both layers' do ([`crate::linear`]: CUDA tensors with a 16-bit
-//! compute dtype), with a hidden width that is a multiple of 8; elsewhere, and under
-//! [`Kernels::PyTorch`](crate::kernels::Kernels::PyTorch), ATen's `linear`,
-//! `gelu(approximate="tanh")` and `linear` compute the same. The weight-gradient mode and the
-//! kernel choice are `fc`'s ([`LinearConfig`](crate::linear::LinearConfig)). GELU's exact erf
-//! form has no cuBLASLt epilogue: [`crate::gelu`] runs it (with `fc`'s bias) in one kernel each
-//! way.
+//! compute dtype), with a hidden width that is a multiple of 8 (and, for the exact form, the
+//! conditions above); elsewhere, and under [`Kernels::PyTorch`](crate::kernels::Kernels::PyTorch),
+//! ATen's `linear`, `gelu` and `linear` compute the same. The weight-gradient mode and the kernel
+//! choice are `fc`'s ([`LinearConfig`](crate::linear::LinearConfig)).
 //!
 //! ```no_run
 //! # fn main() -> tch_cuda_graphs::Result<()> {
 //! use tch::{nn, Device, Kind, Tensor};
+//! use tch_cuda_graphs::gelu::GeluApproximate;
 //! use tch_cuda_graphs::linear::{linear, LinearConfig};
-//! use tch_cuda_graphs::mlp::f_gelu_tanh_mlp;
+//! use tch_cuda_graphs::mlp::f_gelu_mlp;
 //! let vs = nn::VarStore::new(Device::Cuda(0));
 //! let fc = linear(vs.root() / "c_fc", 768, 3072, LinearConfig::default());
 //! let proj = linear(vs.root() / "c_proj", 3072, 768, LinearConfig::default());
 //! let x = Tensor::randn([12, 1024, 768], (Kind::BFloat16, Device::Cuda(0)));
-//! let y = f_gelu_tanh_mlp(&x, &fc, &proj)?; // two GEMMs forward, no GELU kernel
+//! let y = f_gelu_mlp(&x, &fc, &proj, GeluApproximate::None)?; // two GEMMs forward, no GELU kernel
 //! # let _ = y; Ok(()) }
 //! ```
 
 use crate::error::Result;
+use crate::gelu::GeluApproximate;
+use crate::kernels::Kernels;
 use crate::linear::Linear;
 use crate::sys::mlp as raw;
 use tch::Tensor;
 
-/// `proj(gelu_tanh(fc(x)))` of `x` [.., C], with `fc` C → H and `proj` H → C'; in the compute
-/// dtype on the crate's path (as [`Linear::f_forward`]'s). [`crate::Error::Misuse`] where the
-/// layers' shapes do not chain; [`crate::Error::Unsupported`] where `fc`'s config says
+/// `proj(gelu(fc(x)))` of `x` [.., C], with `fc` C → H and `proj` H → C', GELU's exact form or its
+/// tanh approximation (`approximate`); in the compute dtype on the crate's path (as
+/// [`Linear::f_forward`]'s). [`crate::Error::Misuse`] where the layers' shapes do not chain;
+/// [`crate::Error::Unsupported`] where `fc`'s config says
 /// [`Kernels::Own`](crate::kernels::Kernels::Own) and the crate's path does not apply.
+pub fn f_gelu_mlp(x: &Tensor, fc: &Linear, proj: &Linear, approximate: GeluApproximate) -> Result<Tensor> {
+    run(x, fc, proj, proj.bs.as_ref(), approximate, fc.config().kernels)
+}
+
+/// [`f_gelu_mlp`], panicking on an error as tch's layers do.
+pub fn gelu_mlp(x: &Tensor, fc: &Linear, proj: &Linear, approximate: GeluApproximate) -> Tensor {
+    f_gelu_mlp(x, fc, proj, approximate).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`f_gelu_mlp`] with GELU's tanh approximation.
 pub fn f_gelu_tanh_mlp(x: &Tensor, fc: &Linear, proj: &Linear) -> Result<Tensor> {
-    run(x, fc, proj, proj.bs.as_ref())
+    f_gelu_mlp(x, fc, proj, GeluApproximate::Tanh)
 }
 
 /// [`f_gelu_tanh_mlp`], panicking on an error as tch's layers do.
@@ -54,17 +76,36 @@ pub fn gelu_tanh_mlp(x: &Tensor, fc: &Linear, proj: &Linear) -> Tensor {
 /// gradient itself ([`crate::norm::LayerNorm::f_forward_residual_biased`], through
 /// [`crate::transformer::ResidualStream`]), as [`Linear::f_forward_unbiased`] is for one layer.
 pub fn f_gelu_tanh_mlp_unbiased(x: &Tensor, fc: &Linear, proj: &Linear) -> Result<Tensor> {
-    run(x, fc, proj, None)
+    run(x, fc, proj, None, GeluApproximate::Tanh, fc.config().kernels)
 }
 
-fn run(x: &Tensor, fc: &Linear, proj: &Linear, proj_bias: Option<&Tensor>) -> Result<Tensor> {
-    let config = fc.config();
-    let (y, _own) = raw::gelu_tanh(
+/// [`f_gelu_mlp`] without `proj`'s bias (as [`f_gelu_tanh_mlp_unbiased`]), on the crate's path
+/// only: [`crate::Error::Unsupported`] where it does not apply, whatever `fc`'s config says (the
+/// caller then runs the layers apart).
+pub(crate) fn f_gelu_mlp_unbiased_own(
+    x: &Tensor,
+    fc: &Linear,
+    proj: &Linear,
+    approximate: GeluApproximate,
+) -> Result<Tensor> {
+    run(x, fc, proj, None, approximate, Kernels::Own)
+}
+
+fn run(
+    x: &Tensor,
+    fc: &Linear,
+    proj: &Linear,
+    proj_bias: Option<&Tensor>,
+    approximate: GeluApproximate,
+    kernels: Kernels,
+) -> Result<Tensor> {
+    let (y, _own) = raw::gelu(
         x,
         (&fc.ws, fc.bs.as_ref()),
         (&proj.ws, proj_bias),
-        config.weight_grad.raw(),
-        config.kernels.raw(),
+        approximate.raw(),
+        fc.config().weight_grad.raw(),
+        kernels.raw(),
     )?;
     Ok(y)
 }

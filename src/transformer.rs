@@ -2,10 +2,11 @@
 //! `TransformerLayer`) and the residual stream it carries between layers ([`ResidualStream`]),
 //! so that every fusion of the crate applies without restructuring a model: each norm takes the
 //! residual add and the dropout of the branch before it ([`crate::norm`]) and the bias of the
-//! projection that made the branch ([`ResidualStream::f_push_linear`]), the GELU takes the bias of
-//! the MLP's first layer ([`crate::gelu`]; with [`Activation::GeluTanh`] the MLP's GEMMs add it
-//! and apply the GELU in their epilogues, [`crate::mlp`]), so each of those bias gradients is summed in a pass
-//! that runs anyway, and the other linear layer (QKV) sums its bias gradient inside the
+//! projection that made the branch ([`ResidualStream::f_push_linear`]), the MLP's GEMMs add the
+//! bias of its first layer and apply the GELU in their epilogues ([`crate::mlp`]: the tanh form
+//! in cuBLASLt's, the exact one in CUTLASS's on bf16 and sm_90; elsewhere the GELU kernel takes
+//! that bias, [`crate::gelu`]), so each of those bias gradients is summed in a pass that runs
+//! anyway, and the other linear layer (QKV) sums its bias gradient inside the
 //! weight-gradient GEMM ([`crate::linear`]). Under [`Kernels::PyTorch`] the layer runs PyTorch's
 //! operations in PyTorch's order (each bias in its linear layer).
 //!
@@ -33,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::gelu::{f_bias_gelu, GeluApproximate, GeluConfig};
 use crate::kernels::Kernels;
 use crate::linear::{linear, Linear, LinearConfig, WeightGrad};
-use crate::mlp::f_gelu_tanh_mlp_unbiased;
+use crate::mlp::{f_gelu_mlp_unbiased_own, f_gelu_tanh_mlp_unbiased};
 use crate::norm::{layer_norm, LayerNorm, NormConfig, NormKind};
 use std::borrow::Borrow;
 use tch::{nn, Tensor};
@@ -227,7 +228,9 @@ impl ResidualStream {
 /// The MLP's activation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Activation {
-    /// `nn::GELU`: the exact erf form (GPT-2's and nanoGPT's model).
+    /// `nn::GELU`: the exact erf form (GPT-2's and nanoGPT's model): with the crate's kernels,
+    /// computed in the MLP's GEMM epilogues where CUTLASS's GEMMs run (bf16, sm_90), else in the
+    /// bias + GELU kernels ([`crate::mlp`]).
     #[default]
     Gelu,
     /// GELU's tanh approximation (GPT-2's original, llm.c's): with the crate's kernels, computed
@@ -371,10 +374,18 @@ impl TransformerLayer {
 
     /// The MLP's branch, and the bias still to add (see [`linear_parts`](Self::linear_parts)):
     /// with GELU's tanh form on the crate's kernels, both GEMMs with the GELU in their epilogues
-    /// ([`crate::mlp`]).
+    /// ([`crate::mlp`]); with the exact form too where those GEMMs take it (CUTLASS's: bf16 on
+    /// sm_90), else the GEMMs and the GELU kernels apart.
     fn mlp<'l>(&'l self, h: &Tensor) -> Result<(Tensor, Option<&'l Tensor>)> {
         if self.config.activation == Activation::GeluTanh && self.config.kernels != Kernels::PyTorch {
             return Ok((f_gelu_tanh_mlp_unbiased(h, &self.c_fc, &self.mlp_proj)?, self.mlp_proj.bs.as_ref()));
+        }
+        if self.config.activation == Activation::Gelu && self.config.kernels != Kernels::PyTorch {
+            match f_gelu_mlp_unbiased_own(h, &self.c_fc, &self.mlp_proj, GeluApproximate::None) {
+                Ok(y) => return Ok((y, self.mlp_proj.bs.as_ref())),
+                Err(Error::Unsupported(_)) => {} // the layers apart, below
+                Err(e) => return Err(e),
+            }
         }
         let a = self.mlp_hidden(h)?;
         self.linear_parts(&self.mlp_proj, &a)

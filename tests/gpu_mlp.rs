@@ -1,5 +1,6 @@
-//! The MLP with GELU's tanh approximation in cuBLASLt's epilogues (`mlp::f_gelu_tanh_mlp`) on a
-//! GPU, each figure printed: its GELU output against the tanh form computed in float64 on the same
+//! The MLP with GELU in its GEMMs' epilogues on a GPU: the exact form in CUTLASS's
+//! (`mlp::f_gelu_mlp`, the last test), and the tanh approximation in cuBLASLt's
+//! (`mlp::f_gelu_tanh_mlp`), each figure printed: its GELU output against the tanh form computed in float64 on the same
 //! operands and rounded once (within one bf16 ulp where |gelu| >= 2^-6, within 1e-4 below); the
 //! forward and every gradient against the
 //! same computation in float32 on the bf16 operands, rounded where the step rounds (within 1e-2
@@ -11,9 +12,10 @@ mod common;
 use common::{bf16_ulps, captured_minus_eager, cuda, kernels_of, rel};
 use tch::{nn, Kind, Tensor};
 use tch_cuda_graphs::amp::Autocast;
+use tch_cuda_graphs::gelu::GeluApproximate;
 use tch_cuda_graphs::kernels::Kernels;
 use tch_cuda_graphs::linear::{linear, Linear, LinearConfig};
-use tch_cuda_graphs::mlp::f_gelu_tanh_mlp;
+use tch_cuda_graphs::mlp::{f_gelu_mlp, f_gelu_tanh_mlp};
 use tch_cuda_graphs::Error;
 
 fn layers(vs: &nn::VarStore, c: i64, h: i64, kernels: Kernels) -> (Linear, Linear) {
@@ -22,12 +24,12 @@ fn layers(vs: &nn::VarStore, c: i64, h: i64, kernels: Kernels) -> (Linear, Linea
 }
 
 /// y and the gradients of x, fc's weight and bias, proj's weight and bias, for the loss
-/// sum(y · w), under bf16 autocast.
-fn run(x: &Tensor, fc: &Linear, proj: &Linear, w: &Tensor) -> Vec<Tensor> {
+/// sum(y · w), under bf16 autocast, with GELU's tanh or exact form.
+fn run(x: &Tensor, fc: &Linear, proj: &Linear, w: &Tensor, approximate: GeluApproximate) -> Vec<Tensor> {
     let x = x.detach().set_requires_grad(true);
     let y = {
         let _bf16 = Autocast::new(Kind::BFloat16, false).expect("autocast");
-        f_gelu_tanh_mlp(&x, fc, proj).expect("mlp")
+        f_gelu_mlp(&x, fc, proj, approximate).expect("mlp")
     };
     (&y.to_kind(Kind::Float) * w).sum(Kind::Float).backward();
     let bias = |l: &Linear| l.bs.as_ref().expect("a bias").grad();
@@ -63,6 +65,86 @@ fn reference(x: &Tensor, fc: &Linear, proj: &Linear, w: &Tensor) -> Vec<Tensor> 
 
 const NAMES: [&str; 6] = ["y", "dx", "dW_fc", "db_fc", "dW_proj", "db_proj"];
 
+/// GPT-2 small's MLP twice, on the crate's path and ATen's (the same parameters), an input x
+/// [8192, C] and the loss's weights w.
+struct Twins {
+    x: Tensor,
+    w: Tensor,
+    own: nn::VarStore,
+    fc1: Linear,
+    proj1: Linear,
+    fc2: Linear,
+    proj2: Linear,
+}
+
+fn twins(dev: tch::Device, c: i64, h: i64) -> Twins {
+    let rows = 8192;
+    let x = Tensor::randn([rows, c], (Kind::Float, dev));
+    let w = Tensor::randn([rows, c], (Kind::Float, dev));
+    let (own, aten) = (nn::VarStore::new(dev), nn::VarStore::new(dev));
+    let (fc1, proj1) = layers(&own, c, h, Kernels::Own);
+    let (fc2, proj2) = layers(&aten, c, h, Kernels::PyTorch);
+    tch::no_grad(|| {
+        for (a, b) in aten.trainable_variables().iter().zip(own.trainable_variables()) {
+            a.shallow_clone().copy_(&b);
+        }
+    });
+    Twins { x, w, own, fc1, proj1, fc2, proj2 }
+}
+
+/// A GELU output `h` (bf16) against the exact values in float64: the most bf16 ulps from them
+/// rounded once where |gelu| >= 2^-6, the largest absolute error below (where 1 + tanh or 1 + erf
+/// cancel in float32 formulas), and the share of values equal to them rounded.
+fn output_errors(h: &Tensor, exact: &Tensor) -> (f64, f64, f64) {
+    let rounded = exact.to_kind(Kind::BFloat16);
+    let large = exact.abs().ge(1.0 / 64.0);
+    let ulps = bf16_ulps(&h.where_self(&large, &rounded), &rounded);
+    let small = (h.to_kind(Kind::Double) - exact).abs() * large.logical_not().to_kind(Kind::Double);
+    let same = f64::try_from(h.eq_tensor(&rounded).to_kind(Kind::Float).mean(Kind::Float)).unwrap();
+    (ulps, f64::try_from(small.max()).unwrap(), same)
+}
+
+/// Each of the forward and gradients (NAMES) against the float32 reference and ATen's
+/// composition, printed; asserts within `to_ref` of the reference (and `to_aten` of ATen's).
+fn compare(ours: &[Tensor], refs: &[Tensor], aten: &[Tensor], to_ref: f64, to_aten: Option<f64>) {
+    for (i, name) in NAMES.iter().enumerate() {
+        let (r, a) = (rel(&ours[i], &refs[i]), rel(&ours[i], &aten[i]));
+        let aten_to_ref = rel(&aten[i], &refs[i]);
+        println!(
+            "{name} ({:?}): {r:e} from the float32 reference (ATen's composition: {aten_to_ref:e}), {a:e} from ATen's composition",
+            ours[i].kind()
+        );
+        assert!(r <= to_ref, "{name}: {r:e} from the float32 reference");
+        if let Some(most) = to_aten {
+            assert!(a <= most, "{name}: {a:e} from ATen's composition");
+        }
+    }
+}
+
+/// One forward and backward of the MLP on `x0` (autocast bf16): y and the gradients of x and
+/// `params`, flattened into one tensor.
+fn mlp_step(
+    x0: &Tensor,
+    fc: &Linear,
+    proj: &Linear,
+    params: &[Tensor],
+    approximate: GeluApproximate,
+) -> tch_cuda_graphs::Result<Tensor> {
+    let x = x0.detach().set_requires_grad(true);
+    let y = {
+        let _bf16 = Autocast::new(Kind::BFloat16, false)?;
+        f_gelu_mlp(&x, fc, proj, approximate)?
+    };
+    let loss = y.to_kind(Kind::Float).square().sum(Kind::Float);
+    let mut inputs = vec![x.shallow_clone()];
+    inputs.extend(params.iter().map(|p| p.shallow_clone()));
+    let g = tch_cuda_graphs::autograd::grad(&[loss], &inputs, None, false, false)?;
+    // y detached: the result keeps no autograd graph (nor the parameters' accumulators) alive
+    let mut parts = vec![y.detach().to_kind(Kind::Float).reshape([-1])];
+    parts.extend(g.iter().map(|g| g.as_ref().expect("used").to_kind(Kind::Float).reshape([-1])));
+    Ok(Tensor::cat(&parts, 0))
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gelu_tanh_mlp_matches_the_epilogue_formula_and_the_composition() {
@@ -85,18 +167,9 @@ fn gelu_tanh_mlp_matches_the_epilogue_formula_and_the_composition() {
     let f64_of = |t: &Tensor| bf16(t).to_kind(Kind::Double);
     let pre = f64_of(&x).matmul(&f64_of(&fc.ws).tr()) + f64_of(fc.bs.as_ref().unwrap());
     let exact = pre.gelu("tanh");
-    let rounded = exact.to_kind(Kind::BFloat16);
     let aten = pre.to_kind(Kind::Float).gelu("tanh").to_kind(Kind::BFloat16);
-    // ulps where |gelu| >= 2^-6; below, 1 + tanh cancels in float32 formulas: absolute error
-    let large = exact.abs().ge(1.0 / 64.0);
-    let stats = |h: &Tensor| {
-        let ulps = bf16_ulps(&h.where_self(&large, &rounded), &rounded);
-        let small = (h.to_kind(Kind::Double) - &exact).abs() * large.logical_not().to_kind(Kind::Double);
-        let same = f64::try_from(h.eq_tensor(&rounded).to_kind(Kind::Float).mean(Kind::Float)).unwrap();
-        (ulps, f64::try_from(small.max()).unwrap(), same)
-    };
-    let (ulps, small, same) = stats(&y);
-    let (aten_ulps, aten_small, aten_same) = stats(&aten);
+    let (ulps, small, same) = output_errors(&y, &exact);
+    let (aten_ulps, aten_small, aten_same) = output_errors(&aten, &exact);
     println!(
         "GELU_AUX_BIAS epilogue [4096, 768] against the tanh form in float64 rounded once: max {ulps} bf16 ulp where |gelu| >= 2^-6, max |error| {small:e} below, {:.3}% equal (ATen's float32 formula: {aten_ulps} ulp, {aten_small:e}, {:.3}%)",
         100.0 * same,
@@ -105,19 +178,10 @@ fn gelu_tanh_mlp_matches_the_epilogue_formula_and_the_composition() {
     assert!(ulps <= 1.0 && small <= 1e-4, "the epilogue's GELU is not the tanh form");
 
     // GPT-2 small's MLP: forward and gradients against the float32 reference and the composition
-    let (rows, c, h) = (8192, 768, 3072);
-    let x = Tensor::randn([rows, c], (Kind::Float, dev));
-    let w = Tensor::randn([rows, c], (Kind::Float, dev));
-    let (vs1, vs2) = (nn::VarStore::new(dev), nn::VarStore::new(dev));
-    let (fc1, proj1) = layers(&vs1, c, h, Kernels::Own);
-    let (fc2, proj2) = layers(&vs2, c, h, Kernels::PyTorch);
-    tch::no_grad(|| {
-        for (a, b) in vs2.trainable_variables().iter().zip(vs1.trainable_variables()) {
-            a.shallow_clone().copy_(&b);
-        }
-    });
+    let (c, h) = (768, 3072);
+    let Twins { x, w, fc1, proj1, fc2, proj2, .. } = twins(dev, c, h);
     // the crate's path runs no GELU kernel and no bias-gradient reduction of its own
-    let (ours, kernels) = kernels_of(dev, || run(&x, &fc1, &proj1, &w));
+    let (ours, kernels) = kernels_of(dev, || run(&x, &fc1, &proj1, &w, GeluApproximate::Tanh));
     let gemms = kernels.iter().filter(|k| k.contains("gemm") || k.contains("nvjet")).count();
     println!("forward and backward: {} kernels, {gemms} of them GEMMs", kernels.len());
     for k in &kernels {
@@ -125,17 +189,9 @@ fn gelu_tanh_mlp_matches_the_epilogue_formula_and_the_composition() {
     }
     let gelu_kernels: Vec<&String> = kernels.iter().filter(|k| k.contains("Gelu") || k.contains("tcg_gelu")).collect();
     assert!(gelu_kernels.is_empty(), "a GELU kernel ran: {gelu_kernels:?}");
-    let aten = run(&x, &fc2, &proj2, &w);
+    let aten = run(&x, &fc2, &proj2, &w, GeluApproximate::Tanh);
     let refs = tch::no_grad(|| reference(&x, &fc1, &proj1, &w));
-    for (i, name) in NAMES.iter().enumerate() {
-        let (to_ref, to_aten) = (rel(&ours[i], &refs[i]), rel(&ours[i], &aten[i]));
-        let aten_to_ref = rel(&aten[i], &refs[i]);
-        println!(
-            "{name} ({:?}): {to_ref:e} from the float32 reference (ATen's composition: {aten_to_ref:e}), {to_aten:e} from ATen's composition",
-            ours[i].kind()
-        );
-        assert!(to_ref <= 1e-2, "{name}: {to_ref:e} from the float32 reference");
-    }
+    compare(&ours, &refs, &aten, 1e-2, None);
     assert_eq!(ours[0].kind(), Kind::BFloat16);
     assert!(ours[2..].iter().all(|g| g.kind() == Kind::Float));
 }
@@ -151,21 +207,7 @@ fn gelu_tanh_mlp_captures_and_refuses_bad_input() {
     let (fc, proj) = layers(&vs, 256, 1024, Kernels::Own);
     let x0 = Tensor::randn([2048, 256], (Kind::Float, dev));
     let params = vs.trainable_variables();
-    let step = || -> tch_cuda_graphs::Result<Tensor> {
-        let x = x0.detach().set_requires_grad(true);
-        let y = {
-            let _bf16 = Autocast::new(Kind::BFloat16, false)?;
-            f_gelu_tanh_mlp(&x, &fc, &proj)?
-        };
-        let loss = y.to_kind(Kind::Float).square().sum(Kind::Float);
-        let mut inputs = vec![x.shallow_clone()];
-        inputs.extend(params.iter().map(|p| p.shallow_clone()));
-        let g = tch_cuda_graphs::autograd::grad(&[loss], &inputs, None, false, false)?;
-        // y detached: the result keeps no autograd graph (nor the parameters' accumulators) alive
-        let mut parts = vec![y.detach().to_kind(Kind::Float).reshape([-1])];
-        parts.extend(g.iter().map(|g| g.as_ref().expect("used").to_kind(Kind::Float).reshape([-1])));
-        Ok(Tensor::cat(&parts, 0))
-    };
+    let step = || mlp_step(&x0, &fc, &proj, &params, GeluApproximate::Tanh);
     let d = captured_minus_eager(step);
     println!("captured GELU-epilogue MLP forward and backward against eager: max |difference| {d:e}");
     assert_eq!(d, 0.0);
@@ -202,4 +244,109 @@ fn gelu_tanh_mlp_captures_and_refuses_bad_input() {
     let wrong = Tensor::randn([16, 255], (Kind::Float, dev));
     assert!(matches!(f_gelu_tanh_mlp(&wrong, &fa, &pa), Err(Error::Misuse(_))));
     assert!(matches!(f_gelu_tanh_mlp(&x, &fa, &fa), Err(Error::Misuse(_))), "proj must take fc's width");
+}
+
+/// The exact form's float32 reference: GELU applied to the float32 pre-activation (the float32
+/// bias added to the float32 product, as the epilogue does), GELU's input rounded once for the
+/// backward, its derivative applied to the float32 gradient, fc's bias gradient summed before
+/// the rounding of dpre.
+fn reference_exact(x: &Tensor, fc: &Linear, proj: &Linear, w: &Tensor) -> Vec<Tensor> {
+    let (wf, bf) = (bf16(&fc.ws), fc.bs.as_ref().unwrap().detach());
+    let (wp, bp) = (bf16(&proj.ws), proj.bs.as_ref().unwrap().detach());
+    let xb = bf16(x);
+    let pre = xb.matmul(&wf.tr()) + bf;
+    let h = bf16(&pre.gelu("none"));
+    let y = h.matmul(&wp.tr()) + bf16(&bp);
+    let dy = bf16(w);
+    let dpre = bf16(&pre).gelu_backward(&dy.matmul(&wp), "none");
+    let dpre_b = bf16(&dpre);
+    vec![
+        y,
+        dpre_b.matmul(&wf),
+        dpre_b.tr().matmul(&xb),
+        dpre.sum_dim_intlist(0, false, Kind::Float),
+        dy.tr().matmul(&h),
+        dy.sum_dim_intlist(0, false, Kind::Float),
+    ]
+}
+
+/// GELU's exact form in CUTLASS's epilogues (sm_90, bf16): its GELU output against the exact
+/// value of the float32 pre-activation rounded once, the forward and every gradient against the
+/// float32 reference and ATen's composition, no GELU kernel and no bias-gradient pass, the bias
+/// gradient the same bits run after run, and a captured step equal to eager bit for bit.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gelu_mlp_exact_form_in_cutlass_epilogues() {
+    let dev = cuda(); // and an sm_90 GPU: elsewhere Kernels::Own refuses the exact form, and this fails saying why
+    tch::manual_seed(9);
+    // GELU's output itself: proj the identity
+    let vs = nn::VarStore::new(dev);
+    let (fc, proj) = layers(&vs, 768, 768, Kernels::Own);
+    tch::no_grad(|| {
+        proj.ws.shallow_clone().copy_(&Tensor::eye(768, (Kind::Float, dev)));
+        let _ = proj.bs.as_ref().unwrap().shallow_clone().zero_();
+    });
+    let x = Tensor::randn([4096, 768], (Kind::Float, dev));
+    let y = {
+        let _bf16 = Autocast::new(Kind::BFloat16, false).expect("autocast");
+        tch::no_grad(|| f_gelu_mlp(&x, &fc, &proj, GeluApproximate::None).expect("mlp"))
+    };
+    let f64_of = |t: &Tensor| bf16(t).to_kind(Kind::Double);
+    let pre = f64_of(&x).matmul(&f64_of(&fc.ws).tr()) + fc.bs.as_ref().unwrap().to_kind(Kind::Double);
+    let exact = pre.gelu("none");
+    let aten = {
+        let _bf16 = Autocast::new(Kind::BFloat16, false).expect("autocast");
+        tch::no_grad(|| x.linear(&fc.ws, fc.bs.as_ref()).gelu("none"))
+    };
+    let (ulps, small, same) = output_errors(&y, &exact);
+    let (aten_ulps, aten_small, aten_same) = output_errors(&aten, &exact);
+    println!(
+        "CUTLASS GELU epilogue [4096, 768] against GELU of the float64 pre-activation rounded once: max {ulps} bf16 ulp where |gelu| >= 2^-6, max |error| {small:e} below, {:.3}% equal (ATen's linear then gelu, rounding the pre-activation first: {aten_ulps} ulp, {aten_small:e}, {:.3}%)",
+        100.0 * same,
+        100.0 * aten_same
+    );
+    assert!(ulps <= 1.0 && small <= 1e-4, "the epilogue's GELU is not the exact form of the float32 pre-activation");
+
+    // GPT-2 small's MLP against the float32 reference and ATen's composition
+    let (c, h) = (768, 3072);
+    let Twins { x, w, own: vs1, fc1, proj1, fc2, proj2, .. } = twins(dev, c, h);
+    let (ours, kernels) = kernels_of(dev, || run(&x, &fc1, &proj1, &w, GeluApproximate::None));
+    println!("forward and backward: {} kernels", kernels.len());
+    for k in &kernels {
+        println!("  {}", k.chars().take(110).collect::<String>());
+    }
+    // (CUTLASS's kernel names hold their epilogue's activation: "Gelu" alone names no kernel);
+    // fc's bias gradient: one finishing sum of the backward GEMM's partials
+    let gelu_kernels: Vec<&String> = kernels
+        .iter()
+        .filter(|k| !k.contains("cutlass") && (k.contains("Gelu") || k.contains("gelu")) && *k != "tcg_gelu_finish")
+        .collect();
+    assert!(gelu_kernels.is_empty(), "a GELU kernel ran: {gelu_kernels:?}");
+    assert_eq!(kernels.iter().filter(|k| k.contains("cutlass")).count(), 2, "CUTLASS's two GEMMs ran");
+    let db_again = {
+        for p in vs1.trainable_variables() {
+            let _ = p.grad().zero_();
+        }
+        run(&x, &fc1, &proj1, &w, GeluApproximate::None)[3].copy()
+    };
+    assert!(db_again.equal(&ours[3]), "fc's bias gradient, summed in the GEMM's epilogue, is the same bits twice");
+    let aten = run(&x, &fc2, &proj2, &w, GeluApproximate::None); // Kernels::PyTorch: linear, gelu, linear
+    let refs = tch::no_grad(|| reference_exact(&x, &fc1, &proj1, &w));
+    compare(&ours, &refs, &aten, 1e-2, Some(2e-2));
+
+    // captured equals eager, bit for bit (layers of their own: no accumulator of the runs above)
+    let vs3 = nn::VarStore::new(dev);
+    let (fc3, proj3) = layers(&vs3, c, h, Kernels::Own);
+    let params = vs3.trainable_variables();
+    let x0 = x.narrow(0, 0, 2048);
+    let step = || mlp_step(&x0, &fc3, &proj3, &params, GeluApproximate::None);
+    let d = captured_minus_eager(step);
+    println!("captured exact-GELU MLP forward and backward against eager: max |difference| {d:e}");
+    assert_eq!(d, 0.0);
+    // float32 without autocast: Kernels::Own refuses
+    let xf = Tensor::randn([16, 768], (Kind::Float, dev));
+    match f_gelu_mlp(&xf, &fc3, &proj3, GeluApproximate::None) {
+        Err(Error::Unsupported(why)) => println!("Kernels::Own without autocast: {why}"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
 }

@@ -120,6 +120,46 @@ TCG_FORWARD(cudaLaunchKernel,
             (f, grid, block, args, smem, s))
 TCG_FORWARD(cudaLaunchKernelExC, (const cudaLaunchConfig_t* config, const void* f, void** args), (config, f, args))
 
+// gelu_gemm.cu, compiled by nvcc: CUTLASS's host code, and the registration and launch of its
+// kernels that nvcc generates (the runtime's internal entry points, declared in crt/host_runtime.h
+// and crt/device_functions.h)
+TCG_FORWARD(cudaGetDevice, (int* d), (d))
+TCG_FORWARD(cudaDeviceGetAttribute, (int* v, enum cudaDeviceAttr a, int d), (v, a, d))
+TCG_FORWARD(cudaFuncSetAttribute, (const void* f, enum cudaFuncAttribute a, int v), (f, a, v))
+TCG_FORWARD(cudaMemsetAsync, (void* p, int v, size_t n, cudaStream_t s), (p, v, n, s))
+TCG_FORWARD(cudaGetDriverEntryPointByVersion,
+            (const char* sym, void** func, unsigned int version, unsigned long long flags,
+             enum cudaDriverEntryPointQueryResult* status),
+            (sym, func, version, flags, status))
+TCG_FORWARD(__cudaPopCallConfiguration, (dim3 * grid, dim3* block, size_t* smem, void* stream),
+            (grid, block, smem, stream))
+TCG_FORWARD(__cudaGetKernel, (cudaKernel_t * k, const void* f), (k, f))
+TCG_FORWARD(__cudaLaunchKernel,
+            (cudaKernel_t k, dim3 grid, dim3 block, void** args, size_t smem, cudaStream_t s),
+            (k, grid, block, args, smem, s))
+
+// The same for the entry points that return something else (`fallback` where libcudart is not
+// loaded: nothing is registered, and a launch reports the runtime missing).
+#define TCG_FORWARD_AS(ret, fallback, name, params, args)                      \
+  extern "C" ret name params {                                                 \
+    using Fn = ret(*) params;                                                  \
+    static Fn fn = reinterpret_cast<Fn>(resolve(#name));                       \
+    if (fn == nullptr) return fallback;                                        \
+    return fn args;                                                            \
+  }
+TCG_FORWARD_AS(unsigned, 1u, __cudaPushCallConfiguration,
+               (dim3 grid, dim3 block, size_t smem, struct CUstream_st* stream), (grid, block, smem, stream))
+TCG_FORWARD_AS(void**, nullptr, __cudaRegisterFatBinary, (void* fat), (fat))
+TCG_FORWARD_AS(void, void(), __cudaRegisterFatBinaryEnd, (void** h), (h))
+TCG_FORWARD_AS(void, void(), __cudaUnregisterFatBinary, (void** h), (h))
+TCG_FORWARD_AS(void, void(), __cudaRegisterVar,
+               (void** h, char* host, char* device, const char* name, int ext, size_t size, int constant, int global),
+               (h, host, device, name, ext, size, constant, global))
+TCG_FORWARD_AS(void, void(), __cudaRegisterFunction,
+               (void** h, const char* host, char* device, const char* name, int limit, uint3* tid, uint3* bid,
+                dim3* bdim, dim3* gdim, int* wsize),
+               (h, host, device, name, limit, tid, bid, bdim, gdim, wsize))
+
 extern "C" const char* cudaGetErrorString(cudaError_t err) {
   using Fn = const char* (*)(cudaError_t);
   static Fn fn = reinterpret_cast<Fn>(resolve("cudaGetErrorString"));

@@ -1,10 +1,12 @@
-// The crate's MLP with GELU (tanh) in the GEMMs' epilogues: an autograd function whose forward
-// runs fc's GEMM with cuBLASLt's GELU_AUX_BIAS epilogue (bias added and GELU applied to the
-// float32 accumulators, GELU's input kept as `pre`) and proj's GEMM, and whose backward runs
-// proj's input-gradient GEMM with the DGELU epilogue (GELU's derivative at `pre` applied) and the
-// weight-gradient GEMMs of linear_own.cpp (fc's bias gradient in its BGRADB epilogue). No GELU
-// kernel runs either way. Where cuBLASLt offers no algorithm for an epilogue, ATen's GEMM and GELU (forward)
-// or GELU backward and sum (backward) run instead, on the same saved tensors.
+// The crate's MLP with GELU in the GEMMs' epilogues: an autograd function whose forward runs fc's
+// GEMM with the bias added and GELU applied to the float32 accumulators (GELU's input kept as
+// `pre`) and proj's GEMM, and whose backward runs proj's input-gradient GEMM with GELU's
+// derivative at `pre` applied, and the weight-gradient GEMMs of linear_own.cpp. No GELU kernel
+// runs either way. The tanh form: cuBLASLt's GELU_AUX_BIAS and DGELU epilogues, fc's bias gradient
+// in its weight-gradient GEMM's BGRADB epilogue (where cuBLASLt offers no algorithm for an
+// epilogue, ATen's GEMM and GELU, or GELU backward and sum, run instead, on the same saved
+// tensors). The exact form: CUTLASS's GEMMs (gelu_gemm.h), whose backward also sums fc's bias
+// gradient.
 #include "../mlp_own.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -13,7 +15,11 @@
 
 #include "../linear_own.h"
 #include "cuda_shim.h"
+#include "col_sum.h"
+#include "gelu_gemm.h"
+#include "gelu_params.h"
 #include "lt_matmul.h"
+#include "own_kernels.h"
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -50,16 +56,69 @@ bool backward_gemm(const at::Tensor& dy2, const at::Tensor& proj, const at::Tens
   return tcg::lt::input_gradient(dy2, proj, dpre, e);
 }
 
+// h [N, H] = gelu(x2 [N, C] · fcᵀ + bias) with `pre` [N, H] = its input, in CUTLASS's GEMM
+// (gelu_gemm.h: the float32 bias, GELU's exact form). False where that GEMM does not take these
+// operands (a view not 16-byte aligned): nothing ran.
+bool exact_forward_gemm(const at::Tensor& x2, const at::Tensor& fc, const at::Tensor& bias, at::Tensor& pre,
+                        at::Tensor& h) {
+#ifdef TCG_GELU_GEMM
+  const at::Tensor b = bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();
+  const tcg::gelu_gemm::Forward a{x2.data_ptr(), fc.data_ptr(), b.defined() ? b.data_ptr<float>() : nullptr,
+                                  pre.data_ptr(), h.data_ptr(), static_cast<int32_t>(x2.size(0)),
+                                  static_cast<int32_t>(fc.size(0)), static_cast<int32_t>(fc.size(1))};
+  if (*tcg::gelu_gemm::unsupported(a) != '\0') return false;
+  const int device = x2.get_device();
+  check_cuda(tcg::gelu_gemm::forward(a, static_cast<int>(own::sm_count(device)),
+                                     at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream()),
+             "mlp: the GEMM with GELU in its epilogue");
+  return true;
+#else
+  (void)x2, (void)fc, (void)bias, (void)pre, (void)h;
+  return false;
+#endif
+}
+
+// dpre [N, H] = (dy2 [N, C'] · proj [C', H]) ⊙ gelu'(pre) and, where `dbias` is defined (float32
+// [H]), fc's bias gradient, in CUTLASS's GEMM. False as exact_forward_gemm's.
+bool exact_backward_gemm(const at::Tensor& dy2, const at::Tensor& proj, const at::Tensor& pre, at::Tensor& dpre,
+                         at::Tensor& dbias) {
+#ifdef TCG_GELU_GEMM
+  const int32_t h = static_cast<int32_t>(proj.size(1));
+  tcg::gelu_gemm::Backward a{dy2.data_ptr(), proj.data_ptr(), pre.data_ptr(), dpre.data_ptr(), nullptr,
+                             static_cast<int32_t>(dy2.size(0)), h, static_cast<int32_t>(proj.size(0))};
+  at::Tensor part;
+  if (dbias.defined()) {
+    part = at::empty({tcg::gelu_gemm::backward_partial_rows(a), h}, dy2.options().dtype(at::kFloat));
+    a.partials = part.data_ptr<float>();
+  }
+  if (*tcg::gelu_gemm::unsupported(a) != '\0') return false;
+  const int device = dy2.get_device();
+  check_cuda(tcg::gelu_gemm::backward(a, static_cast<int>(own::sm_count(device)),
+                                      at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream()),
+             "mlp: the GEMM with GELU's derivative in its epilogue");
+  if (part.defined()) {  // the partials' column sums, in a fixed order (gelu_kernels.cu's finish)
+    tcg::gelu::Finish fin{{part.data_ptr<float>()}, {dbias.data_ptr<float>()}, static_cast<int32_t>(part.size(0)), h};
+    own::launch("tcg_gelu_finish", device, static_cast<unsigned>((h + cuda::kColSumCols - 1) / cuda::kColSumCols),
+                cuda::kColSumThreads, &fin);
+  }
+  return true;
+#else
+  (void)dy2, (void)proj, (void)pre, (void)dpre, (void)dbias;
+  return false;
+#endif
+}
+
 // The non-tensor arguments: autograd's Function does not track them.
 struct Args {
   at::Tensor shadow_fc_w, shadow_fc_b, shadow_proj_w, shadow_proj_b;
   at::ScalarType dt;
   bool fp32_wgrad;
+  bool tanh;  // GELU's tanh form (cuBLASLt), else the exact one (CUTLASS)
 };
 
 std::optional<at::Tensor> opt(const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; }
 
-struct GeluTanhMlp : torch::autograd::Function<GeluTanhMlp> {
+struct GeluMlp : torch::autograd::Function<GeluMlp> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& fc_w,
                                const std::optional<at::Tensor>& fc_b_arg, const at::Tensor& proj_w,
                                const std::optional<at::Tensor>& proj_b_arg, Args args) {
@@ -72,13 +131,17 @@ struct GeluTanhMlp : torch::autograd::Function<GeluTanhMlp> {
     const at::Tensor wproj = in_dtype(proj_w, args.shadow_proj_w, dt).contiguous();
     at::Tensor pre = at::empty({x2.size(0), hid}, x2.options());
     at::Tensor h = at::empty_like(pre);
-    // the bias in the compute dtype, as at::linear's under autocast (cuBLASLt 13 takes no float32
-    // bias beside a 16-bit output)
-    const at::Tensor bfc = in_dtype(fc_b, args.shadow_fc_b, dt);
-    bool done = forward_gemm(x2, wfc, bfc, pre, h);
-    if (!done) {
-      pre = at::linear(x2, wfc, opt(bfc));
-      h = at::gelu(pre, "tanh");
+    if (args.tanh) {
+      // the bias in the compute dtype, as at::linear's under autocast (cuBLASLt 13 takes no
+      // float32 bias beside a 16-bit output)
+      const at::Tensor bfc = in_dtype(fc_b, args.shadow_fc_b, dt);
+      if (!forward_gemm(x2, wfc, bfc, pre, h)) {
+        pre = at::linear(x2, wfc, opt(bfc));
+        h = at::gelu(pre, "tanh");
+      }
+    } else if (!exact_forward_gemm(x2, wfc, fc_b, pre, h)) {  // the float32 bias itself
+      pre = at::linear(x2, wfc, opt(fc_b.defined() ? fc_b.to(dt) : fc_b));
+      h = at::gelu(pre);
     }
     const at::Tensor y2 = tcg::lt::linear(h, wproj, in_dtype(proj_b, args.shadow_proj_b, dt));
     std::vector<int64_t> sizes = x.sizes().vec();
@@ -87,6 +150,7 @@ struct GeluTanhMlp : torch::autograd::Function<GeluTanhMlp> {
     ctx->saved_data["fc_bias"] = fc_b.defined();
     ctx->saved_data["proj_bias"] = proj_b.defined();
     ctx->saved_data["fp32_wgrad"] = args.fp32_wgrad;
+    ctx->saved_data["tanh"] = args.tanh;
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["fc_w_dtype"] = static_cast<int64_t>(fc_w.scalar_type());
     ctx->saved_data["fc_b_dtype"] = static_cast<int64_t>(fc_b.defined() ? fc_b.scalar_type() : at::kFloat);
@@ -122,11 +186,24 @@ struct GeluTanhMlp : torch::autograd::Function<GeluTanhMlp> {
     // through GELU: dpre in proj's input-gradient GEMM
     if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1) && !want_fb) return out;
     at::Tensor dpre = at::empty_like(pre);
-    if (!backward_gemm(dy2, wproj, pre, dpre)) dpre = at::gelu_backward(at::mm(dy2, wproj), pre, "tanh");
-    // fc: its weight and bias gradients (the bias's in the weight-gradient GEMM), the input gradient
-    auto fc = tcg::lt::weight_grads(x2, dpre, ctx->needs_input_grad(1), want_fb, grad_type("fc_w_dtype"));
+    const bool tanh = ctx->saved_data.at("tanh").toBool();
+    at::Tensor dbias;  // fc's, from the exact form's GEMM
+    if (tanh) {
+      if (!backward_gemm(dy2, wproj, pre, dpre)) dpre = at::gelu_backward(at::mm(dy2, wproj), pre, "tanh");
+    } else {
+      if (want_fb) dbias = at::empty({pre.size(1)}, pre.options().dtype(at::kFloat));
+      if (!exact_backward_gemm(dy2, wproj, pre, dpre, dbias)) {
+        const at::Tensor d = at::gelu_backward(at::mm(dy2, wproj).to(at::kFloat), pre.to(at::kFloat));
+        dpre = d.to(pre.scalar_type());
+        if (want_fb) dbias = d.sum(0);
+      }
+    }
+    // fc: its weight and bias gradients (the tanh form's bias gradient in the weight-gradient
+    // GEMM), the input gradient
+    auto fc = tcg::lt::weight_grads(x2, dpre, ctx->needs_input_grad(1), want_fb && tanh, grad_type("fc_w_dtype"));
     if (fc.dw.defined()) out[1] = fc.dw.to(dtype_of("fc_w_dtype"));
     if (fc.db.defined()) out[2] = fc.db.to(dtype_of("fc_b_dtype"));
+    if (dbias.defined()) out[2] = dbias.to(dtype_of("fc_b_dtype"));
     if (ctx->needs_input_grad(0)) {
       out[0] = tcg::lt::input_grad(dpre, wfc).view(ctx->saved_data.at("x_sizes").toIntVector()).to(dtype_of("x_dtype"));
     }
@@ -136,22 +213,36 @@ struct GeluTanhMlp : torch::autograd::Function<GeluTanhMlp> {
 
 }  // namespace
 
-std::string unsupported(const Operands& in) {
+std::string unsupported(const Operands& in, bool tanh) {
   for (const tcg::linear::Operands& layer :
        {tcg::linear::Operands{in.x, in.fc_w, in.fc_b, {}, {}}, tcg::linear::Operands{in.x, in.proj_w, in.proj_b, {}, {}}}) {
     std::string why = tcg::linear::unsupported(layer);
     if (!why.empty()) return why;
   }
   if (in.fc_w.size(0) % 8 != 0) {
-    return "a hidden width of " + std::to_string(in.fc_w.size(0)) + " (cuBLASLt's GELU epilogues need a multiple of 8)";
+    return "a hidden width of " + std::to_string(in.fc_w.size(0)) + " (the GELU epilogues need a multiple of 8)";
+  }
+  if (tanh) return "";
+#ifndef TCG_GELU_GEMM
+  return "GELU's exact form in the GEMMs' epilogues: built without CUTLASS's headers";
+#else
+  const auto* p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(in.x.get_device()));
+  if (p->major != 9 || p->minor != 0) {
+    return "GELU's exact form in the GEMMs' epilogues: built for sm_90 only (this GPU is sm_" + std::to_string(p->major) +
+           std::to_string(p->minor) + ")";
+  }
+  if (compute_dtype(in.x, in.fc_w) != at::kBFloat16) return "GELU's exact form in the GEMMs' epilogues: bf16 only";
+  if (in.fc_w.size(1) % 8 != 0 || in.proj_w.size(0) % 8 != 0) {
+    return "GELU's exact form in the GEMMs' epilogues: widths that are multiples of 8";
   }
   return "";
+#endif
 }
 
-at::Tensor gelu_tanh(const Operands& in, bool fp32_wgrad) {
+at::Tensor gelu(const Operands& in, bool tanh, bool fp32_wgrad) {
   const at::ScalarType dt = compute_dtype(in.x, in.fc_w);
-  Args args{in.shadow_fc_w, in.shadow_fc_b, in.shadow_proj_w, in.shadow_proj_b, dt, fp32_wgrad};
-  return GeluTanhMlp::apply(in.x, in.fc_w, opt(in.fc_b), in.proj_w, opt(in.proj_b), args)[0];
+  Args args{in.shadow_fc_w, in.shadow_fc_b, in.shadow_proj_w, in.shadow_proj_b, dt, fp32_wgrad, tanh};
+  return GeluMlp::apply(in.x, in.fc_w, opt(in.fc_b), in.proj_w, opt(in.proj_b), args)[0];
 }
 
 }  // namespace tcg::mlp

@@ -1,6 +1,7 @@
-//! `csrc/mlp.cpp` (and `csrc/cuda/mlp_own.cpp` behind it): the MLP with GELU (tanh) in its
-//! GEMMs' epilogues.
+//! `csrc/mlp.cpp` (and `csrc/cuda/mlp_own.cpp` behind it): the MLP with GELU in its GEMMs'
+//! epilogues.
 
+use super::gelu::RawGeluForm;
 use super::kernels::RawKernels;
 use super::linear::RawWeightGrad;
 use super::{adopt_some, check, ffi, opt_tensor_ptr, tensor_ptr};
@@ -10,11 +11,12 @@ use tch::Tensor;
 /// One linear layer's parameters: the weight \[out, in\] and the bias \[out\], if any.
 pub(crate) type Layer<'a> = (&'a Tensor, Option<&'a Tensor>);
 
-/// `proj(gelu_tanh(fc(x)))` (differentiable), and whether the crate's path ran.
-pub(crate) fn gelu_tanh(
+/// `proj(gelu(fc(x)))` (differentiable), GELU's `form`, and whether the crate's path ran.
+pub(crate) fn gelu(
     x: &Tensor,
     fc: Layer<'_>,
     proj: Layer<'_>,
+    form: RawGeluForm,
     wgrad: RawWeightGrad,
     kernels: RawKernels,
 ) -> Result<(Tensor, bool)> {
@@ -28,7 +30,7 @@ pub(crate) fn gelu_tanh(
     let (mut y, mut ran_own) = (std::ptr::null_mut(), false);
     // SAFETY: `raw` holds live tensor handles (the biases may be null) for the call; the out slots
     // are valid; the shim writes a new handle or null into `y`.
-    check(unsafe { ffi::tcg_mlp_gelu_tanh(&raw, wgrad, kernels, &mut y, &mut ran_own) })?;
+    check(unsafe { ffi::tcg_mlp_gelu(&raw, form, wgrad, kernels, &mut y, &mut ran_own) })?;
     // SAFETY: the slot holds a new handle made for this call (or null), owned by nobody else.
     let y = unsafe { adopt_some(y, "mlp")? };
     Ok((y, ran_own))

@@ -1,5 +1,5 @@
-//! `csrc/mlp.cpp`: the MLP with GELU (tanh) in its GEMMs' epilogues.
-use super::{tcg_kernels, tcg_status, tcg_tensor, tcg_weight_grad};
+//! `csrc/mlp.cpp`: the MLP with GELU in its GEMMs' epilogues.
+use super::{tcg_gelu_form, tcg_kernels, tcg_status, tcg_tensor, tcg_weight_grad};
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -12,8 +12,9 @@ pub struct tcg_mlp_inputs {
 }
 
 extern "C" {
-    pub fn tcg_mlp_gelu_tanh(
+    pub fn tcg_mlp_gelu(
         inputs: *const tcg_mlp_inputs,
+        form: tcg_gelu_form,
         wgrad: tcg_weight_grad,
         kernels: tcg_kernels,
         out: *mut tcg_tensor,

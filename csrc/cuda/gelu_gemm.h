@@ -1,0 +1,52 @@
+// The GEMMs with GELU's exact (erf) form in their epilogues, built on CUTLASS (gelu_gemm.cu,
+// compiled by nvcc where build.rs finds CUTLASS's headers: TCG_GELU_GEMM is then defined): the
+// plain-data interface that mlp_own.cpp (host compiler) calls. bf16 operands, float32
+// accumulation and epilogue math, sm_90 (H100, H200) only.
+//
+// What they compute (row-major tensors; the GELU is gelu_kernels.cu's x · Φ(x) through the normal
+// distribution's tail, applied to the float32 accumulators, not to a bf16 rounding of them):
+//   forward:  pre [M, N] = x [M, K] · wᵀ (w [N, K]) + bias [N] (float32),  h [M, N] = gelu(pre)
+//             (pre is written too: the backward's input; both rounded to bf16 once)
+//   backward: dpre [M, H] = (dy [M, C] · w [C, H]) ⊙ gelu'(pre [M, H]),  and, with partials,
+//             partials [backward_partial_rows(), H] = the sums over each tile's rows of dpre
+//             (float32, before dpre's rounding, in a fixed order), which col_sum.cuh's finishing
+//             kernel sums into fc's bias gradient (deterministic)
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tcg::gelu_gemm {
+
+struct Forward {
+  const void* x;      // [m, k] bf16
+  const void* w;      // [n, k] bf16
+  const float* bias;  // [n] or null
+  void* pre;          // [m, n] bf16
+  void* h;            // [m, n] bf16
+  int32_t m, n, k;
+};
+
+struct Backward {
+  const void* dy;     // [m, c] bf16
+  const void* w;      // [c, h] bf16
+  const void* pre;    // [m, h] bf16
+  void* dpre;         // [m, h] bf16
+  float* partials;    // [backward_partial_rows(), h] float32, or null (no bias gradient)
+  int32_t m, h, c;
+};
+
+// Whether the kernels were built (CUTLASS's headers found by build.rs).
+bool built();
+// "" where the GEMM can run these sizes (the contiguous dimensions multiples of 8, 16-byte
+// aligned pointers), else why not.
+const char* unsupported(const Forward& a);
+const char* unsupported(const Backward& a);
+// The rows of the backward's partial bias-gradient sums (one per tile of rows).
+int32_t backward_partial_rows(const Backward& a);
+// Launches on `stream`; cudaSuccess or the launch's error.
+cudaError_t forward(const Forward& a, int sm_count, cudaStream_t stream);
+cudaError_t backward(const Backward& a, int sm_count, cudaStream_t stream);
+
+}  // namespace tcg::gelu_gemm
