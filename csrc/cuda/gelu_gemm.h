@@ -37,8 +37,10 @@ struct Backward {
   int32_t m, h, c;
 };
 
-// Whether the kernels were built (CUTLASS's headers found by build.rs).
-bool built();
+// Loads the kernels on the current device and sets their shared memory (a module's load may be
+// refused inside a capture: own_kernels.cpp calls this with the own kernels' check, outside one).
+// "" or why they cannot run.
+const char* prepare();
 // "" where the GEMM can run these sizes (the contiguous dimensions multiples of 8, 16-byte
 // aligned pointers), else why not.
 const char* unsupported(const Forward& a);

@@ -223,20 +223,13 @@ std::string unsupported(const Operands& in, bool tanh) {
     return "a hidden width of " + std::to_string(in.fc_w.size(0)) + " (the GELU epilogues need a multiple of 8)";
   }
   if (tanh) return "";
-#ifndef TCG_GELU_GEMM
-  return "GELU's exact form in the GEMMs' epilogues: built without CUTLASS's headers";
-#else
-  const auto* p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(in.x.get_device()));
-  if (p->major != 9 || p->minor != 0) {
-    return "GELU's exact form in the GEMMs' epilogues: built for sm_90 only (this GPU is sm_" + std::to_string(p->major) +
-           std::to_string(p->minor) + ")";
-  }
+  const std::string why = own::gelu_gemm_unavailable(in.x.get_device());
+  if (!why.empty()) return "GELU's exact form in the GEMMs' epilogues: " + why;
   if (compute_dtype(in.x, in.fc_w) != at::kBFloat16) return "GELU's exact form in the GEMMs' epilogues: bf16 only";
   if (in.fc_w.size(1) % 8 != 0 || in.proj_w.size(0) % 8 != 0) {
     return "GELU's exact form in the GEMMs' epilogues: widths that are multiples of 8";
   }
   return "";
-#endif
 }
 
 at::Tensor gelu(const Operands& in, bool tanh, bool fp32_wgrad) {

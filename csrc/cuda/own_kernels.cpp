@@ -1,6 +1,8 @@
 // The crate's own kernels as one library (see own_kernels.h).
 #include "own_kernels.h"
 
+#include "gelu_gemm.h"
+
 #include "../kernels.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -130,6 +132,7 @@ struct Library {
   std::string error;  // why a library did not load (or was not built)
   std::map<std::string, cudaKernel_t> kernels;
   std::map<int, std::string> device_error;  // per device checked: "" when usable
+  std::map<int, std::string> gelu_gemm_error;  // the same for the MLP's CUTLASS GEMMs
   // resident_blocks' answers, per (kernel, device, threads): asked once, not at every launch
   std::map<std::tuple<std::string, int, unsigned>, int64_t> resident;
 };
@@ -220,6 +223,17 @@ std::string check_device(Library& l, int device) {
     }
   }
   l.device_error[device] = why;
+  // the MLP's CUTLASS GEMMs (gelu_gemm.h), loaded now too: sm_90 only
+  std::string gemm_why = "built without CUTLASS's headers";
+#ifdef TCG_GELU_GEMM
+  const auto* p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device));
+  if (p->major != 9 || p->minor != 0) {
+    gemm_why = "built for sm_90 only (this GPU is sm_" + std::to_string(p->major) + std::to_string(p->minor) + ")";
+  } else {
+    gemm_why = tcg::gelu_gemm::prepare();
+  }
+#endif
+  l.gelu_gemm_error[device] = gemm_why;
   return why;
 }
 
@@ -262,6 +276,14 @@ void launch_kernel(cudaKernel_t k, int device, dim3 grid, dim3 block, void** arg
     config.numAttrs = 1;
   }
   check_cuda(cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(k), args), name);
+}
+
+std::string gelu_gemm_unavailable(int device) {
+  const std::string why = kernels::unavailable(device);  // checks the device, the GEMMs with it
+  if (!why.empty()) return why;
+  Library& l = library();
+  std::lock_guard<std::mutex> lock(l.mu);
+  return l.gelu_gemm_error.at(device);
 }
 
 void launch(const std::string& name, int device, dim3 blocks, unsigned threads, void* params) {
