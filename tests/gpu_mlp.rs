@@ -40,18 +40,22 @@ fn bf16(t: &Tensor) -> Tensor {
     t.to_kind(Kind::BFloat16).to_kind(Kind::Float)
 }
 
-/// The same computation in float32 on the bf16-rounded operands (fc's bias too, as autocast's
-/// at::linear), rounded where the crate's step rounds (GELU's input and output, the gradient
-/// that fc's GEMMs read).
-fn reference(x: &Tensor, fc: &Linear, proj: &Linear, w: &Tensor) -> Vec<Tensor> {
+/// The same computation in float32 on the bf16-rounded operands, rounded where the crate's step
+/// rounds (GELU's input and output, the gradient that fc's GEMMs read). fc's bias: rounded to bf16
+/// for the tanh form (cuBLASLt's epilogue takes it in the compute dtype, as autocast's at::linear),
+/// float32 for the exact form (added to the float32 product in CUTLASS's epilogue, GELU applied to
+/// that sum, its bias gradient summed before dpre's rounding).
+fn reference(x: &Tensor, fc: &Linear, proj: &Linear, w: &Tensor, approximate: GeluApproximate) -> Vec<Tensor> {
+    let form = if approximate == GeluApproximate::Tanh { "tanh" } else { "none" };
     let (wf, bf) = (bf16(&fc.ws), fc.bs.as_ref().unwrap().detach());
+    let bf = if approximate == GeluApproximate::Tanh { bf16(&bf) } else { bf };
     let (wp, bp) = (bf16(&proj.ws), proj.bs.as_ref().unwrap().detach());
     let xb = bf16(x);
-    let pre = xb.matmul(&wf.tr()) + bf16(&bf);
-    let h = bf16(&pre.gelu("tanh"));
+    let pre = xb.matmul(&wf.tr()) + bf;
+    let h = bf16(&pre.gelu(form));
     let y = h.matmul(&wp.tr()) + bf16(&bp);
     let dy = bf16(w);
-    let dpre = bf16(&pre).gelu_backward(&dy.matmul(&wp), "tanh");
+    let dpre = bf16(&pre).gelu_backward(&dy.matmul(&wp), form);
     let dpre_b = bf16(&dpre);
     vec![
         y,
@@ -90,6 +94,23 @@ fn twins(dev: tch::Device, c: i64, h: i64) -> Twins {
         }
     });
     Twins { x, w, own, fc1, proj1, fc2, proj2 }
+}
+
+/// GELU's output itself, through the MLP with proj the identity (so y is h exactly: one nonzero
+/// product a sum) under bf16 autocast: fc [768 → 768] (with its bias), x [4096, 768] and y.
+fn gelu_output(dev: tch::Device, approximate: GeluApproximate) -> (Linear, Tensor, Tensor) {
+    let vs = nn::VarStore::new(dev);
+    let (fc, proj) = layers(&vs, 768, 768, Kernels::Own);
+    tch::no_grad(|| {
+        proj.ws.shallow_clone().copy_(&Tensor::eye(768, (Kind::Float, dev)));
+        let _ = proj.bs.as_ref().unwrap().shallow_clone().zero_();
+    });
+    let x = Tensor::randn([4096, 768], (Kind::Float, dev));
+    let y = {
+        let _bf16 = Autocast::new(Kind::BFloat16, false).expect("autocast");
+        tch::no_grad(|| f_gelu_mlp(&x, &fc, &proj, approximate).expect("mlp"))
+    };
+    (fc, x, y)
 }
 
 /// A GELU output `h` (bf16) against the exact values in float64: the most bf16 ulps from them
@@ -150,18 +171,7 @@ fn mlp_step(
 fn gelu_tanh_mlp_matches_the_epilogue_formula_and_the_composition() {
     let dev = cuda();
     tch::manual_seed(7);
-    // GELU's output itself: proj the identity, so y is h exactly (one nonzero product a sum)
-    let vs = nn::VarStore::new(dev);
-    let (fc, proj) = layers(&vs, 768, 768, Kernels::Own);
-    tch::no_grad(|| {
-        proj.ws.shallow_clone().copy_(&Tensor::eye(768, (Kind::Float, dev)));
-        let _ = proj.bs.as_ref().unwrap().shallow_clone().zero_();
-    });
-    let x = Tensor::randn([4096, 768], (Kind::Float, dev));
-    let y = {
-        let _bf16 = Autocast::new(Kind::BFloat16, false).expect("autocast");
-        tch::no_grad(|| f_gelu_tanh_mlp(&x, &fc, &proj).expect("mlp"))
-    };
+    let (fc, x, y) = gelu_output(dev, GeluApproximate::Tanh);
     // against the tanh form in float64 on the same operands (the bias rounded to bf16, as
     // at::linear's under autocast), rounded once; ATen's float32 formula beside it
     let f64_of = |t: &Tensor| bf16(t).to_kind(Kind::Double);
@@ -190,7 +200,7 @@ fn gelu_tanh_mlp_matches_the_epilogue_formula_and_the_composition() {
     let gelu_kernels: Vec<&String> = kernels.iter().filter(|k| k.contains("Gelu") || k.contains("tcg_gelu")).collect();
     assert!(gelu_kernels.is_empty(), "a GELU kernel ran: {gelu_kernels:?}");
     let aten = run(&x, &fc2, &proj2, &w, GeluApproximate::Tanh);
-    let refs = tch::no_grad(|| reference(&x, &fc1, &proj1, &w));
+    let refs = tch::no_grad(|| reference(&x, &fc1, &proj1, &w, GeluApproximate::Tanh));
     compare(&ours, &refs, &aten, 1e-2, None);
     assert_eq!(ours[0].kind(), Kind::BFloat16);
     assert!(ours[2..].iter().all(|g| g.kind() == Kind::Float));
@@ -246,30 +256,6 @@ fn gelu_tanh_mlp_captures_and_refuses_bad_input() {
     assert!(matches!(f_gelu_tanh_mlp(&x, &fa, &fa), Err(Error::Misuse(_))), "proj must take fc's width");
 }
 
-/// The exact form's float32 reference: GELU applied to the float32 pre-activation (the float32
-/// bias added to the float32 product, as the epilogue does), GELU's input rounded once for the
-/// backward, its derivative applied to the float32 gradient, fc's bias gradient summed before
-/// the rounding of dpre.
-fn reference_exact(x: &Tensor, fc: &Linear, proj: &Linear, w: &Tensor) -> Vec<Tensor> {
-    let (wf, bf) = (bf16(&fc.ws), fc.bs.as_ref().unwrap().detach());
-    let (wp, bp) = (bf16(&proj.ws), proj.bs.as_ref().unwrap().detach());
-    let xb = bf16(x);
-    let pre = xb.matmul(&wf.tr()) + bf;
-    let h = bf16(&pre.gelu("none"));
-    let y = h.matmul(&wp.tr()) + bf16(&bp);
-    let dy = bf16(w);
-    let dpre = bf16(&pre).gelu_backward(&dy.matmul(&wp), "none");
-    let dpre_b = bf16(&dpre);
-    vec![
-        y,
-        dpre_b.matmul(&wf),
-        dpre_b.tr().matmul(&xb),
-        dpre.sum_dim_intlist(0, false, Kind::Float),
-        dy.tr().matmul(&h),
-        dy.sum_dim_intlist(0, false, Kind::Float),
-    ]
-}
-
 /// GELU's exact form in CUTLASS's epilogues (sm_90, bf16): its GELU output against the exact
 /// value of the float32 pre-activation rounded once, the forward and every gradient against the
 /// float32 reference and ATen's composition, no GELU kernel and no bias-gradient pass, the bias
@@ -279,18 +265,7 @@ fn reference_exact(x: &Tensor, fc: &Linear, proj: &Linear, w: &Tensor) -> Vec<Te
 fn gelu_mlp_exact_form_in_cutlass_epilogues() {
     let dev = cuda(); // and an sm_90 GPU: elsewhere Kernels::Own refuses the exact form, and this fails saying why
     tch::manual_seed(9);
-    // GELU's output itself: proj the identity
-    let vs = nn::VarStore::new(dev);
-    let (fc, proj) = layers(&vs, 768, 768, Kernels::Own);
-    tch::no_grad(|| {
-        proj.ws.shallow_clone().copy_(&Tensor::eye(768, (Kind::Float, dev)));
-        let _ = proj.bs.as_ref().unwrap().shallow_clone().zero_();
-    });
-    let x = Tensor::randn([4096, 768], (Kind::Float, dev));
-    let y = {
-        let _bf16 = Autocast::new(Kind::BFloat16, false).expect("autocast");
-        tch::no_grad(|| f_gelu_mlp(&x, &fc, &proj, GeluApproximate::None).expect("mlp"))
-    };
+    let (fc, x, y) = gelu_output(dev, GeluApproximate::None);
     let f64_of = |t: &Tensor| bf16(t).to_kind(Kind::Double);
     let pre = f64_of(&x).matmul(&f64_of(&fc.ws).tr()) + fc.bs.as_ref().unwrap().to_kind(Kind::Double);
     let exact = pre.gelu("none");
@@ -331,7 +306,7 @@ fn gelu_mlp_exact_form_in_cutlass_epilogues() {
     };
     assert!(db_again.equal(&ours[3]), "fc's bias gradient, summed in the GEMM's epilogue, is the same bits twice");
     let aten = run(&x, &fc2, &proj2, &w, GeluApproximate::None); // Kernels::PyTorch: linear, gelu, linear
-    let refs = tch::no_grad(|| reference_exact(&x, &fc1, &proj1, &w));
+    let refs = tch::no_grad(|| reference(&x, &fc1, &proj1, &w, GeluApproximate::None));
     compare(&ours, &refs, &aten, 1e-2, Some(2e-2));
 
     // captured equals eager, bit for bit (layers of their own: no accumulator of the runs above)
