@@ -96,6 +96,28 @@ fn twins(dev: tch::Device, c: i64, h: i64) -> Twins {
     Twins { x, w, own, fc1, proj1, fc2, proj2 }
 }
 
+/// The MLP of layers without biases (256 → 1024 → 256, `Kernels::Own`) on `x` [.., 256] under
+/// bf16 autocast: y within 1e-2 of ATen's composition, and every gradient made.
+fn without_biases(x: &Tensor, approximate: GeluApproximate) {
+    let form = if approximate == GeluApproximate::Tanh { "tanh" } else { "none" };
+    let vs = nn::VarStore::new(x.device());
+    let bare = LinearConfig { bias: false, kernels: Kernels::Own, ..Default::default() };
+    let (fb, pb) = (linear(vs.root() / "fc", 256, 1024, bare), linear(vs.root() / "proj", 1024, 256, bare));
+    let xb = x.detach().set_requires_grad(true);
+    let yb = {
+        let _bf16 = Autocast::new(Kind::BFloat16, false).expect("autocast");
+        f_gelu_mlp(&xb, &fb, &pb, approximate).expect("no biases")
+    };
+    yb.to_kind(Kind::Float).sum(Kind::Float).backward();
+    let y_ref = {
+        let _bf16 = Autocast::new(Kind::BFloat16, false).expect("autocast");
+        x.linear::<Tensor>(&fb.ws, None).gelu(form).linear::<Tensor>(&pb.ws, None)
+    };
+    let fy = rel(&yb, &y_ref);
+    println!("{form} GELU without biases: y {fy:e} from ATen's composition; dx defined {}", xb.grad().defined());
+    assert!(fy <= 1e-2 && xb.grad().defined() && fb.ws.grad().defined() && pb.ws.grad().defined());
+}
+
 /// GELU's output itself, through the MLP with proj the identity (so y is h exactly: one nonzero
 /// product a sum) under bf16 autocast: fc [768 → 768] (with its bias), x [4096, 768] and y.
 fn gelu_output(dev: tch::Device, approximate: GeluApproximate) -> (Linear, Tensor, Tensor) {
@@ -234,22 +256,7 @@ fn gelu_tanh_mlp_captures_and_refuses_bad_input() {
     let y_ref = x.linear(&fa.ws, fa.bs.as_ref()).gelu("tanh").linear(&pa.ws, pa.bs.as_ref());
     assert!(y.equal(&y_ref), "Kernels::Auto falls back to ATen's composition");
     // without biases: the GELU_AUX and DGELU epilogues, against ATen's composition
-    let bare_vs = nn::VarStore::new(dev);
-    let bare = LinearConfig { bias: false, kernels: Kernels::Own, ..Default::default() };
-    let (fb, pb) = (linear(bare_vs.root() / "fc", 256, 1024, bare), linear(bare_vs.root() / "proj", 1024, 256, bare));
-    let xb = x.detach().set_requires_grad(true);
-    let yb = {
-        let _bf16 = Autocast::new(Kind::BFloat16, false).expect("autocast");
-        f_gelu_tanh_mlp(&xb, &fb, &pb).expect("no biases")
-    };
-    yb.to_kind(Kind::Float).sum(Kind::Float).backward();
-    let y_ref = {
-        let _bf16 = Autocast::new(Kind::BFloat16, false).expect("autocast");
-        x.linear::<Tensor>(&fb.ws, None).gelu("tanh").linear::<Tensor>(&pb.ws, None)
-    };
-    let fy = rel(&yb, &y_ref);
-    println!("without biases: y {fy:e} from ATen's composition; dx defined {}", xb.grad().defined());
-    assert!(fy <= 1e-2 && xb.grad().defined() && fb.ws.grad().defined() && pb.ws.grad().defined());
+    without_biases(&x, GeluApproximate::Tanh);
 
     let wrong = Tensor::randn([16, 255], (Kind::Float, dev));
     assert!(matches!(f_gelu_tanh_mlp(&wrong, &fa, &pa), Err(Error::Misuse(_))));
@@ -318,6 +325,8 @@ fn gelu_mlp_exact_form_in_cutlass_epilogues() {
     let d = captured_minus_eager(step);
     println!("captured exact-GELU MLP forward and backward against eager: max |difference| {d:e}");
     assert_eq!(d, 0.0);
+    // without biases: the backward GEMM with no bias-gradient sums
+    without_biases(&Tensor::randn([2048, 256], (Kind::Float, dev)), GeluApproximate::None);
     // float32 without autocast: Kernels::Own refuses
     let xf = Tensor::randn([16, 768], (Kind::Float, dev));
     match f_gelu_mlp(&xf, &fc3, &proj3, GeluApproximate::None) {

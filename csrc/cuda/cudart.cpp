@@ -59,13 +59,16 @@ namespace {
 void* resolve(const char* name) { return tcg::loaded_symbol("libcudart.so", name); }
 }  // namespace
 
-#define TCG_FORWARD(name, params, args)                                        \
-  extern "C" cudaError_t name params {                                         \
-    using Fn = cudaError_t(*) params;                                          \
+// `name` forwarded (`fallback` where libcudart is not loaded: nothing is registered, and a call
+// reports the runtime missing).
+#define TCG_FORWARD_AS(ret, fallback, name, params, args)                      \
+  extern "C" ret name params {                                                 \
+    using Fn = ret(*) params;                                                  \
     static Fn fn = reinterpret_cast<Fn>(resolve(#name));                       \
-    if (fn == nullptr) return cudaErrorInitializationError;                    \
+    if (fn == nullptr) return fallback;                                        \
     return fn args;                                                            \
   }
+#define TCG_FORWARD(name, params, args) TCG_FORWARD_AS(cudaError_t, cudaErrorInitializationError, name, params, args)
 
 TCG_FORWARD(cudaDeviceSynchronize, (void), ())
 TCG_FORWARD(cudaGetLastError, (void), ())
@@ -138,15 +141,7 @@ TCG_FORWARD(__cudaLaunchKernel,
             (cudaKernel_t k, dim3 grid, dim3 block, void** args, size_t smem, cudaStream_t s),
             (k, grid, block, args, smem, s))
 
-// The same for the entry points that return something else (`fallback` where libcudart is not
-// loaded: nothing is registered, and a launch reports the runtime missing).
-#define TCG_FORWARD_AS(ret, fallback, name, params, args)                      \
-  extern "C" ret name params {                                                 \
-    using Fn = ret(*) params;                                                  \
-    static Fn fn = reinterpret_cast<Fn>(resolve(#name));                       \
-    if (fn == nullptr) return fallback;                                        \
-    return fn args;                                                            \
-  }
+// the entry points that return something else
 TCG_FORWARD_AS(unsigned, 1u, __cudaPushCallConfiguration,
                (dim3 grid, dim3 block, size_t smem, struct CUstream_st* stream), (grid, block, smem, stream))
 TCG_FORWARD_AS(void**, nullptr, __cudaRegisterFatBinary, (void* fat), (fat))

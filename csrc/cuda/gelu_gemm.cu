@@ -105,23 +105,22 @@ struct GradBiasPartials
 
 namespace cutlass::epilogue::fusion {
 
+// GradBiasPartials' tree: LinCombDeEltActDePerRowBias's, its row reduction not final.
+template <int StagesC, class CtaTileShapeMNK, class EpilogueTile, class SmemLayoutAtom, class CopyOpS2R>
+using GradBiasPartialsEvt =
+    Sm90EVT<Sm90Compute<epilogue::thread::Identity, bfloat16_t, float, FloatRoundStyle::round_to_nearest>,
+            Sm90EVT<Sm90ColReduction<plus, plus, plus, 0, CtaTileShapeMNK, float, float, FloatRoundStyle::round_to_nearest,
+                                     cute::Stride<cute::_1, cute::_0, int64_t>, 4, true, /*FinalReduction=*/false>,
+                    Sm90LinCombDeEltAct<CtaTileShapeMNK, EpilogueTile, StagesC, gemm::TagToStrideC_t<layout::ColumnMajor>,
+                                        SmemLayoutAtom, CopyOpS2R, tcg::gelu_gemm::GeluGrad, float, float, bfloat16_t,
+                                        void, float, 8, FloatRoundStyle::round_to_nearest>>>;
+
 template <int StagesC, int StagesD, int FragmentSize, bool ReuseSmemC, bool DelayTmaStore, class CtaTileShapeMNK,
           class EpilogueTile, class SmemLayoutAtom, class CopyOpS2R>
 struct FusionCallbacks<epilogue::Sm90TmaWarpSpecialized<StagesC, StagesD, FragmentSize, ReuseSmemC, DelayTmaStore>,
                        tcg::gelu_gemm::GradBiasPartials, CtaTileShapeMNK, EpilogueTile, SmemLayoutAtom, CopyOpS2R>
-    : Sm90EVT<Sm90Compute<epilogue::thread::Identity, bfloat16_t, float, FloatRoundStyle::round_to_nearest>,
-              Sm90EVT<Sm90ColReduction<plus, plus, plus, 0, CtaTileShapeMNK, float, float, FloatRoundStyle::round_to_nearest,
-                                       cute::Stride<cute::_1, cute::_0, int64_t>, 4, true, /*FinalReduction=*/false>,
-                      Sm90LinCombDeEltAct<CtaTileShapeMNK, EpilogueTile, StagesC, gemm::TagToStrideC_t<layout::ColumnMajor>,
-                                          SmemLayoutAtom, CopyOpS2R, tcg::gelu_gemm::GeluGrad, float, float, bfloat16_t,
-                                          void, float, 8, FloatRoundStyle::round_to_nearest>>> {
-  using Impl =
-      Sm90EVT<Sm90Compute<epilogue::thread::Identity, bfloat16_t, float, FloatRoundStyle::round_to_nearest>,
-              Sm90EVT<Sm90ColReduction<plus, plus, plus, 0, CtaTileShapeMNK, float, float, FloatRoundStyle::round_to_nearest,
-                                       cute::Stride<cute::_1, cute::_0, int64_t>, 4, true, false>,
-                      Sm90LinCombDeEltAct<CtaTileShapeMNK, EpilogueTile, StagesC, gemm::TagToStrideC_t<layout::ColumnMajor>,
-                                          SmemLayoutAtom, CopyOpS2R, tcg::gelu_gemm::GeluGrad, float, float, bfloat16_t,
-                                          void, float, 8, FloatRoundStyle::round_to_nearest>>>;
+    : GradBiasPartialsEvt<StagesC, CtaTileShapeMNK, EpilogueTile, SmemLayoutAtom, CopyOpS2R> {
+  using Impl = GradBiasPartialsEvt<StagesC, CtaTileShapeMNK, EpilogueTile, SmemLayoutAtom, CopyOpS2R>;
   using Operation = tcg::gelu_gemm::GradBiasPartials;
 
   struct Arguments {
@@ -201,10 +200,10 @@ Args<Gemm> backward_args(const Backward& a, int sm_count) {
 
 // Runs `args` on `stream` (none of these kernels takes a workspace).
 template <class Gemm>
-cudaError_t run(const Args<Gemm>& args, void* workspace, cudaStream_t stream) {
+cudaError_t run(const Args<Gemm>& args, cudaStream_t stream) {
   Gemm gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-  if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
+  if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
   if (gemm.run(stream) != cutlass::Status::kSuccess) {
     const cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? cudaErrorLaunchFailure : e;
@@ -224,7 +223,8 @@ cudaError_t prepare_one() {
 }  // namespace
 
 const char* prepare() {
-  for (const cudaError_t e : {prepare_one<ForwardGemm>(), prepare_one<BackwardBiasGemm>(), prepare_one<BackwardGemm>()}) {
+  for (cudaError_t (*one)() : {prepare_one<ForwardGemm>, prepare_one<BackwardBiasGemm>, prepare_one<BackwardGemm>}) {
+    const cudaError_t e = one();
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       return cudaGetErrorString(e);
@@ -253,12 +253,12 @@ const char* unsupported(const Backward& a) {
 int32_t backward_partial_rows(const Backward& a) { return (a.m + size<1>(BackwardTile{}) - 1) / size<1>(BackwardTile{}); }
 
 cudaError_t forward(const Forward& a, int sm_count, cudaStream_t stream) {
-  return run<ForwardGemm>(forward_args(a, sm_count), nullptr, stream);
+  return run<ForwardGemm>(forward_args(a, sm_count), stream);
 }
 
 cudaError_t backward(const Backward& a, int sm_count, cudaStream_t stream) {
-  if (a.partials != nullptr) return run<BackwardBiasGemm>(backward_args<BackwardBiasGemm>(a, sm_count), nullptr, stream);
-  return run<BackwardGemm>(backward_args<BackwardGemm>(a, sm_count), nullptr, stream);
+  if (a.partials != nullptr) return run<BackwardBiasGemm>(backward_args<BackwardBiasGemm>(a, sm_count), stream);
+  return run<BackwardGemm>(backward_args<BackwardGemm>(a, sm_count), stream);
 }
 
 }  // namespace tcg::gelu_gemm
