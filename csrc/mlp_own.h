@@ -20,8 +20,8 @@ struct Operands {
 std::string unsupported(const Operands& in, bool tanh);
 
 // proj(gelu(fc(x))) through one autograd node: the forward GEMM of fc adds its bias and applies
-// the GELU in its epilogue (keeping GELU's input for the backward), and the backward's GEMM
-// through proj applies GELU's derivative. The tanh form: cuBLASLt's GELU_AUX_BIAS and DGELU
+// the GELU in its epilogue (keeping GELU's input, or its derivative, for the backward), and the
+// backward's GEMM through proj applies GELU's derivative. The tanh form: cuBLASLt's GELU_AUX_BIAS and DGELU
 // epilogues, fc's weight-gradient GEMM summing its bias gradient (BGRADB); the exact form:
 // CUTLASS's (cuda/gelu_gemm.h), whose backward GEMM sums fc's bias gradient. `fp32_wgrad`: the
 // weight-gradient GEMMs write float32. Call only where unsupported() is "".

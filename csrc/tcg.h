@@ -474,11 +474,11 @@ tcg_status tcg_gelu(tcg_tensor x, tcg_tensor bias, tcg_gelu_form form, tcg_kerne
 // (NULL: none), proj_weight [C', H], proj_bias [C'] (NULL: none); *out: y [.., C'], a new tensor.
 // Reads weight shadows, as tcg_linear_forward does. On the crate's path (the linear family's
 // conditions for both layers, H a multiple of 8) fc's GEMM adds its bias and applies the GELU in
-// its epilogue (keeping GELU's input), and the backward's GEMM through proj applies GELU's
-// derivative, so no GELU kernel runs: the tanh form in cuBLASLt's GELU_AUX_BIAS and DGELU
-// epilogues (fc's weight-gradient GEMM summing its bias gradient, BGRADB), the exact form in
-// CUTLASS's (csrc/cuda/gelu_gemm.h: bf16, sm_90, where the build found CUTLASS; its backward
-// GEMM sums fc's bias gradient); wgrad as tcg_linear_forward's. Elsewhere ATen's linear, gelu,
+// its epilogue, and the backward's GEMM through proj applies GELU's derivative, so no GELU kernel
+// runs: the tanh form in cuBLASLt's GELU_AUX_BIAS and DGELU epilogues (GELU's input kept; fc's
+// weight-gradient GEMM summing its bias gradient, BGRADB), the exact form in CUTLASS's
+// (csrc/cuda/gelu_gemm.h: bf16, sm_90, where the build found CUTLASS; GELU's derivative kept,
+// in float16; its backward GEMM sums fc's bias gradient); wgrad as tcg_linear_forward's. Elsewhere ATen's linear, gelu,
 // linear. kernels: the linear family's rules. A weight or bias of the wrong shape: TCG_MISUSE.
 // *ran_own: whether the crate's path was taken.
 typedef struct {

@@ -2,17 +2,18 @@
 //! GEMMs: [`f_gelu_mlp`] (and [`f_gelu_tanh_mlp`] for GELU's tanh approximation).
 //!
 //! On the crate's path `fc`'s forward GEMM adds its bias and applies the GELU to the float32
-//! accumulators (keeping GELU's input for the backward), and in the backward the GEMM through
-//! `proj` (the one that makes GELU's output gradient) applies GELU's derivative: no GELU kernel
-//! runs. The two forms run in different GEMMs:
+//! accumulators (keeping GELU's input, or its derivative, for the backward), and in the backward
+//! the GEMM through `proj` (the one that makes GELU's output gradient) applies GELU's derivative:
+//! no GELU kernel runs. The two forms run in different GEMMs:
 //! - **the tanh approximation** (GPT-2's original activation, llm.c's) in cuBLASLt's epilogues
 //!   (`GELU_AUX_BIAS` forward, `DGELU` backward; `fc`'s bias gradient in its weight-gradient
 //!   GEMM's `BGRADB`);
 //! - **the exact form** (`approximate="none"`, PyTorch's default) in CUTLASS's, on bf16 and
 //!   sm_90 (H100, H200) where the build found CUTLASS's headers (`scripts/setup.sh` installs
 //!   them; `docs/building.md`): GELU computed as
-//!   [`crate::gelu`]'s kernels compute it, and `fc`'s bias gradient summed by the backward GEMM in
-//!   a fixed order. cuBLASLt offers no epilogue for it.
+//!   [`crate::gelu`]'s kernels compute it, its derivative computed with it in the forward and
+//!   kept in float16 (the backward GEMM only multiplies by it), and `fc`'s bias gradient summed
+//!   by the backward GEMM in a fixed order. cuBLASLt offers no epilogue for it.
 //!
 //! The weight gradients are those of [`crate::linear::Linear`]'s backward (`proj`'s bias gradient
 //! in its weight-gradient GEMM, float 32 under

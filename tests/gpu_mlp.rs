@@ -41,10 +41,11 @@ fn bf16(t: &Tensor) -> Tensor {
 }
 
 /// The same computation in float32 on the bf16-rounded operands, rounded where the crate's step
-/// rounds (GELU's input and output, the gradient that fc's GEMMs read). fc's bias: rounded to bf16
-/// for the tanh form (cuBLASLt's epilogue takes it in the compute dtype, as autocast's at::linear),
-/// float32 for the exact form (added to the float32 product in CUTLASS's epilogue, GELU applied to
-/// that sum, its bias gradient summed before dpre's rounding).
+/// rounds (GELU's output, the gradient that fc's GEMMs read, and what the backward reads: the tanh
+/// form's input in bf16, the exact form's derivative in float16). fc's bias: rounded to bf16 for
+/// the tanh form (cuBLASLt's epilogue takes it in the compute dtype, as autocast's at::linear),
+/// float32 for the exact form (added to the float32 product in CUTLASS's epilogue, GELU and its
+/// derivative applied to that sum, its bias gradient summed before dpre's rounding).
 fn reference(x: &Tensor, fc: &Linear, proj: &Linear, w: &Tensor, approximate: GeluApproximate) -> Vec<Tensor> {
     let form = if approximate == GeluApproximate::Tanh { "tanh" } else { "none" };
     let (wf, bf) = (bf16(&fc.ws), fc.bs.as_ref().unwrap().detach());
@@ -55,7 +56,12 @@ fn reference(x: &Tensor, fc: &Linear, proj: &Linear, w: &Tensor, approximate: Ge
     let h = bf16(&pre.gelu(form));
     let y = h.matmul(&wp.tr()) + bf16(&bp);
     let dy = bf16(w);
-    let dpre = bf16(&pre).gelu_backward(&dy.matmul(&wp), form);
+    let dh = dy.matmul(&wp);
+    let dpre = if approximate == GeluApproximate::Tanh {
+        bf16(&pre).gelu_backward(&dh, form)
+    } else {
+        dh * pre.gelu_backward(&pre.ones_like(), form).to_kind(Kind::Half).to_kind(Kind::Float)
+    };
     let dpre_b = bf16(&dpre);
     vec![
         y,

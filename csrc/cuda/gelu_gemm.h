@@ -5,9 +5,10 @@
 //
 // What they compute (row-major tensors; the GELU is gelu_kernels.cu's x · Φ(x) through the normal
 // distribution's tail, applied to the float32 accumulators, not to a bf16 rounding of them):
-//   forward:  pre [M, N] = x [M, K] · wᵀ (w [N, K]) + bias [N] (float32),  h [M, N] = gelu(pre)
-//             (pre is written too: the backward's input; both rounded to bf16 once)
-//   backward: dpre [M, H] = (dy [M, C] · w [C, H]) ⊙ gelu'(pre [M, H]),  and, with partials,
+//   forward:  z [M, N] = x [M, K] · wᵀ (w [N, K]) + bias [N] (float32),  h [M, N] = gelu(z) (bf16)
+//             and grad [M, N] = gelu'(z) (float16, rounded once), what the backward reads: z
+//             itself is not written
+//   backward: dpre [M, H] = (dy [M, C] · w [C, H]) ⊙ grad [M, H],  and, with partials,
 //             partials [backward_partial_rows(), H] = the sums over each tile's rows of dpre
 //             (float32, before dpre's rounding, in a fixed order), which col_sum.cuh's finishing
 //             kernel sums into fc's bias gradient (deterministic)
@@ -23,7 +24,7 @@ struct Forward {
   const void* x;      // [m, k] bf16
   const void* w;      // [n, k] bf16
   const float* bias;  // [n] or null
-  void* pre;          // [m, n] bf16
+  void* grad;         // [m, n] float16: GELU's derivative at x · wᵀ + bias
   void* h;            // [m, n] bf16
   int32_t m, n, k;
 };
@@ -31,7 +32,7 @@ struct Forward {
 struct Backward {
   const void* dy;     // [m, c] bf16
   const void* w;      // [c, h] bf16
-  const void* pre;    // [m, h] bf16
+  const void* grad;   // [m, h] float16: the forward's `grad`
   void* dpre;         // [m, h] bf16
   float* partials;    // [backward_partial_rows(), h] float32, or null (no bias gradient)
   int32_t m, h, c;

@@ -70,6 +70,20 @@ __device__ __forceinline__ float gelu(float x) {
   }
 }
 
+// GELU's exact form and its derivative at x together, from one evaluation of the tail: `value` is
+// gelu<false, SHORT>(x) bit for bit, `grad` is gelu_grad<false>(1, x) with the tail of degree
+// SHORT's (for the GEMM's forward, which keeps the derivative, not x, for its backward).
+struct ValueAndGrad {
+  float value, grad;
+};
+template <bool SHORT>
+__device__ __forceinline__ ValueAndGrad gelu_and_grad(float x) {
+  const Tail q = tail_of<SHORT>(x);
+  const float r = (x * q.ts) * q.e;
+  const float tail = q.ts * q.e;
+  return {x < 0.0f ? r : x - r, (x < 0.0f ? tail : 1.0f - tail) + (x * kInvSqrt2Pi) * q.e};
+}
+
 template <bool TANH>
 __device__ __forceinline__ float gelu_grad(float dy, float x) {
   if constexpr (TANH) {

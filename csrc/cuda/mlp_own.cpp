@@ -1,12 +1,12 @@
 // The crate's MLP with GELU in the GEMMs' epilogues: an autograd function whose forward runs fc's
-// GEMM with the bias added and GELU applied to the float32 accumulators (GELU's input kept as
-// `pre`) and proj's GEMM, and whose backward runs proj's input-gradient GEMM with GELU's
-// derivative at `pre` applied, and the weight-gradient GEMMs of linear_own.cpp. No GELU kernel
+// GEMM with the bias added and GELU applied to the float32 accumulators (keeping GELU's input, or
+// its derivative) and proj's GEMM, and whose backward runs proj's input-gradient GEMM with GELU's
+// derivative applied, and the weight-gradient GEMMs of linear_own.cpp. No GELU kernel
 // runs either way. The tanh form: cuBLASLt's GELU_AUX_BIAS and DGELU epilogues, fc's bias gradient
 // in its weight-gradient GEMM's BGRADB epilogue (where cuBLASLt offers no algorithm for an
 // epilogue, ATen's GEMM and GELU, or GELU backward and sum, run instead, on the same saved
-// tensors). The exact form: CUTLASS's GEMMs (gelu_gemm.h), whose backward also sums fc's bias
-// gradient.
+// tensors). The exact form: CUTLASS's GEMMs (gelu_gemm.h): the forward keeps GELU's derivative
+// (float16) instead of its input, the backward multiplies by it and sums fc's bias gradient.
 #include "../mlp_own.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -56,15 +56,15 @@ bool backward_gemm(const at::Tensor& dy2, const at::Tensor& proj, const at::Tens
   return tcg::lt::input_gradient(dy2, proj, dpre, e);
 }
 
-// h [N, H] = gelu(x2 [N, C] · fcᵀ + bias) with `pre` [N, H] = its input, in CUTLASS's GEMM
-// (gelu_gemm.h: the float32 bias, GELU's exact form). False where that GEMM does not take these
-// operands (a view not 16-byte aligned): nothing ran.
-bool exact_forward_gemm(const at::Tensor& x2, const at::Tensor& fc, const at::Tensor& bias, at::Tensor& pre,
+// h [N, H] = gelu(z), z = x2 [N, C] · fcᵀ + bias, with `grad` [N, H] (float16) = gelu'(z), in
+// CUTLASS's GEMM (gelu_gemm.h: the float32 bias, GELU's exact form). False where that GEMM does
+// not take these operands (a view not 16-byte aligned): nothing ran.
+bool exact_forward_gemm(const at::Tensor& x2, const at::Tensor& fc, const at::Tensor& bias, at::Tensor& grad,
                         at::Tensor& h) {
 #ifdef TCG_GELU_GEMM
   const at::Tensor b = bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();
   const tcg::gelu_gemm::Forward a{x2.data_ptr(), fc.data_ptr(), b.defined() ? b.data_ptr<float>() : nullptr,
-                                  pre.data_ptr(), h.data_ptr(), static_cast<int32_t>(x2.size(0)),
+                                  grad.data_ptr(), h.data_ptr(), static_cast<int32_t>(x2.size(0)),
                                   static_cast<int32_t>(fc.size(0)), static_cast<int32_t>(fc.size(1))};
   if (*tcg::gelu_gemm::unsupported(a) != '\0') return false;
   const int device = x2.get_device();
@@ -73,18 +73,18 @@ bool exact_forward_gemm(const at::Tensor& x2, const at::Tensor& fc, const at::Te
              "mlp: the GEMM with GELU in its epilogue");
   return true;
 #else
-  (void)x2, (void)fc, (void)bias, (void)pre, (void)h;
+  (void)x2, (void)fc, (void)bias, (void)grad, (void)h;
   return false;
 #endif
 }
 
-// dpre [N, H] = (dy2 [N, C'] · proj [C', H]) ⊙ gelu'(pre) and, where `dbias` is defined (float32
-// [H]), fc's bias gradient, in CUTLASS's GEMM. False as exact_forward_gemm's.
-bool exact_backward_gemm(const at::Tensor& dy2, const at::Tensor& proj, const at::Tensor& pre, at::Tensor& dpre,
+// dpre [N, H] = (dy2 [N, C'] · proj [C', H]) ⊙ grad (exact_forward_gemm's) and, where `dbias` is
+// defined (float32 [H]), fc's bias gradient, in CUTLASS's GEMM. False as exact_forward_gemm's.
+bool exact_backward_gemm(const at::Tensor& dy2, const at::Tensor& proj, const at::Tensor& grad, at::Tensor& dpre,
                          at::Tensor& dbias) {
 #ifdef TCG_GELU_GEMM
   const int32_t h = static_cast<int32_t>(proj.size(1));
-  tcg::gelu_gemm::Backward a{dy2.data_ptr(), proj.data_ptr(), pre.data_ptr(), dpre.data_ptr(), nullptr,
+  tcg::gelu_gemm::Backward a{dy2.data_ptr(), proj.data_ptr(), grad.data_ptr(), dpre.data_ptr(), nullptr,
                              static_cast<int32_t>(dy2.size(0)), h, static_cast<int32_t>(proj.size(0))};
   at::Tensor part;
   if (dbias.defined()) {
@@ -103,7 +103,7 @@ bool exact_backward_gemm(const at::Tensor& dy2, const at::Tensor& proj, const at
   }
   return true;
 #else
-  (void)dy2, (void)proj, (void)pre, (void)dpre, (void)dbias;
+  (void)dy2, (void)proj, (void)grad, (void)dpre, (void)dbias;
   return false;
 #endif
 }
@@ -129,19 +129,27 @@ struct GeluMlp : torch::autograd::Function<GeluMlp> {
     const at::Tensor x2 = in_dtype(x, at::Tensor(), dt).contiguous().view({-1, c});
     const at::Tensor wfc = in_dtype(fc_w, args.shadow_fc_w, dt).contiguous();
     const at::Tensor wproj = in_dtype(proj_w, args.shadow_proj_w, dt).contiguous();
-    at::Tensor pre = at::empty({x2.size(0), hid}, x2.options());
-    at::Tensor h = at::empty_like(pre);
+    at::Tensor h = at::empty({x2.size(0), hid}, x2.options());
+    // what the backward reads: GELU's input, or (the exact form in CUTLASS's GEMM, `kept_grad`)
+    // GELU's derivative
+    at::Tensor pre;
+    bool kept_grad = false;
     if (args.tanh) {
       // the bias in the compute dtype, as at::linear's under autocast (cuBLASLt 13 takes no
       // float32 bias beside a 16-bit output)
       const at::Tensor bfc = in_dtype(fc_b, args.shadow_fc_b, dt);
+      pre = at::empty_like(h);
       if (!forward_gemm(x2, wfc, bfc, pre, h)) {
         pre = at::linear(x2, wfc, opt(bfc));
         h = at::gelu(pre, "tanh");
       }
-    } else if (!exact_forward_gemm(x2, wfc, fc_b, pre, h)) {  // the float32 bias itself
-      pre = at::linear(x2, wfc, opt(fc_b.defined() ? fc_b.to(dt) : fc_b));
-      h = at::gelu(pre);
+    } else {
+      pre = at::empty_like(h, h.options().dtype(at::kHalf));
+      kept_grad = exact_forward_gemm(x2, wfc, fc_b, pre, h);  // the float32 bias itself
+      if (!kept_grad) {
+        pre = at::linear(x2, wfc, opt(fc_b.defined() ? fc_b.to(dt) : fc_b));
+        h = at::gelu(pre);
+      }
     }
     const at::Tensor y2 = tcg::lt::linear(h, wproj, in_dtype(proj_b, args.shadow_proj_b, dt));
     std::vector<int64_t> sizes = x.sizes().vec();
@@ -151,6 +159,7 @@ struct GeluMlp : torch::autograd::Function<GeluMlp> {
     ctx->saved_data["proj_bias"] = proj_b.defined();
     ctx->saved_data["fp32_wgrad"] = args.fp32_wgrad;
     ctx->saved_data["tanh"] = args.tanh;
+    ctx->saved_data["kept_grad"] = kept_grad;
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["fc_w_dtype"] = static_cast<int64_t>(fc_w.scalar_type());
     ctx->saved_data["fc_b_dtype"] = static_cast<int64_t>(fc_b.defined() ? fc_b.scalar_type() : at::kFloat);
@@ -185,16 +194,18 @@ struct GeluMlp : torch::autograd::Function<GeluMlp> {
     if (proj.db.defined()) out[4] = proj.db.to(dtype_of("proj_b_dtype"));
     // through GELU: dpre in proj's input-gradient GEMM
     if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1) && !want_fb) return out;
-    at::Tensor dpre = at::empty_like(pre);
+    at::Tensor dpre = at::empty(pre.sizes(), x2.options());
     const bool tanh = ctx->saved_data.at("tanh").toBool();
     at::Tensor dbias;  // fc's, from the exact form's GEMM
     if (tanh) {
       if (!backward_gemm(dy2, wproj, pre, dpre)) dpre = at::gelu_backward(at::mm(dy2, wproj), pre, "tanh");
     } else {
       if (want_fb) dbias = at::empty({pre.size(1)}, pre.options().dtype(at::kFloat));
-      if (!exact_backward_gemm(dy2, wproj, pre, dpre, dbias)) {
-        const at::Tensor d = at::gelu_backward(at::mm(dy2, wproj).to(at::kFloat), pre.to(at::kFloat));
-        dpre = d.to(pre.scalar_type());
+      const bool kept_grad = ctx->saved_data.at("kept_grad").toBool();
+      if (!kept_grad || !exact_backward_gemm(dy2, wproj, pre, dpre, dbias)) {
+        const at::Tensor dh = at::mm(dy2, wproj).to(at::kFloat);
+        const at::Tensor d = kept_grad ? dh * pre.to(at::kFloat) : at::gelu_backward(dh, pre.to(at::kFloat));
+        dpre = d.to(dt);
         if (want_fb) dbias = d.sum(0);
       }
     }
