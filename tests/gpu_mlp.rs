@@ -5,7 +5,8 @@
 //! forward and every gradient against the
 //! same computation in float32 on the bf16 operands, rounded where the step rounds (within 1e-2
 //! of the largest value) and against ATen's composition (`Kernels::PyTorch`); a captured forward
-//! and backward equal to eager bit for bit; the choice of kernels and typed errors. Ignored
+//! and backward equal to eager bit for bit; the exact form's fallback on a misaligned input; the
+//! choice of kernels and typed errors. Ignored
 //! without a GPU; fails loudly there.
 mod common;
 
@@ -122,6 +123,40 @@ fn without_biases(x: &Tensor, approximate: GeluApproximate) {
     let fy = rel(&yb, &y_ref);
     println!("{form} GELU without biases: y {fy:e} from ATen's composition; dx defined {}", xb.grad().defined());
     assert!(fy <= 1e-2 && xb.grad().defined() && fb.ws.grad().defined() && pb.ws.grad().defined());
+}
+
+/// The exact form on a bf16 input 2 bytes past a 16-byte boundary (so no cast makes an aligned
+/// copy): CUTLASS's GEMMs refuse it, ATen's linear and gelu run forward and ATen's GELU backward
+/// at the input they kept; y and every gradient within 1e-2 of those of the same input aligned
+/// (CUTLASS's GEMMs, the derivative kept).
+fn misaligned_input_falls_back(dev: tch::Device) {
+    let (rows, c, h) = (2048, 256, 1024);
+    let vs = nn::VarStore::new(dev);
+    let (fc, proj) = layers(&vs, c, h, Kernels::Own);
+    let flat = Tensor::randn([rows * c + 1], (Kind::Float, dev)).to_kind(Kind::BFloat16);
+    let x = flat.narrow(0, 1, rows * c).view([rows, c]);
+    let w = Tensor::randn([rows, c], (Kind::Float, dev));
+    let mut results = vec![];
+    for input in [x.shallow_clone(), x.copy()] {
+        let (out, kernels) = kernels_of(dev, || run(&input, &fc, &proj, &w, GeluApproximate::None));
+        results.push((
+            out.iter().map(Tensor::copy).collect::<Vec<_>>(),
+            kernels.iter().filter(|k| k.contains("gelu_gemm")).count(),
+        ));
+        for p in vs.trainable_variables() {
+            let _ = p.grad().zero_();
+        }
+    }
+    let ((odd, odd_cutlass), (aligned, aligned_cutlass)) = (&results[0], &results[1]);
+    // (the crate's CUTLASS kernels by their namespace: cuBLAS's kernels for misaligned operands
+    // are CUTLASS's too)
+    println!("misaligned input: {odd_cutlass} of the crate's CUTLASS GEMMs ran (aligned: {aligned_cutlass})");
+    assert_eq!((*odd_cutlass, *aligned_cutlass), (0, 2));
+    for ((name, a), b) in NAMES.iter().zip(odd).zip(aligned) {
+        let r = rel(a, b);
+        println!("  misaligned against aligned, {name}: {r:e}");
+        assert!(r <= 1e-2, "{name}: {r:e} between the fallback and CUTLASS's GEMMs");
+    }
 }
 
 /// GELU's output itself, through the MLP with proj the identity (so y is h exactly: one nonzero
@@ -333,6 +368,7 @@ fn gelu_mlp_exact_form_in_cutlass_epilogues() {
     assert_eq!(d, 0.0);
     // without biases: the backward GEMM with no bias-gradient sums
     without_biases(&Tensor::randn([2048, 256], (Kind::Float, dev)), GeluApproximate::None);
+    misaligned_input_falls_back(dev);
     // float32 without autocast: Kernels::Own refuses
     let xf = Tensor::randn([16, 768], (Kind::Float, dev));
     match f_gelu_mlp(&xf, &fc3, &proj3, GeluApproximate::None) {
