@@ -9,7 +9,7 @@
 //! own binary: the choice is the process's. Ignored without a GPU; fails loudly there.
 mod common;
 
-use common::{captured_minus_eager, cuda, rel};
+use common::{captured_minus_eager, cuda, output_and_grads, rel};
 use tch::{nn, Kind, Tensor};
 use tch_cuda_graphs::amp::Autocast;
 use tch_cuda_graphs::gemm::{self, GemmChoice};
@@ -53,9 +53,7 @@ fn step(x: &Tensor, (fc, proj): &(Linear, Linear), w: &Tensor) -> tch_cuda_graph
     let loss = (y.to_kind(Kind::Float) * w).sum(Kind::Float);
     let inputs = [&x, &fc.ws, fc.bs.as_ref().unwrap(), &proj.ws, proj.bs.as_ref().unwrap()].map(|t| t.shallow_clone());
     let grads = tch_cuda_graphs::autograd::grad(&[loss], &inputs, None, false, false)?;
-    let mut flat = vec![y.detach().to_kind(Kind::Float).reshape([-1])];
-    flat.extend(grads.iter().map(|g| g.as_ref().expect("used").to_kind(Kind::Float).reshape([-1])));
-    Ok(Tensor::cat(&flat, 0))
+    Ok(output_and_grads(&y, &grads))
 }
 
 #[test]

@@ -10,7 +10,7 @@
 //! without a GPU; fails loudly there.
 mod common;
 
-use common::{bf16_ulps, captured_minus_eager, cuda, kernels_of, rel};
+use common::{bf16_ulps, captured_minus_eager, cuda, kernels_of, output_and_grads, rel};
 use tch::{nn, Kind, Tensor};
 use tch_cuda_graphs::amp::Autocast;
 use tch_cuda_graphs::gelu::GeluApproximate;
@@ -188,6 +188,20 @@ fn output_errors(h: &Tensor, exact: &Tensor) -> (f64, f64, f64) {
     (ulps, f64::try_from(small.max()).unwrap(), same)
 }
 
+/// GELU's output `y` and ATen's `aten` against `exact` (float64) by output_errors, printed under
+/// `what` (ATen's under `aten_what`); asserts `y` within one bf16 ulp where |gelu| >= 2^-6 and
+/// within 1e-4 below.
+fn check_output(what: &str, y: &Tensor, aten: &Tensor, exact: &Tensor, aten_what: &str) {
+    let (ulps, small, same) = output_errors(y, exact);
+    let (aten_ulps, aten_small, aten_same) = output_errors(aten, exact);
+    println!(
+        "{what}: max {ulps} bf16 ulp where |gelu| >= 2^-6, max |error| {small:e} below, {:.3}% equal ({aten_what}: {aten_ulps} ulp, {aten_small:e}, {:.3}%)",
+        100.0 * same,
+        100.0 * aten_same
+    );
+    assert!(ulps <= 1.0 && small <= 1e-4, "{what}: the epilogue's GELU is not that form");
+}
+
 /// Each of the forward and gradients (NAMES) against the float32 reference and ATen's
 /// composition, printed; asserts within `to_ref` of the reference (and `to_aten` of ATen's).
 fn compare(ours: &[Tensor], refs: &[Tensor], aten: &[Tensor], to_ref: f64, to_aten: Option<f64>) {
@@ -223,10 +237,7 @@ fn mlp_step(
     let mut inputs = vec![x.shallow_clone()];
     inputs.extend(params.iter().map(|p| p.shallow_clone()));
     let g = tch_cuda_graphs::autograd::grad(&[loss], &inputs, None, false, false)?;
-    // y detached: the result keeps no autograd graph (nor the parameters' accumulators) alive
-    let mut parts = vec![y.detach().to_kind(Kind::Float).reshape([-1])];
-    parts.extend(g.iter().map(|g| g.as_ref().expect("used").to_kind(Kind::Float).reshape([-1])));
-    Ok(Tensor::cat(&parts, 0))
+    Ok(output_and_grads(&y, &g))
 }
 
 #[test]
@@ -241,14 +252,13 @@ fn gelu_tanh_mlp_matches_the_epilogue_formula_and_the_composition() {
     let pre = f64_of(&x).matmul(&f64_of(&fc.ws).tr()) + f64_of(fc.bs.as_ref().unwrap());
     let exact = pre.gelu("tanh");
     let aten = pre.to_kind(Kind::Float).gelu("tanh").to_kind(Kind::BFloat16);
-    let (ulps, small, same) = output_errors(&y, &exact);
-    let (aten_ulps, aten_small, aten_same) = output_errors(&aten, &exact);
-    println!(
-        "GELU_AUX_BIAS epilogue [4096, 768] against the tanh form in float64 rounded once: max {ulps} bf16 ulp where |gelu| >= 2^-6, max |error| {small:e} below, {:.3}% equal (ATen's float32 formula: {aten_ulps} ulp, {aten_small:e}, {:.3}%)",
-        100.0 * same,
-        100.0 * aten_same
+    check_output(
+        "GELU_AUX_BIAS epilogue [4096, 768] against the tanh form in float64 rounded once",
+        &y,
+        &aten,
+        &exact,
+        "ATen's float32 formula",
     );
-    assert!(ulps <= 1.0 && small <= 1e-4, "the epilogue's GELU is not the tanh form");
 
     // GPT-2 small's MLP: forward and gradients against the float32 reference and the composition
     let (c, h) = (768, 3072);
@@ -321,14 +331,13 @@ fn gelu_mlp_exact_form_in_cutlass_epilogues() {
         let _bf16 = Autocast::new(Kind::BFloat16, false).expect("autocast");
         tch::no_grad(|| x.linear(&fc.ws, fc.bs.as_ref()).gelu("none"))
     };
-    let (ulps, small, same) = output_errors(&y, &exact);
-    let (aten_ulps, aten_small, aten_same) = output_errors(&aten, &exact);
-    println!(
-        "CUTLASS GELU epilogue [4096, 768] against GELU of the float64 pre-activation rounded once: max {ulps} bf16 ulp where |gelu| >= 2^-6, max |error| {small:e} below, {:.3}% equal (ATen's linear then gelu, rounding the pre-activation first: {aten_ulps} ulp, {aten_small:e}, {:.3}%)",
-        100.0 * same,
-        100.0 * aten_same
+    check_output(
+        "CUTLASS GELU epilogue [4096, 768] against GELU of the float64 pre-activation rounded once",
+        &y,
+        &aten,
+        &exact,
+        "ATen's linear then gelu, rounding the pre-activation first",
     );
-    assert!(ulps <= 1.0 && small <= 1e-4, "the epilogue's GELU is not the exact form of the float32 pre-activation");
 
     // GPT-2 small's MLP against the float32 reference and ATen's composition
     let (c, h) = (768, 3072);

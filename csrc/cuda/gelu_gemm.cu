@@ -71,14 +71,14 @@ struct Kernel {
 using RowMajor = cutlass::layout::RowMajor;
 using ColumnMajor = cutlass::layout::ColumnMajor;
 
-using H = cutlass::half_t;  // GELU's derivative as the forward keeps it
+using F16 = cutlass::half_t;  // GELU's derivative as the forward keeps it
 
 // Forward, D = h: z = x · wᵀ + bias in float32, h = gelu(z), and GELU's derivative at z kept
 // (float16) for the backward, from one evaluation of the normal tail (gelu_math.cuh's
 // gelu_and_grad): LinCombPerColBiasEltActAux's traits (the epilogue builder lays the kept
 // tensor out by them), its tree's store node replaced (GeluKeepGrad's callbacks below).
 struct GeluKeepGrad
-    : cutlass::epilogue::fusion::LinCombPerColBiasEltActAux<RowMajor, cutlass::epilogue::thread::Identity, E, float, H,
+    : cutlass::epilogue::fusion::LinCombPerColBiasEltActAux<RowMajor, cutlass::epilogue::thread::Identity, E, float, F16,
                                                             float, void> {};
 
 // Backward, as the transposed problem dpreᵀ [H, M] = wᵀ [H, C] · dyᵀ [C, M]: column-major output
@@ -92,7 +92,7 @@ using BackwardTile = Shape<_128, _256, _64>;
 // dependent load after another) took about 30 µs at [12288, 3072]. A tag of its own (the
 // operation's traits, for the epilogue builder), and its callbacks below.
 struct GradBiasPartials
-    : cutlass::epilogue::fusion::LinCombDeEltActDePerRowBias<ColumnMajor, TimesKeptGrad, E, float, H, float, void> {};
+    : cutlass::epilogue::fusion::LinCombDeEltActDePerRowBias<ColumnMajor, TimesKeptGrad, E, float, F16, float, void> {};
 
 }  // namespace
 }  // namespace tcg::gelu_gemm
@@ -225,7 +225,7 @@ namespace {
 using ForwardGemm = Kernel<Shape<_256, _128, _64>, RowMajor, ColumnMajor, RowMajor, GeluKeepGrad>::Gemm;
 using BackwardBiasGemm = Kernel<BackwardTile, ColumnMajor, ColumnMajor, ColumnMajor, GradBiasPartials>::Gemm;
 using BackwardGemm = Kernel<BackwardTile, ColumnMajor, ColumnMajor, ColumnMajor,
-                            cutlass::epilogue::fusion::LinCombDeEltAct<ColumnMajor, TimesKeptGrad, E, float, H, void>>::Gemm;
+                            cutlass::epilogue::fusion::LinCombDeEltAct<ColumnMajor, TimesKeptGrad, E, float, F16, void>>::Gemm;
 
 bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -252,7 +252,7 @@ Args<Gemm> gemm_args(int m, int n, int k, const void* a, const void* b, void* d,
 Args<ForwardGemm> forward_args(const Forward& a, int sm_count) {
   Args<ForwardGemm> args = gemm_args<ForwardGemm>(a.m, a.n, a.k, a.x, a.w, a.h, sm_count);
   args.epilogue.thread.bias_ptr = a.bias;
-  args.epilogue.thread.grad_ptr = static_cast<H*>(a.grad);
+  args.epilogue.thread.grad_ptr = static_cast<F16*>(a.grad);
   args.epilogue.thread.dGrad = args.epilogue.dD;
   return args;
 }
@@ -262,7 +262,7 @@ Args<ForwardGemm> forward_args(const Forward& a, int sm_count) {
 template <class Gemm>
 Args<Gemm> backward_args(const Backward& a, int sm_count) {
   Args<Gemm> args = gemm_args<Gemm>(a.h, a.m, a.c, a.w, a.dy, a.dpre, sm_count);
-  args.epilogue.thread.aux_ptr = static_cast<const H*>(a.grad);
+  args.epilogue.thread.aux_ptr = static_cast<const F16*>(a.grad);
   args.epilogue.thread.dAux = args.epilogue.dD;
   if constexpr (std::is_same_v<Gemm, BackwardBiasGemm>) args.epilogue.thread.partials = a.partials;
   return args;

@@ -57,16 +57,27 @@ __device__ __forceinline__ Tail tail_of(float x) {
   return {t * s, tcg::cuda::exp2_ftz(x * (x * kHalfLog2e))};
 }
 
+// x · Φ(x) from the tail at x: x · Q(-x) = (x · tS) · E below 0 (no cancellation), x - x · Q(x)
+// above.
+__device__ __forceinline__ float gelu_of_tail(float x, Tail q) {
+  const float r = (x * q.ts) * q.e;
+  return x < 0.0f ? r : x - r;
+}
+
+// GELU's derivative Φ(x) + x · φ(x) from the tail at x.
+__device__ __forceinline__ float gelu_grad_of_tail(float x, Tail q) {
+  const float tail = q.ts * q.e;
+  return (x < 0.0f ? tail : 1.0f - tail) + (x * kInvSqrt2Pi) * q.e;
+}
+
 template <bool TANH, bool SHORT = false>
 __device__ __forceinline__ float gelu(float x) {
   if constexpr (TANH) {
     const float x_cube = x * x * x;
     const float inner = kBetaTanh * (x + kKappa * x_cube);
     return 0.5f * x * (1.0f + tanhf(inner));
-  } else {  // x · Φ(x): x · Q(-x) = (x · tS) · E below 0 (no cancellation), x - x · Q(x) above
-    const Tail q = tail_of<SHORT>(x);
-    const float r = (x * q.ts) * q.e;
-    return x < 0.0f ? r : x - r;
+  } else {
+    return gelu_of_tail(x, tail_of<SHORT>(x));
   }
 }
 
@@ -79,9 +90,7 @@ struct ValueAndGrad {
 template <bool SHORT>
 __device__ __forceinline__ ValueAndGrad gelu_and_grad(float x) {
   const Tail q = tail_of<SHORT>(x);
-  const float r = (x * q.ts) * q.e;
-  const float tail = q.ts * q.e;
-  return {x < 0.0f ? r : x - r, (x < 0.0f ? tail : 1.0f - tail) + (x * kInvSqrt2Pi) * q.e};
+  return {gelu_of_tail(x, q), gelu_grad_of_tail(x, q)};
 }
 
 template <bool TANH>
@@ -98,10 +107,8 @@ __device__ __forceinline__ float gelu_grad(float dy, float x) {
     const float inner_derivative = kBetaTanh * (1.0f + 3.0f * kKappa * x_sq);
     const float right_derivative = left * tanh_derivative * inner_derivative;
     return dy * (left_derivative + right_derivative);
-  } else {  // Φ(x) + x · φ(x)
-    const Tail q = tail_of(x);
-    const float tail = q.ts * q.e;
-    return dy * ((x < 0.0f ? tail : 1.0f - tail) + (x * kInvSqrt2Pi) * q.e);
+  } else {
+    return dy * gelu_grad_of_tail(x, tail_of(x));
   }
 }
 

@@ -214,3 +214,11 @@ pub fn kernels_of<T>(device: Device, f: impl FnOnce() -> T) -> (T, Vec<String>) 
     let names = profile.events().iter().filter(|e| e.kind == EventKind::Kernel).map(|e| e.name.clone()).collect();
     (out, names)
 }
+
+/// A step's output and its gradients (each used) in float32, flattened into one tensor, y
+/// detached: the result keeps no autograd graph (nor the parameters' accumulators) alive.
+pub fn output_and_grads(y: &Tensor, grads: &[Option<Tensor>]) -> Tensor {
+    let mut parts = vec![y.detach().to_kind(Kind::Float).reshape([-1])];
+    parts.extend(grads.iter().map(|g| g.as_ref().expect("used").to_kind(Kind::Float).reshape([-1])));
+    Tensor::cat(&parts, 0)
+}
