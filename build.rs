@@ -18,10 +18,11 @@
 //!   each as SASS, plus PTX of the last for newer GPUs).
 //! - `TCH_CUDA_GRAPHS_NO_OWN_KERNELS=1`: do not build them.
 //! - `CUTLASS_DIR`: the CUTLASS checkout or package whose `include/` (and `tools/util/include/`)
-//!   the GEMMs with GELU in their epilogues build against (`csrc/cuda/gelu_gemm.cu`, sm_90 only;
-//!   default: pip's `nvidia-cutlass` beside torch, `cutlass_library/source`). Without it, or
-//!   without 90 among the architectures, the MLP with exact GELU runs its GEMMs and its GELU
-//!   kernels apart.
+//!   the GEMMs with GELU or SwiGLU's backward in their epilogues build against
+//!   (`csrc/cuda/gelu_gemm.cu`, `csrc/cuda/swiglu_gemm.cu`, sm_90 only; default: pip's
+//!   `nvidia-cutlass` beside torch, `cutlass_library/source`). Without it, or without 90 among the
+//!   architectures, the MLPs with exact GELU or SwiGLU run their GEMMs and activation kernels
+//!   apart.
 //! - the `doc-only` feature, or `DOCS_RS`: compile nothing (docs.rs has no libtorch).
 use std::env;
 use std::path::{Path, PathBuf};
@@ -171,10 +172,10 @@ fn find_cutlass(torch_root: &Path) -> Option<PathBuf> {
     candidates.into_iter().find(|d| d.join("include").join("cutlass").join("cutlass.h").exists())
 }
 
-/// Compiles `csrc/cuda/gelu_gemm.cu` (CUTLASS's kernels and the host code that launches them)
-/// into an object for the shim, for sm_90a. Err: why not (the MLP then runs its GEMMs and GELU
-/// kernels apart).
-fn build_gelu_gemm(torch_root: &Path, cuda_include: &Path) -> Result<PathBuf, String> {
+/// Compiles the CUTLASS GEMMs (`csrc/cuda/gelu_gemm.cu`, `csrc/cuda/swiglu_gemm.cu`: CUTLASS's
+/// kernels and the host code that launches them) into objects for the shim, for sm_90a. Err: why
+/// not (the MLPs then run their GEMMs and activation kernels apart).
+fn build_cutlass_gemms(torch_root: &Path, cuda_include: &Path) -> Result<Vec<PathBuf>, String> {
     let (nvcc, archs) = nvcc_and_archs(torch_root)?;
     if !archs.iter().any(|a| a == "90") {
         return Err("90 is not among TCH_CUDA_GRAPHS_CUDA_ARCHS".into());
@@ -182,18 +183,22 @@ fn build_gelu_gemm(torch_root: &Path, cuda_include: &Path) -> Result<PathBuf, St
     let cutlass =
         find_cutlass(torch_root).ok_or("no CUTLASS headers found (set CUTLASS_DIR, or run scripts/setup.sh)")?;
     let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
-    let object = out.join("gelu_gemm.o");
-    let mut cmd = Command::new(&nvcc);
-    cmd.args(["-c", "-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr"])
-        .args(["-gencode", "arch=compute_90a,code=sm_90a", "-Xcompiler", "-fPIC,-fvisibility=hidden"])
-        .arg("-I")
-        .arg(cutlass.join("include"))
-        .arg("-I")
-        .arg(cutlass.join("tools").join("util").join("include"));
-    add_cuda_includes(&mut cmd, cuda_include);
-    cmd.arg("csrc/cuda/gelu_gemm.cu").arg("-o").arg(&object);
-    run_nvcc(cmd, &nvcc, "gelu_gemm.cu")?;
-    Ok(object)
+    let mut objects = Vec::new();
+    for name in ["gelu_gemm", "swiglu_gemm"] {
+        let object = out.join(format!("{name}.o"));
+        let mut cmd = Command::new(&nvcc);
+        cmd.args(["-c", "-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr"])
+            .args(["-gencode", "arch=compute_90a,code=sm_90a", "-Xcompiler", "-fPIC,-fvisibility=hidden"])
+            .arg("-I")
+            .arg(cutlass.join("include"))
+            .arg("-I")
+            .arg(cutlass.join("tools").join("util").join("include"));
+        add_cuda_includes(&mut cmd, cuda_include);
+        cmd.arg(format!("csrc/cuda/{name}.cu")).arg("-o").arg(&object);
+        run_nvcc(cmd, &nvcc, &format!("{name}.cu"))?;
+        objects.push(object);
+    }
+    Ok(objects)
 }
 
 /// The directory holding `nccl.h`: `$NCCL_INCLUDE_DIR`, or pip's `nvidia/nccl/include` beside
@@ -355,13 +360,13 @@ fn add_cuda(build: &mut cc::Build, torch_root: &Path, includes: &[PathBuf], cxx1
             build.define("TCG_OWN_KERNELS_MISSING", Some(format!("{why:?}").as_str()));
         }
     }
-    // the GEMMs with GELU in their epilogues, where CUTLASS is there
-    match build_gelu_gemm(torch_root, &cuda_include) {
-        Ok(object) => {
-            build.object(object).define("TCG_GELU_GEMM", None);
+    // the GEMMs with GELU or SwiGLU's backward in their epilogues, where CUTLASS is there
+    match build_cutlass_gemms(torch_root, &cuda_include) {
+        Ok(objects) => {
+            build.objects(objects).define("TCG_CUTLASS_GEMMS", None);
         }
         Err(why) => {
-            println!("cargo:warning=tch-cuda-graphs: GEMMs with GELU in their epilogues not built ({why}); the MLP with exact GELU runs its GEMMs and GELU kernels apart");
+            println!("cargo:warning=tch-cuda-graphs: CUTLASS's GEMMs not built ({why}); the MLPs with exact GELU or SwiGLU run their GEMMs and activation kernels apart");
         }
     }
     // process groups over libtorch's c10d and NCCL, when NCCL's header is there

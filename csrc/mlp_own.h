@@ -1,4 +1,5 @@
-// The crate's MLP with GELU in the GEMMs' epilogues, as mlp.cpp sees it (no CUDA types here).
+// The crate's MLPs with their activation in the GEMMs' epilogues (GELU; SwiGLU's backward), as
+// mlp.cpp sees them (no CUDA types here).
 // Defined in csrc/cuda/mlp_own.cpp in CUDA builds, in csrc/no_cuda.cpp otherwise.
 #pragma once
 #include <ATen/ATen.h>
@@ -26,5 +27,15 @@ std::string unsupported(const Operands& in, bool tanh);
 // CUTLASS's (cuda/gelu_gemm.h), whose backward GEMM sums fc's bias gradient. `fp32_wgrad`: the
 // weight-gradient GEMMs write float32. Call only where unsupported() is "".
 at::Tensor gelu(const Operands& in, bool tanh, bool fp32_wgrad);
+
+// The SwiGLU MLP, proj(silu(gate) · up) with [gate | up] = fc(x) (fc [2F, C], proj [C', F]):
+// why the crate's path cannot take these operands, or "".
+std::string unsupported_swiglu(const Operands& in);
+
+// It, through one autograd node: fc's GEMM, SwiGLU's forward kernel and proj's GEMM forward; the
+// backward's GEMM through proj applies SwiGLU's backward in its epilogue (CUTLASS's,
+// cuda/swiglu_gemm.h; bf16 on sm_90 where the build found CUTLASS, else the GEMM and SwiGLU's
+// backward kernel). `fp32_wgrad` as gelu()'s. Call only where unsupported_swiglu() is "".
+at::Tensor swiglu(const Operands& in, bool fp32_wgrad);
 
 }  // namespace tcg::mlp

@@ -149,10 +149,15 @@ std::vector<at::Tensor> fused_split(const Operands&, bool, int64_t) {
 }
 }  // namespace tcg::linear
 
-// The GELU epilogues need CUDA (cuBLASLt, CUTLASS): mlp.cpp runs ATen's linear, gelu, linear.
+// The MLPs' fused GEMMs need CUDA (cuBLASLt, CUTLASS): mlp.cpp runs ATen's linear, gelu (or silu
+// and mul), linear.
 namespace tcg::mlp {
 std::string unsupported(const Operands&, bool) { return "this binary was built without CUDA"; }
 at::Tensor gelu(const Operands&, bool, bool) {
+  throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no cuBLASLt path");
+}
+std::string unsupported_swiglu(const Operands&) { return "this binary was built without CUDA"; }
+at::Tensor swiglu(const Operands&, bool) {
   throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no cuBLASLt path");
 }
 }  // namespace tcg::mlp

@@ -14,4 +14,10 @@ std::string unsupported(const at::Tensor& h);
 // unsupported() is "".
 at::Tensor fused(const at::Tensor& h);
 
+// The kernels alone, outside autograd (CUDA builds only: cuda/mlp_own.cpp's SwiGLU MLP): the
+// forward of h [.., 2F], and the backward given the output's gradient d [.., F] (contiguous, h's
+// dtype), [dgate | dup]. Call only where unsupported(h) is "".
+at::Tensor forward_kernel(const at::Tensor& h);
+at::Tensor backward_kernel(const at::Tensor& h, const at::Tensor& d);
+
 }  // namespace tcg::swiglu

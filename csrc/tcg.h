@@ -486,6 +486,16 @@ typedef struct {
 } tcg_mlp_inputs;
 tcg_status tcg_mlp_gelu(const tcg_mlp_inputs* in, tcg_gelu_form form, tcg_weight_grad wgrad, tcg_kernels kernels,
                         tcg_tensor* out, bool* ran_own);
+// The SwiGLU MLP, proj(silu(gate) · up) with [gate | up] = fc(x): fc_weight [2F, C], proj_weight
+// [C', F], biases as tcg_mlp_gelu's; *out: y [.., C'], a new tensor. Reads weight shadows. On the
+// crate's path (the linear family's conditions for both layers, F a multiple of 4, SwiGLU's
+// kernels there) one autograd node runs fc's GEMM, SwiGLU's forward kernel and proj's GEMM, and in
+// the backward proj's input-gradient GEMM with SwiGLU's backward in its epilogue (CUTLASS's,
+// csrc/cuda/swiglu_gemm.h: bf16, sm_90, where the build found CUTLASS; elsewhere the GEMM and
+// SwiGLU's backward kernel). Elsewhere ATen's linear, silu and mul, linear. wgrad and kernels as
+// tcg_mlp_gelu's; fc's out odd or a weight of the wrong shape: TCG_MISUSE.
+tcg_status tcg_mlp_swiglu(const tcg_mlp_inputs* in, tcg_weight_grad wgrad, tcg_kernels kernels, tcg_tensor* out,
+                          bool* ran_own);
 
 // ---------------------------------------------------------------- autograd.cpp (CPU and CUDA)
 // torch::autograd::grad(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused).

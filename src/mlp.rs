@@ -1,5 +1,6 @@
-//! A two-layer MLP with GELU between, `proj(gelu(fc(x)))`, whose activation runs inside its
-//! GEMMs: [`f_gelu_mlp`] (and [`f_gelu_tanh_mlp`] for GELU's tanh approximation).
+//! Two-layer MLPs whose activation runs inside their GEMMs: GELU between, `proj(gelu(fc(x)))`
+//! ([`f_gelu_mlp`], and [`f_gelu_tanh_mlp`] for GELU's tanh approximation), and the gated SwiGLU
+//! of Llama-style models, `w2(silu(gate) · up)` with `[gate | up] = w13(x)` ([`f_swiglu_mlp`]).
 //!
 //! On the crate's path `fc`'s forward GEMM adds its bias and applies the GELU to the float32
 //! accumulators (keeping GELU's input, or its derivative, for the backward), and in the backward
@@ -27,6 +28,14 @@
 //! conditions above); elsewhere, and under [`Kernels::PyTorch`](crate::kernels::Kernels::PyTorch),
 //! ATen's `linear`, `gelu` and `linear` compute the same. The weight-gradient mode and the kernel
 //! choice are `fc`'s ([`LinearConfig`](crate::linear::LinearConfig)).
+//!
+//! **SwiGLU** ([`f_swiglu_mlp`]): `w13`'s GEMM, [`crate::swiglu`]'s forward kernel and `w2`'s GEMM
+//! forward; backward, `w2`'s input-gradient GEMM applies SwiGLU's backward in its epilogue
+//! (CUTLASS's, bf16 on sm_90 where the build found CUTLASS), loading gate and up where they lie
+//! in the `[gate | up]` projection and writing `[dgate | dup]` whole: the gradient of SwiGLU's
+//! output is neither written nor read back, and SwiGLU's backward is computed on the float32
+//! product, not on its bf16 rounding. Elsewhere on the crate's path that GEMM writes the gradient
+//! and [`crate::swiglu`]'s backward kernel runs.
 //!
 //! ```no_run
 //! # fn main() -> tch_cuda_graphs::Result<()> {
@@ -90,6 +99,45 @@ pub(crate) fn f_gelu_mlp_unbiased_own(
     approximate: GeluApproximate,
 ) -> Result<Tensor> {
     run(x, fc, proj, None, approximate, Kernels::Own)
+}
+
+/// `w2(silu(gate) · up)` of `x` [.., C], with `[gate | up] = w13(x)` (`w13` C → 2F, the gate
+/// first, as [`crate::swiglu`] reads it) and `w2` F → C': a Llama-style MLP, its backward through
+/// `w2` and SwiGLU in one GEMM on the crate's path (the module's docs). The crate's path runs
+/// where both layers' do, with F a multiple of 4; elsewhere, and under
+/// [`Kernels::PyTorch`](crate::kernels::Kernels::PyTorch), ATen's `linear`, `silu`, `mul` and
+/// `linear` compute the same. [`crate::Error::Misuse`] where the layers' shapes do not chain
+/// (`w13`'s out odd, or not twice `w2`'s in); [`crate::Error::Unsupported`] where `w13`'s config
+/// says [`Kernels::Own`](crate::kernels::Kernels::Own) and the crate's path does not apply. The
+/// weight-gradient mode and the kernel choice are `w13`'s.
+///
+/// ```no_run
+/// # fn main() -> tch_cuda_graphs::Result<()> {
+/// use tch::{nn, Device, Kind, Tensor};
+/// use tch_cuda_graphs::linear::{linear, LinearConfig};
+/// use tch_cuda_graphs::mlp::f_swiglu_mlp;
+/// let vs = nn::VarStore::new(Device::Cuda(0));
+/// let no_bias = LinearConfig { bias: false, ..Default::default() };
+/// let w13 = linear(vs.root() / "w13", 768, 2 * 2048, no_bias);
+/// let w2 = linear(vs.root() / "w2", 2048, 768, no_bias);
+/// let x = Tensor::randn([12, 1024, 768], (Kind::BFloat16, Device::Cuda(0)));
+/// let y = f_swiglu_mlp(&x, &w13, &w2)?;
+/// # let _ = y; Ok(()) }
+/// ```
+pub fn f_swiglu_mlp(x: &Tensor, w13: &Linear, w2: &Linear) -> Result<Tensor> {
+    let (y, _own) = raw::swiglu(
+        x,
+        (&w13.ws, w13.bs.as_ref()),
+        (&w2.ws, w2.bs.as_ref()),
+        w13.config().weight_grad.raw(),
+        w13.config().kernels.raw(),
+    )?;
+    Ok(y)
+}
+
+/// [`f_swiglu_mlp`], panicking on an error as tch's layers do.
+pub fn swiglu_mlp(x: &Tensor, w13: &Linear, w2: &Linear) -> Tensor {
+    f_swiglu_mlp(x, w13, w2).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn run(

@@ -1,4 +1,4 @@
-//! Rotary embeddings, SwiGLU and the embedding on the CPU (ATen's compositions, what a machine without a GPU or
+//! Rotary embeddings, SwiGLU (alone and in its MLP) and the embedding on the CPU (ATen's compositions, what a machine without a GPU or
 //! nvcc runs): against plain tch written from the formulas (Meta's complex product for the
 //! interleaved layout, Hugging Face's `rotate_half` for the half-split one, `silu(gate) * up`),
 //! positions with an offset, the gradient through both, the embedding equal to tch's
@@ -7,7 +7,8 @@
 use tch::{nn, nn::Module, Device, Kind, Tensor};
 use tch_cuda_graphs::embedding::{embedding, EmbeddingConfig};
 use tch_cuda_graphs::kernels::KernelPath;
-use tch_cuda_graphs::linear::LinearConfig;
+use tch_cuda_graphs::linear::{linear, LinearConfig};
+use tch_cuda_graphs::mlp::f_swiglu_mlp;
 use tch_cuda_graphs::rotary::{Rotary, RotaryConfig, RotaryLayout};
 use tch_cuda_graphs::swiglu::{f_swiglu, SwiGlu, SwiGluConfig};
 use tch_cuda_graphs::Error;
@@ -109,6 +110,26 @@ fn swiglu_on_the_cpu_is_silu_of_gate_times_up() {
     assert!(matches!(odd, Err(Error::Misuse(_))), "{odd:?}");
     let ints = f_swiglu(&Tensor::zeros([2, 8], (Kind::Int64, Device::Cpu)), &SwiGluConfig::default());
     assert!(matches!(ints, Err(Error::Misuse(_))), "{ints:?}");
+}
+
+/// The SwiGLU MLP on the CPU: ATen's linear, silu, mul and linear, the same bits as tch written
+/// that way, with biases too; layers whose shapes do not chain are typed errors.
+#[test]
+fn swiglu_mlp_on_the_cpu_is_the_composition() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let cfg = LinearConfig::default();
+    let (w13, w2) = (linear(vs.root() / "w13", 16, 2 * 24, cfg), linear(vs.root() / "w2", 24, 16, cfg));
+    let x = Tensor::randn([3, 5, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let y = f_swiglu_mlp(&x, &w13, &w2).expect("swiglu mlp");
+    let parts = x.apply(&w13).chunk(2, -1);
+    let want = (parts[0].silu() * &parts[1]).apply(&w2);
+    assert_eq!(max_diff(&y, &want), 0.0);
+    y.sum(Kind::Float).backward();
+    assert_eq!(x.grad().size(), [3, 5, 16]);
+    assert!(w13.ws.grad().defined() && w2.ws.grad().defined());
+    let odd = linear(vs.root() / "odd", 16, 47, cfg);
+    assert!(matches!(f_swiglu_mlp(&x, &odd, &w2), Err(Error::Misuse(_))), "w13's out must be even");
+    assert!(matches!(f_swiglu_mlp(&x, &w13, &w13), Err(Error::Misuse(_))), "w2 must take half w13's out");
 }
 
 #[test]

@@ -4,12 +4,17 @@
 //! on the same values rounded once; both rotary layouts, strided q and k (views of a fused
 //! projection), a fused projection read whole (`f_forward_qkv`: q, k, v and the packed gradient
 //! equal bit for bit to splitting it first, with no concatenation kernel), a device offset read
-//! at replay (a captured decode step), and a captured step equal to the eager one bit for bit. Ignored without a GPU; fails loudly there.
+//! at replay (a captured decode step), and a captured step equal to the eager one bit for bit;
+//! the SwiGLU MLP (`mlp::f_swiglu_mlp`, SwiGLU's backward in w2's GEMM) against a float32
+//! reference, the layers apart and ATen's composition. Ignored without a GPU; fails loudly there.
 mod common;
 
-use common::{bf16_ulps, cuda, kernels_of, rel};
-use tch::{Kind, Tensor};
+use common::{bf16_ulps, captured_minus_eager, cuda, kernels_of, output_and_grads, rel};
+use tch::{nn, Kind, Tensor};
+use tch_cuda_graphs::amp::Autocast;
 use tch_cuda_graphs::kernels::{KernelPath, Kernels};
+use tch_cuda_graphs::linear::{linear, Linear, LinearConfig, WeightGrad};
+use tch_cuda_graphs::mlp::f_swiglu_mlp;
 use tch_cuda_graphs::rotary::{Rotary, RotaryConfig, RotaryLayout};
 use tch_cuda_graphs::swiglu::{SwiGlu, SwiGluConfig};
 use tch_cuda_graphs::{capture_with_warmup, CaptureOptions, Error};
@@ -175,4 +180,147 @@ fn swiglu_kernels_match_the_composition() {
         g5.kind()
     );
     assert!(u <= 1.0);
+}
+
+/// Bias-free `w13` (C → 2F) and `w2` (F → C) with float32 weight gradients, as the Llama example's.
+fn swiglu_layers(vs: &nn::VarStore, c: i64, f: i64, kernels: Kernels) -> (Linear, Linear) {
+    let cfg = LinearConfig { bias: false, weight_grad: WeightGrad::Float32, kernels, ..Default::default() };
+    (linear(vs.root() / "w13", c, 2 * f, cfg), linear(vs.root() / "w2", f, c, cfg))
+}
+
+/// y and the gradients of x, w13 and w2 for the loss sum(y · w) under `dtype` autocast, through
+/// `f_swiglu_mlp` (`fused`) or the layers apart (`Linear`, `SwiGlu`, `Linear` of the same
+/// kernels).
+fn swiglu_mlp_run(x: &Tensor, w13: &Linear, w2: &Linear, w: &Tensor, dtype: Kind, fused: bool) -> Vec<Tensor> {
+    let x = x.detach().set_requires_grad(true);
+    let y = {
+        let _amp = Autocast::new(dtype, false).expect("autocast");
+        if fused {
+            f_swiglu_mlp(&x, w13, w2).expect("swiglu mlp")
+        } else {
+            let act = SwiGlu::new(SwiGluConfig { kernels: w13.config().kernels });
+            w2.f_forward(&act.f_forward(&w13.f_forward(&x).expect("w13")).expect("swiglu")).expect("w2")
+        }
+    };
+    (&y.to_kind(Kind::Float) * w).sum(Kind::Float).backward();
+    let out = vec![y, x.grad(), w13.ws.grad().copy(), w2.ws.grad().copy()];
+    for p in [&w13.ws, &w2.ws] {
+        let _ = p.grad().zero_();
+    }
+    out
+}
+
+fn bf16(t: &Tensor) -> Tensor {
+    t.to_kind(Kind::BFloat16).to_kind(Kind::Float)
+}
+
+/// The same computation in float32 on the bf16 operands, rounded where the fused step rounds:
+/// [gate | up] and SwiGLU's output (the GEMMs' bf16 outputs), [dgate | dup]; SwiGLU's backward
+/// applied to w2's float32 product, as its GEMM's epilogue does.
+fn swiglu_mlp_reference(x: &Tensor, w13: &Linear, w2: &Linear, w: &Tensor) -> Vec<Tensor> {
+    let (xb, a, b) = (bf16(x), bf16(&w13.ws), bf16(&w2.ws));
+    let ab = bf16(&xb.matmul(&a.tr()));
+    let parts = ab.chunk(2, -1);
+    let (g, u) = (&parts[0], &parts[1]);
+    let h = bf16(&(g.silu() * u));
+    let y = h.matmul(&b.tr());
+    let dy = bf16(w);
+    let dh = dy.matmul(&b);
+    let sig = g.sigmoid();
+    let dg = &dh * u * &sig * (g * (1.0 - &sig) + 1.0);
+    let du = &dh * g * &sig;
+    let dab = bf16(&Tensor::cat(&[dg, du], -1));
+    vec![y, dab.matmul(&a), dab.tr().matmul(&xb), dy.tr().matmul(&h)]
+}
+
+/// The Llama 124 M row's MLP (768 → 2 × 2048 → 768) on 8192 tokens: through `f_swiglu_mlp`,
+/// w2's input-gradient GEMM applies SwiGLU's backward (CUTLASS's, named by its namespace) and no
+/// SwiGLU backward kernel runs; y and every gradient within 1e-2 of the float32 reference (the
+/// layers apart and ATen's composition printed beside); float16 (CUTLASS's GEMM is bf16 only)
+/// runs the GEMM and SwiGLU's backward kernel instead; a captured step equals eager bit for bit;
+/// typed errors, and `Kernels::Auto` falling back to ATen's composition without autocast.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn swiglu_mlp_applies_swiglus_backward_in_w2s_gemm() {
+    let dev = cuda(); // and an sm_90 GPU with CUTLASS built: elsewhere the kernel count below fails
+    tch::manual_seed(3);
+    let (rows, c, f) = (8192, 768, 2048);
+    let x = Tensor::randn([rows, c], (Kind::Float, dev));
+    let w = Tensor::randn([rows, c], (Kind::Float, dev));
+    let (own, aten) = (nn::VarStore::new(dev), nn::VarStore::new(dev));
+    let (w13, w2) = swiglu_layers(&own, c, f, Kernels::Own);
+    let (a13, a2) = swiglu_layers(&aten, c, f, Kernels::PyTorch);
+    tch::no_grad(|| {
+        for (a, b) in aten.trainable_variables().iter().zip(own.trainable_variables()) {
+            a.shallow_clone().copy_(&b);
+        }
+    });
+    let (fused, kernels) = kernels_of(dev, || swiglu_mlp_run(&x, &w13, &w2, &w, Kind::BFloat16, true));
+    let count = |key: &str| kernels.iter().filter(|k| k.contains(key)).count();
+    println!(
+        "fused: {} kernels; SwiGLU forward {}, SwiGLU backward {}, the GEMM with SwiGLU's backward {}",
+        kernels.len(),
+        count("tcg_swiglu_fwd"),
+        count("tcg_swiglu_bwd"),
+        count("swiglu_gemm")
+    );
+    assert_eq!((count("tcg_swiglu_fwd"), count("tcg_swiglu_bwd"), count("swiglu_gemm")), (1, 0, 1));
+    let apart = swiglu_mlp_run(&x, &w13, &w2, &w, Kind::BFloat16, false);
+    let composed = swiglu_mlp_run(&x, &a13, &a2, &w, Kind::BFloat16, true);
+    let refs = tch::no_grad(|| swiglu_mlp_reference(&x, &w13, &w2, &w));
+    for (i, name) in ["y", "dx", "dW13", "dW2"].iter().enumerate() {
+        let (r, r_apart, r_aten) = (rel(&fused[i], &refs[i]), rel(&apart[i], &refs[i]), rel(&composed[i], &refs[i]));
+        let to_apart = rel(&fused[i], &apart[i]);
+        println!(
+            "{name} ({:?}): {r:e} from the float32 reference (the layers apart: {r_apart:e}, ATen's composition: {r_aten:e}); {to_apart:e} from the layers apart",
+            fused[i].kind()
+        );
+        assert!(r <= 1e-2 && to_apart <= 1e-2, "{name}: {r:e} from the reference, {to_apart:e} from the layers apart");
+    }
+    assert!(fused[0].equal(&apart[0]), "the forward is the layers' own, bit for bit");
+
+    // float16: w2's GEMM writes the gradient, SwiGLU's backward kernel applies it
+    let (half, kernels) = kernels_of(dev, || swiglu_mlp_run(&x, &w13, &w2, &w, Kind::Half, true));
+    let bwd = kernels.iter().filter(|k| k.contains("tcg_swiglu_bwd")).count();
+    let gemm = kernels.iter().filter(|k| k.contains("swiglu_gemm")).count();
+    let half_apart = swiglu_mlp_run(&x, &w13, &w2, &w, Kind::Half, false);
+    let d = half.iter().zip(&half_apart).map(|(a, b)| rel(a, b)).fold(0.0, f64::max);
+    println!("float16: SwiGLU backward kernel {bwd}, CUTLASS's GEMM {gemm}; {d:e} from the layers apart");
+    assert!((bwd, gemm) == (1, 0) && d == 0.0, "float16 runs the layers' own kernels");
+
+    // captured equals eager, bit for bit
+    let vs = nn::VarStore::new(dev);
+    let (c13, c2) = swiglu_layers(&vs, c, f, Kernels::Own);
+    let params = vs.trainable_variables();
+    let x0 = x.narrow(0, 0, 2048);
+    let step = || -> tch_cuda_graphs::Result<Tensor> {
+        let x = x0.detach().set_requires_grad(true);
+        let y = {
+            let _bf16 = Autocast::new(Kind::BFloat16, false)?;
+            f_swiglu_mlp(&x, &c13, &c2)?
+        };
+        let loss = y.to_kind(Kind::Float).square().sum(Kind::Float);
+        let mut inputs = vec![x.shallow_clone()];
+        inputs.extend(params.iter().map(|p| p.shallow_clone()));
+        let g = tch_cuda_graphs::autograd::grad(&[loss], &inputs, None, false, false)?;
+        Ok(output_and_grads(&y, &g))
+    };
+    let d = captured_minus_eager(step);
+    println!("captured SwiGLU MLP forward and backward against eager: max |difference| {d:e}");
+    assert_eq!(d, 0.0);
+
+    // bad input: typed errors; float32 without autocast: Own refuses, Auto runs ATen's composition
+    let xf = Tensor::randn([16, c], (Kind::Float, dev));
+    match f_swiglu_mlp(&xf, &c13, &c2) {
+        Err(Error::Unsupported(why)) => println!("Kernels::Own without autocast: {why}"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    let auto_vs = nn::VarStore::new(dev);
+    let (u13, u2) = swiglu_layers(&auto_vs, c, f, Kernels::Auto);
+    let y = f_swiglu_mlp(&xf, &u13, &u2).expect("auto");
+    let parts = xf.linear::<Tensor>(&u13.ws, None).chunk(2, -1);
+    let y_ref = (parts[0].silu() * &parts[1]).linear::<Tensor>(&u2.ws, None);
+    assert!(y.equal(&y_ref), "Kernels::Auto falls back to ATen's composition");
+    assert!(matches!(f_swiglu_mlp(&xf, &u2, &u13), Err(Error::Misuse(_))), "w13 must take x's width");
+    assert!(matches!(f_swiglu_mlp(&xf, &u13, &u13), Err(Error::Misuse(_))), "w2 must take half w13's out");
 }

@@ -15,22 +15,13 @@
 // cluster) were the fastest of the cooperative and ping-pong variants measured.
 #include "gelu_gemm.h"
 
-#include <cute/tensor.hpp>
-#include <cutlass/cutlass.h>
-#include <cutlass/epilogue/collective/collective_builder.hpp>
-#include <cutlass/epilogue/fusion/operations.hpp>
-#include <cutlass/gemm/collective/collective_builder.hpp>
-#include <cutlass/gemm/device/gemm_universal_adapter.h>
-#include <cutlass/gemm/kernel/gemm_universal.hpp>
-#include <cutlass/util/packed_stride.hpp>
-
+#include "cutlass_gemm.cuh"
 #include "gelu_math.cuh"
 
 namespace tcg::gelu_gemm {
 namespace {
 
-using namespace cute;
-using E = cutlass::bfloat16_t;
+using namespace tcg::cutlass_gemm;
 
 // The backward's activation: the float32 product times GELU's derivative as the forward kept it
 // (float16, converted to float32 by the tree), applied to a fragment.
@@ -48,28 +39,6 @@ struct TimesKeptGrad<cutlass::Array<T, N>> {
     return y;
   }
 };
-
-using Cooperative = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-using CooperativeEpilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
-
-// A GEMM kernel: its mainloop (bf16 A and B in the layouts given, float32 accumulators) and the
-// epilogue `Fusion` writing bf16 D in layout LD, for a tile shape, one CTA per cluster.
-template <class Tile, class LA, class LB, class LD, class Fusion>
-struct Kernel {
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Shape<_1, _1, _1>,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LD, 8, E, LD, 8, CooperativeEpilogue,
-      Fusion>::CollectiveOp;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E, LA, 8, E, LB, 8, float, Tile, Shape<_1, _1, _1>,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      Cooperative>::CollectiveOp;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<
-      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, cutlass::gemm::PersistentScheduler>>;
-};
-
-using RowMajor = cutlass::layout::RowMajor;
-using ColumnMajor = cutlass::layout::ColumnMajor;
 
 using F16 = cutlass::half_t;  // GELU's derivative as the forward keeps it
 
@@ -227,26 +196,6 @@ using BackwardBiasGemm = Kernel<BackwardTile, ColumnMajor, ColumnMajor, ColumnMa
 using BackwardGemm = Kernel<BackwardTile, ColumnMajor, ColumnMajor, ColumnMajor,
                             cutlass::epilogue::fusion::LinCombDeEltAct<ColumnMajor, TimesKeptGrad, E, float, F16, void>>::Gemm;
 
-bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-template <class Gemm>
-using Args = typename Gemm::Arguments;
-
-// The arguments every one of these GEMMs takes: D [M, N] = A [M, K] · B [K, N] in Gemm's layouts
-// (packed), no C, on `sm_count` SMs.
-template <class Gemm>
-Args<Gemm> gemm_args(int m, int n, int k, const void* a, const void* b, void* d, int sm_count) {
-  using K = typename Gemm::GemmKernel;
-  const auto sd = cutlass::make_cute_packed_stride(typename K::StrideD{}, make_shape(m, n, 1));
-  Args<Gemm> args{cutlass::gemm::GemmUniversalMode::kGemm,
-                  {m, n, k, 1},
-                  {static_cast<const E*>(a), cutlass::make_cute_packed_stride(typename K::StrideA{}, make_shape(m, k, 1)),
-                   static_cast<const E*>(b), cutlass::make_cute_packed_stride(typename K::StrideB{}, make_shape(n, k, 1))},
-                  {{}, nullptr, sd, static_cast<E*>(d), sd}};
-  args.hw_info.sm_count = sm_count;
-  return args;
-}
-
 // Forward: A = x, B = w (w [N, K] row-major is B as K × N column-major), D = h; GELU's derivative
 // written in D's layout.
 Args<ForwardGemm> forward_args(const Forward& a, int sm_count) {
@@ -268,40 +217,9 @@ Args<Gemm> backward_args(const Backward& a, int sm_count) {
   return args;
 }
 
-// Runs `args` on `stream` (none of these kernels takes a workspace).
-template <class Gemm>
-cudaError_t run(const Args<Gemm>& args, cudaStream_t stream) {
-  Gemm gemm;
-  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-  if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-  if (gemm.run(stream) != cutlass::Status::kSuccess) {
-    const cudaError_t e = cudaGetLastError();
-    return e == cudaSuccess ? cudaErrorLaunchFailure : e;
-  }
-  return cudaSuccess;
-}
-
-// Loads `Gemm`'s kernel (cudaFuncSetAttribute needs it) and sets its shared memory, as
-// GemmUniversalAdapter::initialize does again at each call.
-template <class Gemm>
-cudaError_t prepare_one() {
-  using K = typename Gemm::GemmKernel;
-  return cudaFuncSetAttribute(cutlass::device_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(K::SharedStorageSize));
-}
-
 }  // namespace
 
-const char* prepare() {
-  for (cudaError_t (*one)() : {prepare_one<ForwardGemm>, prepare_one<BackwardBiasGemm>, prepare_one<BackwardGemm>}) {
-    const cudaError_t e = one();
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      return cudaGetErrorString(e);
-    }
-  }
-  return "";
-}
+const char* prepare() { return prepare_all<ForwardGemm, BackwardBiasGemm, BackwardGemm>(); }
 
 const char* unsupported(const Forward& a) {
   if (a.m <= 0 || a.n <= 0 || a.k <= 0 || a.n % 8 != 0 || a.k % 8 != 0) return "sizes that are not multiples of 8";

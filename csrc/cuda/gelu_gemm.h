@@ -1,5 +1,5 @@
 // The GEMMs with GELU's exact (erf) form in their epilogues, built on CUTLASS (gelu_gemm.cu,
-// compiled by nvcc where build.rs finds CUTLASS's headers: TCG_GELU_GEMM is then defined): the
+// compiled by nvcc where build.rs finds CUTLASS's headers: TCG_CUTLASS_GEMMS is then defined): the
 // plain-data interface that mlp_own.cpp (host compiler) calls. bf16 operands, float32
 // accumulation and epilogue math, sm_90 (H100, H200) only.
 //

@@ -7,19 +7,25 @@
 // epilogue, ATen's GEMM and GELU, or GELU backward and sum, run instead, on the same saved
 // tensors). The exact form: CUTLASS's GEMMs (gelu_gemm.h): the forward keeps GELU's derivative
 // (float16) instead of its input, the backward multiplies by it and sums fc's bias gradient.
+// And the SwiGLU MLP, w2(silu(gate) · up) with [gate | up] = w13(x): the forward runs w13's GEMM,
+// swiglu_kernels.cu's forward and w2's GEMM; the backward w2's input-gradient GEMM with SwiGLU's
+// backward in its epilogue (CUTLASS's, swiglu_gemm.h), writing [dgate | dup] with no dh between.
 #include "../mlp_own.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "../kernels.h"
 #include "../linear_own.h"
+#include "../swiglu_own.h"
 #include "cuda_shim.h"
 #include "col_sum.h"
 #include "gelu_gemm.h"
 #include "gelu_params.h"
 #include "lt_matmul.h"
 #include "own_kernels.h"
+#include "swiglu_gemm.h"
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -61,7 +67,7 @@ bool backward_gemm(const at::Tensor& dy2, const at::Tensor& proj, const at::Tens
 // not take these operands (a view not 16-byte aligned): nothing ran.
 bool exact_forward_gemm(const at::Tensor& x2, const at::Tensor& fc, const at::Tensor& bias, at::Tensor& grad,
                         at::Tensor& h) {
-#ifdef TCG_GELU_GEMM
+#ifdef TCG_CUTLASS_GEMMS
   const at::Tensor b = bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();
   const tcg::gelu_gemm::Forward a{x2.data_ptr(), fc.data_ptr(), b.defined() ? b.data_ptr<float>() : nullptr,
                                   grad.data_ptr(), h.data_ptr(), static_cast<int32_t>(x2.size(0)),
@@ -82,7 +88,7 @@ bool exact_forward_gemm(const at::Tensor& x2, const at::Tensor& fc, const at::Te
 // defined (float32 [H]), fc's bias gradient, in CUTLASS's GEMM. False as exact_forward_gemm's.
 bool exact_backward_gemm(const at::Tensor& dy2, const at::Tensor& proj, const at::Tensor& grad, at::Tensor& dpre,
                          at::Tensor& dbias) {
-#ifdef TCG_GELU_GEMM
+#ifdef TCG_CUTLASS_GEMMS
   const int32_t h = static_cast<int32_t>(proj.size(1));
   tcg::gelu_gemm::Backward a{dy2.data_ptr(), proj.data_ptr(), grad.data_ptr(), dpre.data_ptr(), nullptr,
                              static_cast<int32_t>(dy2.size(0)), h, static_cast<int32_t>(proj.size(0))};
@@ -104,6 +110,27 @@ bool exact_backward_gemm(const at::Tensor& dy2, const at::Tensor& proj, const at
   return true;
 #else
   (void)dy2, (void)proj, (void)grad, (void)dpre, (void)dbias;
+  return false;
+#endif
+}
+
+// [dgate | dup] [N, 2F] from dy2 [N, C'] through w2 [C', F] and SwiGLU at `ab` [N, 2F] = [gate |
+// up], in CUTLASS's GEMM (swiglu_gemm.h). False where that GEMM does not take these operands
+// (not bf16, not sm_90, built without CUTLASS, a view not 16-byte aligned): nothing ran.
+bool swiglu_backward_gemm(const at::Tensor& dy2, const at::Tensor& w2, const at::Tensor& ab, at::Tensor& dab) {
+#ifdef TCG_CUTLASS_GEMMS
+  const int device = dy2.get_device();
+  if (ab.scalar_type() != at::kBFloat16 || !own::cutlass_gemms_unavailable(device).empty()) return false;
+  const tcg::swiglu_gemm::Backward a{dy2.data_ptr(), w2.data_ptr(), ab.data_ptr(), dab.data_ptr(),
+                                     static_cast<int32_t>(dy2.size(0)), static_cast<int32_t>(w2.size(1)),
+                                     static_cast<int32_t>(w2.size(0))};
+  if (*tcg::swiglu_gemm::unsupported(a) != '\0') return false;
+  check_cuda(tcg::swiglu_gemm::backward(a, static_cast<int>(own::sm_count(device)),
+                                        at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream()),
+             "mlp: the GEMM with SwiGLU's backward in its epilogue");
+  return true;
+#else
+  (void)dy2, (void)w2, (void)ab, (void)dab;
   return false;
 #endif
 }
@@ -222,6 +249,74 @@ struct GeluMlp : torch::autograd::Function<GeluMlp> {
   }
 };
 
+// w2(swiglu(w13(x))), fc = w13 [2F, C] and proj = w2 [C', F]. Saves x, w13, [gate | up], SwiGLU's
+// output and w2: what the three layers apart would save.
+struct SwiGluMlp : torch::autograd::Function<SwiGluMlp> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& fc_w,
+                               const std::optional<at::Tensor>& fc_b_arg, const at::Tensor& proj_w,
+                               const std::optional<at::Tensor>& proj_b_arg, Args args) {
+    const at::Tensor fc_b = fc_b_arg.value_or(at::Tensor()), proj_b = proj_b_arg.value_or(at::Tensor());
+    c10::cuda::CUDAGuard guard(x.device());
+    const at::ScalarType dt = args.dt;
+    const int64_t c = fc_w.size(1);
+    const at::Tensor x2 = in_dtype(x, at::Tensor(), dt).contiguous().view({-1, c});
+    const at::Tensor w13 = in_dtype(fc_w, args.shadow_fc_w, dt).contiguous();
+    const at::Tensor w2 = in_dtype(proj_w, args.shadow_proj_w, dt).contiguous();
+    const at::Tensor ab = tcg::lt::linear(x2, w13, in_dtype(fc_b, args.shadow_fc_b, dt));
+    const at::Tensor h = tcg::swiglu::forward_kernel(ab);
+    const at::Tensor y2 = tcg::lt::linear(h, w2, in_dtype(proj_b, args.shadow_proj_b, dt));
+    std::vector<int64_t> sizes = x.sizes().vec();
+    sizes.back() = proj_w.size(0);
+    ctx->save_for_backward({x2, w13, ab, h, w2});
+    ctx->saved_data["fc_bias"] = fc_b.defined();
+    ctx->saved_data["proj_bias"] = proj_b.defined();
+    ctx->saved_data["fp32_wgrad"] = args.fp32_wgrad;
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["fc_w_dtype"] = static_cast<int64_t>(fc_w.scalar_type());
+    ctx->saved_data["fc_b_dtype"] = static_cast<int64_t>(fc_b.defined() ? fc_b.scalar_type() : at::kFloat);
+    ctx->saved_data["proj_w_dtype"] = static_cast<int64_t>(proj_w.scalar_type());
+    ctx->saved_data["proj_b_dtype"] = static_cast<int64_t>(proj_b.defined() ? proj_b.scalar_type() : at::kFloat);
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    return {y2.view(sizes)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (at::GradMode::is_enabled()) misuse("mlp: double backward (create_graph) is not supported");
+    const at::Tensor& dy = grads.at(0);
+    if (!dy.defined()) return variable_list(6);
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x2 = saved[0], &w13 = saved[1], &ab = saved[2], &h = saved[3], &w2 = saved[4];
+    const auto dtype_of = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data.at(key).toInt()); };
+    const bool fp32 = ctx->saved_data.at("fp32_wgrad").toBool();
+    const at::ScalarType dt = x2.scalar_type();
+    const auto grad_type = [&](const char* param) { return tcg::lt::weight_grad_type(fp32, dtype_of(param), dt); };
+    c10::cuda::CUDAGuard guard(x2.device());
+    const at::Tensor dy2 = dy.to(dt).contiguous().view({-1, w2.size(0)});
+    // one result per forward argument; needs_input_grad counts the tensors given (an absent bias
+    // has no index)
+    variable_list out(6);
+    const bool fc_bias = ctx->saved_data.at("fc_bias").toBool(), proj_bias = ctx->saved_data.at("proj_bias").toBool();
+    const size_t proj_w_at = fc_bias ? 3 : 2;
+    const bool want_fb = fc_bias && ctx->needs_input_grad(2);
+    const bool want_pb = proj_bias && ctx->needs_input_grad(proj_w_at + 1);
+    auto proj = tcg::lt::weight_grads(h, dy2, ctx->needs_input_grad(proj_w_at), want_pb, grad_type("proj_w_dtype"));
+    if (proj.dw.defined()) out[3] = proj.dw.to(dtype_of("proj_w_dtype"));
+    if (proj.db.defined()) out[4] = proj.db.to(dtype_of("proj_b_dtype"));
+    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1) && !want_fb) return out;
+    // through w2 and SwiGLU: [dgate | dup] in w2's input-gradient GEMM, or that GEMM's dh and
+    // SwiGLU's backward kernel
+    at::Tensor dab = at::empty_like(ab);
+    if (!swiglu_backward_gemm(dy2, w2, ab, dab)) dab = tcg::swiglu::backward_kernel(ab, tcg::lt::input_grad(dy2, w2));
+    auto fc = tcg::lt::weight_grads(x2, dab, ctx->needs_input_grad(1), want_fb, grad_type("fc_w_dtype"));
+    if (fc.dw.defined()) out[1] = fc.dw.to(dtype_of("fc_w_dtype"));
+    if (fc.db.defined()) out[2] = fc.db.to(dtype_of("fc_b_dtype"));
+    if (ctx->needs_input_grad(0)) {
+      out[0] = tcg::lt::input_grad(dab, w13).view(ctx->saved_data.at("x_sizes").toIntVector()).to(dtype_of("x_dtype"));
+    }
+    return out;
+  }
+};
+
 }  // namespace
 
 std::string unsupported(const Operands& in, bool tanh) {
@@ -234,7 +329,7 @@ std::string unsupported(const Operands& in, bool tanh) {
     return "a hidden width of " + std::to_string(in.fc_w.size(0)) + " (the GELU epilogues need a multiple of 8)";
   }
   if (tanh) return "";
-  const std::string why = own::gelu_gemm_unavailable(in.x.get_device());
+  const std::string why = own::cutlass_gemms_unavailable(in.x.get_device());
   if (!why.empty()) return "GELU's exact form in the GEMMs' epilogues: " + why;
   if (compute_dtype(in.x, in.fc_w) != at::kBFloat16) return "GELU's exact form in the GEMMs' epilogues: bf16 only";
   if (in.fc_w.size(1) % 8 != 0 || in.proj_w.size(0) % 8 != 0) {
@@ -243,10 +338,29 @@ std::string unsupported(const Operands& in, bool tanh) {
   return "";
 }
 
+std::string unsupported_swiglu(const Operands& in) {
+  for (const tcg::linear::Operands& layer :
+       {tcg::linear::Operands{in.x, in.fc_w, in.fc_b, {}, {}}, tcg::linear::Operands{in.x, in.proj_w, in.proj_b, {}, {}}}) {
+    std::string why = tcg::linear::unsupported(layer);
+    if (!why.empty()) return why;
+  }
+  if (in.proj_w.size(1) % 4 != 0) {
+    return "a hidden width of " + std::to_string(in.proj_w.size(1)) + " (SwiGLU's kernels need a multiple of 4)";
+  }
+  if (!own::swiglu_builds(compute_dtype(in.x, in.fc_w))) return "SwiGLU's kernels are not built for this dtype";
+  return kernels::unavailable(in.x.get_device());
+}
+
 at::Tensor gelu(const Operands& in, bool tanh, bool fp32_wgrad) {
   const at::ScalarType dt = compute_dtype(in.x, in.fc_w);
   Args args{in.shadow_fc_w, in.shadow_fc_b, in.shadow_proj_w, in.shadow_proj_b, dt, fp32_wgrad, tanh};
   return GeluMlp::apply(in.x, in.fc_w, opt(in.fc_b), in.proj_w, opt(in.proj_b), args)[0];
+}
+
+at::Tensor swiglu(const Operands& in, bool fp32_wgrad) {
+  const at::ScalarType dt = compute_dtype(in.x, in.fc_w);
+  Args args{in.shadow_fc_w, in.shadow_fc_b, in.shadow_proj_w, in.shadow_proj_b, dt, fp32_wgrad, false};
+  return SwiGluMlp::apply(in.x, in.fc_w, opt(in.fc_b), in.proj_w, opt(in.proj_b), args)[0];
 }
 
 }  // namespace tcg::mlp

@@ -2,6 +2,7 @@
 #include "own_kernels.h"
 
 #include "gelu_gemm.h"
+#include "swiglu_gemm.h"
 
 #include "../kernels.h"
 
@@ -132,7 +133,7 @@ struct Library {
   std::string error;  // why a library did not load (or was not built)
   std::map<std::string, cudaKernel_t> kernels;
   std::map<int, std::string> device_error;  // per device checked: "" when usable
-  std::map<int, std::string> gelu_gemm_error;  // the same for the MLP's CUTLASS GEMMs
+  std::map<int, std::string> cutlass_gemms_error;  // the same for the MLPs' CUTLASS GEMMs
   // resident_blocks' answers, per (kernel, device, threads): asked once, not at every launch
   std::map<std::tuple<std::string, int, unsigned>, int64_t> resident;
 };
@@ -223,17 +224,18 @@ std::string check_device(Library& l, int device) {
     }
   }
   l.device_error[device] = why;
-  // the MLP's CUTLASS GEMMs (gelu_gemm.h), loaded now too: sm_90 only
+  // the MLPs' CUTLASS GEMMs (gelu_gemm.h, swiglu_gemm.h), loaded now too: sm_90 only
   std::string gemm_why = "built without CUTLASS's headers";
-#ifdef TCG_GELU_GEMM
+#ifdef TCG_CUTLASS_GEMMS
   const auto* p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device));
   if (p->major != 9 || p->minor != 0) {
     gemm_why = "built for sm_90 only (this GPU is sm_" + std::to_string(p->major) + std::to_string(p->minor) + ")";
   } else {
     gemm_why = tcg::gelu_gemm::prepare();
+    if (gemm_why.empty()) gemm_why = tcg::swiglu_gemm::prepare();
   }
 #endif
-  l.gelu_gemm_error[device] = gemm_why;
+  l.cutlass_gemms_error[device] = gemm_why;
   return why;
 }
 
@@ -278,12 +280,12 @@ void launch_kernel(cudaKernel_t k, int device, dim3 grid, dim3 block, void** arg
   check_cuda(cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(k), args), name);
 }
 
-std::string gelu_gemm_unavailable(int device) {
+std::string cutlass_gemms_unavailable(int device) {
   const std::string why = kernels::unavailable(device);  // checks the device, the GEMMs with it
   if (!why.empty()) return why;
   Library& l = library();
   std::lock_guard<std::mutex> lock(l.mu);
-  return l.gelu_gemm_error.at(device);
+  return l.cutlass_gemms_error.at(device);
 }
 
 void launch(const std::string& name, int device, dim3 blocks, unsigned threads, void* params) {

@@ -14,25 +14,15 @@
 
 #include "dependent_launch.cuh"
 #include "own_kernel_list.h"
-#include "fast_math.cuh"
+#include "swiglu_math.cuh"
 #include "swiglu_params.h"
 #include "vec_io.cuh"
 
 namespace tcg::swiglu {
 namespace {
 
-using tcg::cuda::exp_ftz;
 using tcg::cuda::load4;
 using tcg::cuda::store4;
-
-__device__ __forceinline__ float silu(float g) { return __fdividef(g, 1.0f + exp_ftz(-g)); }
-
-// Both gradients of one element; exp(-gate) computed once for the sigmoid and the SiLU.
-__device__ __forceinline__ void grads(float g, float u, float d, float* dg, float* du) {
-  const float sig = __fdividef(1.0f, 1.0f + exp_ftz(-g));
-  *du = d * (g * sig);
-  *dg = ((d * u) * sig) * (1.0f + g * (1.0f - sig));
-}
 
 // Where a thread works: a row's columns are covered by lanes_for(F) threads, the block holds
 // blockDim.x / lanes rows at a time, the rows strided over the grid.

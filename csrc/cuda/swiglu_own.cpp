@@ -29,41 +29,48 @@ unsigned blocks_for(int64_t rows, int64_t f, int device) {
 
 struct FusedSwiGLU : torch::autograd::Function<FusedSwiGLU> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& h) {
-    const int device = h.get_device();
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-    const int64_t f = h.size(-1) / 2, rows = h.numel() / std::max<int64_t>(2 * f, 1);
-    std::vector<int64_t> sizes = h.sizes().vec();
-    sizes.back() = f;
-    at::Tensor out = at::empty(sizes, h.options());
-    Forward p{h.data_ptr(), out.data_ptr(), rows, f};
-    if (rows * f > 0) {
-      own::launch(own::swiglu_kernel(own::Pass::Forward, h.scalar_type()), device, blocks_for(rows, f, device),
-                  kThreads, &p);
-    }
     ctx->save_for_backward({h});
-    return {out};
+    return {forward_kernel(h)};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (at::GradMode::is_enabled()) misuse("swiglu: double backward (create_graph) is not supported");
     const at::Tensor h = ctx->get_saved_variables()[0];
-    at::Tensor d = grads.at(0);
+    const at::Tensor& d = grads.at(0);
     if (!d.defined()) return {at::Tensor()};
-    const int device = h.get_device();
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-    d = d.to(h.scalar_type()).contiguous();
-    const int64_t f = h.size(-1) / 2, rows = h.numel() / std::max<int64_t>(2 * f, 1);
-    at::Tensor dh = at::empty_like(h);
-    Backward p{h.data_ptr(), d.data_ptr(), dh.data_ptr(), rows, f};
-    if (rows * f > 0) {
-      own::launch(own::swiglu_kernel(own::Pass::Backward, h.scalar_type()), device, blocks_for(rows, f, device),
-                  kThreads, &p);
-    }
-    return {dh};
+    return {backward_kernel(h, d.to(h.scalar_type()).contiguous())};
   }
 };
 
 }  // namespace
+
+at::Tensor forward_kernel(const at::Tensor& h) {
+  const int device = h.get_device();
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  const int64_t f = h.size(-1) / 2, rows = h.numel() / std::max<int64_t>(2 * f, 1);
+  std::vector<int64_t> sizes = h.sizes().vec();
+  sizes.back() = f;
+  at::Tensor out = at::empty(sizes, h.options());
+  Forward p{h.data_ptr(), out.data_ptr(), rows, f};
+  if (rows * f > 0) {
+    own::launch(own::swiglu_kernel(own::Pass::Forward, h.scalar_type()), device, blocks_for(rows, f, device), kThreads,
+                &p);
+  }
+  return out;
+}
+
+at::Tensor backward_kernel(const at::Tensor& h, const at::Tensor& d) {
+  const int device = h.get_device();
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  const int64_t f = h.size(-1) / 2, rows = h.numel() / std::max<int64_t>(2 * f, 1);
+  at::Tensor dh = at::empty_like(h);
+  Backward p{h.data_ptr(), d.data_ptr(), dh.data_ptr(), rows, f};
+  if (rows * f > 0) {
+    own::launch(own::swiglu_kernel(own::Pass::Backward, h.scalar_type()), device, blocks_for(rows, f, device),
+                kThreads, &p);
+  }
+  return dh;
+}
 
 std::string unsupported(const at::Tensor& h) {
   if (!h.is_cuda()) return "the input is not on a CUDA device";

@@ -15,9 +15,9 @@ use tch_cuda_graphs::embedding::{embedding, Embedding, EmbeddingConfig};
 use tch_cuda_graphs::kernels::Kernels;
 use tch_cuda_graphs::linear::{linear, Linear, LinearConfig, WeightGrad};
 use tch_cuda_graphs::loss::{f_cross_entropy, CrossEntropyConfig};
+use tch_cuda_graphs::mlp::f_swiglu_mlp;
 use tch_cuda_graphs::norm::{rms_norm, LayerNorm, NormConfig};
 use tch_cuda_graphs::rotary::{Rotary, RotaryConfig};
-use tch_cuda_graphs::swiglu::{SwiGlu, SwiGluConfig};
 use tch_cuda_graphs::transformer::ResidualStream;
 
 /// The model's shape.
@@ -113,7 +113,6 @@ struct Block {
     mlp_norm: LayerNorm,
     w13: Linear,
     w2: Linear,
-    swiglu: SwiGlu,
 }
 
 /// The model.
@@ -152,7 +151,6 @@ impl Llama {
                     mlp_norm: rms_norm(&b / "mlp_norm", vec![e], norm),
                     w13: linear(&b / "w13", e, 2 * c.hidden, inner),
                     w2: linear(&b / "w2", c.hidden, e, out),
-                    swiglu: SwiGlu::new(SwiGluConfig { kernels: c.kernels() }),
                 }
             })
             .collect();
@@ -195,8 +193,7 @@ impl Llama {
         let mut stream = ResidualStream::new(self.tok.f_forward(idx)?);
         for b in &self.blocks {
             stream.f_residual(&b.attn_norm, 0.0, false, |h| self.attention(b, h))?;
-            stream
-                .f_residual(&b.mlp_norm, 0.0, false, |h| b.w2.f_forward(&b.swiglu.f_forward(&b.w13.f_forward(h)?)?))?;
+            stream.f_residual(&b.mlp_norm, 0.0, false, |h| f_swiglu_mlp(h, &b.w13, &b.w2))?;
         }
         self.head.f_forward(&stream.f_norm(&self.norm)?)
     }

@@ -1,5 +1,5 @@
-//! `csrc/mlp.cpp` (and `csrc/cuda/mlp_own.cpp` behind it): the MLP with GELU in its GEMMs'
-//! epilogues.
+//! `csrc/mlp.cpp` (and `csrc/cuda/mlp_own.cpp` behind it): the MLPs with their activation in
+//! their GEMMs' epilogues.
 
 use super::gelu::RawGeluForm;
 use super::kernels::RawKernels;
@@ -11,6 +11,16 @@ use tch::Tensor;
 /// One linear layer's parameters: the weight \[out, in\] and the bias \[out\], if any.
 pub(crate) type Layer<'a> = (&'a Tensor, Option<&'a Tensor>);
 
+fn inputs(x: &Tensor, fc: Layer<'_>, proj: Layer<'_>) -> ffi::tcg_mlp_inputs {
+    ffi::tcg_mlp_inputs {
+        x: tensor_ptr(x),
+        fc_weight: tensor_ptr(fc.0),
+        fc_bias: opt_tensor_ptr(fc.1),
+        proj_weight: tensor_ptr(proj.0),
+        proj_bias: opt_tensor_ptr(proj.1),
+    }
+}
+
 /// `proj(gelu(fc(x)))` (differentiable), GELU's `form`, and whether the crate's path ran.
 pub(crate) fn gelu(
     x: &Tensor,
@@ -20,17 +30,29 @@ pub(crate) fn gelu(
     wgrad: RawWeightGrad,
     kernels: RawKernels,
 ) -> Result<(Tensor, bool)> {
-    let raw = ffi::tcg_mlp_inputs {
-        x: tensor_ptr(x),
-        fc_weight: tensor_ptr(fc.0),
-        fc_bias: opt_tensor_ptr(fc.1),
-        proj_weight: tensor_ptr(proj.0),
-        proj_bias: opt_tensor_ptr(proj.1),
-    };
+    let raw = inputs(x, fc, proj);
     let (mut y, mut ran_own) = (std::ptr::null_mut(), false);
     // SAFETY: `raw` holds live tensor handles (the biases may be null) for the call; the out slots
     // are valid; the shim writes a new handle or null into `y`.
     check(unsafe { ffi::tcg_mlp_gelu(&raw, form, wgrad, kernels, &mut y, &mut ran_own) })?;
+    // SAFETY: the slot holds a new handle made for this call (or null), owned by nobody else.
+    let y = unsafe { adopt_some(y, "mlp")? };
+    Ok((y, ran_own))
+}
+
+/// `proj(silu(gate) · up)` with `[gate | up] = fc(x)` (differentiable), and whether the crate's
+/// path ran.
+pub(crate) fn swiglu(
+    x: &Tensor,
+    fc: Layer<'_>,
+    proj: Layer<'_>,
+    wgrad: RawWeightGrad,
+    kernels: RawKernels,
+) -> Result<(Tensor, bool)> {
+    let raw = inputs(x, fc, proj);
+    let (mut y, mut ran_own) = (std::ptr::null_mut(), false);
+    // SAFETY: as in `gelu`: live handles in `raw`, valid out slots.
+    check(unsafe { ffi::tcg_mlp_swiglu(&raw, wgrad, kernels, &mut y, &mut ran_own) })?;
     // SAFETY: the slot holds a new handle made for this call (or null), owned by nobody else.
     let y = unsafe { adopt_some(y, "mlp")? };
     Ok((y, ran_own))

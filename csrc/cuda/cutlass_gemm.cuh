@@ -1,0 +1,108 @@
+// What the crate's CUTLASS GEMMs (gelu_gemm.cu, swiglu_gemm.cu) share: the kernel type for sm_90
+// (TMA loads, a warp-specialized mainloop, one CTA per cluster, bf16 operands, float32
+// accumulators, an epilogue visitor tree writing bf16 D), the arguments of a GEMM without C, and
+// its launch. Included by nvcc-compiled sources only (CUTLASS's headers).
+#pragma once
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/operations.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/util/packed_stride.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace tcg::cutlass_gemm {
+
+using namespace cute;
+using E = cutlass::bfloat16_t;
+using RowMajor = cutlass::layout::RowMajor;
+using ColumnMajor = cutlass::layout::ColumnMajor;
+
+// The warp-specialized schedules: two consumer warp groups on one tile (cooperative), or each on
+// a tile of its own, one's epilogue running beside the other's mainloop (ping-pong).
+struct Cooperative {
+  using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
+struct Pingpong {
+  using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
+};
+
+// A GEMM kernel: its mainloop (bf16 A and B in the layouts given, float32 accumulators) and the
+// epilogue `Fusion` writing bf16 D in layout LD, for a tile shape and schedule, one CTA per
+// cluster.
+template <class Tile, class LA, class LB, class LD, class Fusion, class Schedule = Cooperative>
+struct Kernel {
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Shape<_1, _1, _1>,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LD, 8, E, LD, 8,
+      typename Schedule::Epilogue, Fusion>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E, LA, 8, E, LB, 8, float, Tile, Shape<_1, _1, _1>,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      typename Schedule::Mainloop>::CollectiveOp;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<
+      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, cutlass::gemm::PersistentScheduler>>;
+};
+
+template <class Gemm>
+using Args = typename Gemm::Arguments;
+
+inline bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The arguments every one of these GEMMs takes: D [M, N] = A [M, K] · B [K, N] in Gemm's layouts
+// (packed), no C, on `sm_count` SMs.
+template <class Gemm>
+Args<Gemm> gemm_args(int m, int n, int k, const void* a, const void* b, void* d, int sm_count) {
+  using K = typename Gemm::GemmKernel;
+  const auto sd = cutlass::make_cute_packed_stride(typename K::StrideD{}, make_shape(m, n, 1));
+  Args<Gemm> args{cutlass::gemm::GemmUniversalMode::kGemm,
+                  {m, n, k, 1},
+                  {static_cast<const E*>(a), cutlass::make_cute_packed_stride(typename K::StrideA{}, make_shape(m, k, 1)),
+                   static_cast<const E*>(b), cutlass::make_cute_packed_stride(typename K::StrideB{}, make_shape(n, k, 1))},
+                  {{}, nullptr, sd, static_cast<E*>(d), sd}};
+  args.hw_info.sm_count = sm_count;
+  return args;
+}
+
+// Runs `args` on `stream` (none of these kernels takes a workspace).
+template <class Gemm>
+cudaError_t run(const Args<Gemm>& args, cudaStream_t stream) {
+  Gemm gemm;
+  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
+  if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
+  if (gemm.run(stream) != cutlass::Status::kSuccess) {
+    const cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? cudaErrorLaunchFailure : e;
+  }
+  return cudaSuccess;
+}
+
+// Loads `Gemm`'s kernel (cudaFuncSetAttribute needs it) and sets its shared memory, as
+// GemmUniversalAdapter::initialize does again at each call.
+template <class Gemm>
+cudaError_t prepare_one() {
+  using K = typename Gemm::GemmKernel;
+  return cudaFuncSetAttribute(cutlass::device_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(K::SharedStorageSize));
+}
+
+// Prepares each of `Gemms` in turn: "" or the first one's error.
+template <class... Gemms>
+const char* prepare_all() {
+  for (cudaError_t (*one)() : {prepare_one<Gemms>...}) {
+    const cudaError_t e = one();
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return cudaGetErrorString(e);
+    }
+  }
+  return "";
+}
+
+}  // namespace tcg::cutlass_gemm
