@@ -27,7 +27,7 @@ use tch_cuda_graphs::{amp, empty_cache, memory_stats, reset_peak_stats, synchron
 use tch_cuda_graphs::{Result, StepOptions, TrainStep};
 
 const USAGE: &str = "\
-usage: llama [--iters N] [--rows small,base] [--no-torch] [--expand-kv] [--rounded-grads] [--timed-gemms [--gemm-file F]] [--profile]
+usage: llama [--iters N] [--rows small,base] [--no-torch] [--expand-kv] [--swiglu-apart] [--rounded-grads] [--timed-gemms [--gemm-file F]] [--profile]
 
 A Llama-style step captured by this crate (plain and fused) beside PyTorch's four modes.
   --iters N        timed iterations per row (default 200; a quarter for the base row)
@@ -35,6 +35,8 @@ A Llama-style step captured by this crate (plain and fused) beside PyTorch's fou
   --no-torch       skip PyTorch's side (benches/torch_llama.py)
   --expand-kv      this crate's rows with the key and value heads expanded to every query head
                    before attention, instead of SDPA's enable_gqa
+  --swiglu-apart   the fused rows' MLPs as three layers (w13, SwiGLU, w2), instead of
+                   mlp::f_swiglu_mlp with SwiGLU's backward in w2's GEMM
   --timed-gemms    the fused rows measured again with the GEMMs' algorithms timed
                    (gemm::GemmChoice::Timed), in two more columns; with --profile, both
                    profiled steps' GEMMs are timed
@@ -51,6 +53,7 @@ struct Args {
     rows: Vec<String>,
     torch: bool,
     expand_kv: bool,
+    swiglu_apart: bool,
     rounded_grads: bool,
     timed_gemms: bool,
     gemm_file: Option<String>,
@@ -64,6 +67,7 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
         rows: vec!["small".into(), "base".into()],
         torch: true,
         expand_kv: false,
+        swiglu_apart: false,
         rounded_grads: false,
         timed_gemms: false,
         gemm_file: None,
@@ -76,6 +80,7 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
             Long("rows") => a.rows = reference::parse_rows(&parser.value()?.string()?, &["small", "base"])?,
             Long("no-torch") => a.torch = false,
             Long("expand-kv") => a.expand_kv = true,
+            Long("swiglu-apart") => a.swiglu_apart = true,
             Long("rounded-grads") => a.rounded_grads = true,
             Long("timed-gemms") => a.timed_gemms = true,
             Long("gemm-file") => a.gemm_file = Some(parser.value()?.string()?),
@@ -163,7 +168,11 @@ fn main() {
     let chosen = || {
         rows().into_iter().filter(|r| args.rows.iter().any(|n| n == r.0)).map(|(name, c, batch)| {
             let weight_grad = if args.rounded_grads { WeightGrad::Rounded } else { WeightGrad::Float32 };
-            (name, model::Config { expand_kv: args.expand_kv, weight_grad, ..c }, batch)
+            (
+                name,
+                model::Config { expand_kv: args.expand_kv, swiglu_apart: args.swiglu_apart, weight_grad, ..c },
+                batch,
+            )
         })
     };
     if args.profile {

@@ -18,6 +18,7 @@ use tch_cuda_graphs::loss::{f_cross_entropy, CrossEntropyConfig};
 use tch_cuda_graphs::mlp::f_swiglu_mlp;
 use tch_cuda_graphs::norm::{rms_norm, LayerNorm, NormConfig};
 use tch_cuda_graphs::rotary::{Rotary, RotaryConfig};
+use tch_cuda_graphs::swiglu::{SwiGlu, SwiGluConfig};
 use tch_cuda_graphs::transformer::ResidualStream;
 
 /// The model's shape.
@@ -41,6 +42,9 @@ pub struct Config {
     /// Key and value heads repeated to every query head before attention (else SDPA's
     /// `enable_gqa` reads the grouped heads as they are).
     pub expand_kv: bool,
+    /// With `fused`: the MLP's layers apart (`w13`, the `SwiGlu` module, `w2`), else
+    /// `mlp::f_swiglu_mlp` (SwiGLU's backward in `w2`'s GEMM).
+    pub swiglu_apart: bool,
     /// With `fused`: how the linear layers' weight gradients reach the float32 parameters.
     pub weight_grad: WeightGrad,
 }
@@ -60,6 +64,7 @@ impl Config {
             rope_base: 10_000.0,
             fused: false,
             expand_kv: false,
+            swiglu_apart: false,
             weight_grad: WeightGrad::Float32,
         }
     }
@@ -78,6 +83,7 @@ impl Config {
             rope_base: 10_000.0,
             fused: false,
             expand_kv: false,
+            swiglu_apart: false,
             weight_grad: WeightGrad::Float32,
         }
     }
@@ -113,6 +119,7 @@ struct Block {
     mlp_norm: LayerNorm,
     w13: Linear,
     w2: Linear,
+    swiglu: SwiGlu,
 }
 
 /// The model.
@@ -151,6 +158,7 @@ impl Llama {
                     mlp_norm: rms_norm(&b / "mlp_norm", vec![e], norm),
                     w13: linear(&b / "w13", e, 2 * c.hidden, inner),
                     w2: linear(&b / "w2", c.hidden, e, out),
+                    swiglu: SwiGlu::new(SwiGluConfig { kernels: c.kernels() }),
                 }
             })
             .collect();
@@ -188,12 +196,20 @@ impl Llama {
         b.wo.f_forward(&y.f_transpose(1, 2)?.f_reshape([bsz, t, c.heads * d])?)
     }
 
+    fn mlp(&self, b: &Block, h: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
+        if self.config.swiglu_apart {
+            b.w2.f_forward(&b.swiglu.f_forward(&b.w13.f_forward(h)?)?)
+        } else {
+            f_swiglu_mlp(h, &b.w13, &b.w2)
+        }
+    }
+
     /// Logits for tokens `idx` [batch, time].
     pub fn logits(&self, idx: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
         let mut stream = ResidualStream::new(self.tok.f_forward(idx)?);
         for b in &self.blocks {
             stream.f_residual(&b.attn_norm, 0.0, false, |h| self.attention(b, h))?;
-            stream.f_residual(&b.mlp_norm, 0.0, false, |h| f_swiglu_mlp(h, &b.w13, &b.w2))?;
+            stream.f_residual(&b.mlp_norm, 0.0, false, |h| self.mlp(b, h))?;
         }
         self.head.f_forward(&stream.f_norm(&self.norm)?)
     }
