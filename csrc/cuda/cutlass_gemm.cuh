@@ -92,6 +92,36 @@ cudaError_t prepare_one() {
                               static_cast<int>(K::SharedStorageSize));
 }
 
+// An epilogue tree's store node: `Store` (CUTLASS's aux store node) stores what `Split` makes of
+// its children's values, and the node passes on the rest: Split{}(stored, passed, inputs...) per
+// element, in float32 (the GEMMs' epilogues that compute two results from one evaluation: GELU's
+// value and derivative; SwiGLU's two gradients).
+template <class Store, class Split>
+struct SplitStore : Store {
+  using Store::Store;
+
+  template <class Callbacks>
+  struct ConsumerStoreCallbacks : Callbacks {
+    CUTLASS_DEVICE explicit ConsumerStoreCallbacks(Callbacks&& c) : Callbacks(cute::move(c)) {}
+
+    template <typename ElementAccumulator, int FragmentSize, class... Inputs>
+    CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const& frg_acc, int epi_v, int epi_m,
+                              int epi_n, Inputs const&... inputs) {
+      cutlass::Array<float, FragmentSize> stored, passed;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; ++i) Split{}(stored[i], passed[i], float(inputs[i])...);
+      Callbacks::visit(frg_acc, epi_v, epi_m, epi_n, stored);
+      return passed;
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
+    auto store = Store::template get_consumer_store_callbacks<ReferenceSrc>(args);
+    return ConsumerStoreCallbacks<decltype(store)>(cute::move(store));
+  }
+};
+
 // Prepares each of `Gemms` in turn: "" or the first one's error.
 template <class... Gemms>
 const char* prepare_all() {

@@ -42,6 +42,16 @@ struct TimesKeptGrad<cutlass::Array<T, N>> {
 
 using F16 = cutlass::half_t;  // GELU's derivative as the forward keeps it
 
+// The forward's epilogue at one element: GELU's derivative at z (stored) and GELU(z) (passed on)
+// from one evaluation of the normal tail.
+struct GeluKeepGradSplit {
+  CUTLASS_DEVICE void operator()(float& grad, float& value, float z) const {
+    const tcg::gelu::ValueAndGrad g = tcg::gelu::gelu_and_grad<true>(z);
+    value = g.value;
+    grad = g.grad;
+  }
+};
+
 // Forward, D = h: z = x · wᵀ + bias in float32, h = gelu(z), and GELU's derivative at z kept
 // (float16) for the backward, from one evaluation of the normal tail (gelu_math.cuh's
 // gelu_and_grad): LinCombPerColBiasEltActAux's traits (the epilogue builder lays the kept
@@ -71,37 +81,10 @@ namespace cutlass::epilogue::fusion {
 // The forward's store node: CUTLASS's aux store, fed z, storing GELU's derivative at z and passing
 // GELU(z) on (one tail for both).
 template <int Stages, class EpilogueTile, class StrideMNL, class SmemLayoutAtom, class CopyOpR2S>
-struct Sm90GeluKeepGradStore : Sm90AuxStore<Stages, EpilogueTile, half_t, FloatRoundStyle::round_to_nearest, StrideMNL,
-                                            SmemLayoutAtom, CopyOpR2S, 8, /*EnableNullptr=*/false> {
-  using Base = Sm90AuxStore<Stages, EpilogueTile, half_t, FloatRoundStyle::round_to_nearest, StrideMNL, SmemLayoutAtom,
-                            CopyOpR2S, 8, false>;
-  using Base::Base;
-
-  template <class Store>
-  struct ConsumerStoreCallbacks : Store {
-    CUTLASS_DEVICE explicit ConsumerStoreCallbacks(Store&& store) : Store(cute::move(store)) {}
-
-    template <typename ElementAccumulator, int FragmentSize>
-    CUTLASS_DEVICE auto visit(Array<ElementAccumulator, FragmentSize> const& frg_acc, int epi_v, int epi_m, int epi_n,
-                              Array<float, FragmentSize> const& z) {
-      Array<float, FragmentSize> value, grad;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < FragmentSize; ++i) {
-        const tcg::gelu::ValueAndGrad g = tcg::gelu::gelu_and_grad<true>(z[i]);
-        value[i] = g.value;
-        grad[i] = g.grad;
-      }
-      Store::visit(frg_acc, epi_v, epi_m, epi_n, grad);
-      return value;
-    }
-  };
-
-  template <bool ReferenceSrc, class... Args>
-  CUTLASS_DEVICE auto get_consumer_store_callbacks(ConsumerStoreArgs<Args...> const& args) {
-    auto store = Base::template get_consumer_store_callbacks<ReferenceSrc>(args);
-    return ConsumerStoreCallbacks<decltype(store)>(cute::move(store));
-  }
-};
+using Sm90GeluKeepGradStore =
+    tcg::cutlass_gemm::SplitStore<Sm90AuxStore<Stages, EpilogueTile, half_t, FloatRoundStyle::round_to_nearest, StrideMNL,
+                                               SmemLayoutAtom, CopyOpR2S, 8, /*EnableNullptr=*/false>,
+                                  tcg::gelu_gemm::GeluKeepGradSplit>;
 
 // GeluKeepGrad's tree: h = identity(store(0 · C + (1 · acc + bias))), h rounded to bf16 by the
 // identity.

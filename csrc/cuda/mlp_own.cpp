@@ -145,6 +145,74 @@ struct Args {
 
 std::optional<at::Tensor> opt(const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; }
 
+// What both MLPs' autograd nodes keep: x2, fc's weight, what the activation's backward reads
+// (`act`), h and proj's weight, and beside them which biases there are, the weight-gradient
+// mode, the arguments' dtypes and x's sizes.
+void save_layers(AutogradContext* ctx, const Operands& p, bool fp32_wgrad, std::initializer_list<at::Tensor> kept) {
+  ctx->save_for_backward(kept);
+  ctx->saved_data["fc_bias"] = p.fc_b.defined();
+  ctx->saved_data["proj_bias"] = p.proj_b.defined();
+  ctx->saved_data["fp32_wgrad"] = fp32_wgrad;
+  ctx->saved_data["x_dtype"] = static_cast<int64_t>(p.x.scalar_type());
+  ctx->saved_data["fc_w_dtype"] = static_cast<int64_t>(p.fc_w.scalar_type());
+  ctx->saved_data["fc_b_dtype"] = static_cast<int64_t>(p.fc_b.defined() ? p.fc_b.scalar_type() : at::kFloat);
+  ctx->saved_data["proj_w_dtype"] = static_cast<int64_t>(p.proj_w.scalar_type());
+  ctx->saved_data["proj_b_dtype"] = static_cast<int64_t>(p.proj_b.defined() ? p.proj_b.scalar_type() : at::kFloat);
+  ctx->saved_data["x_sizes"] = p.x.sizes().vec();
+}
+
+// y [.., C'] from y2 [N, C'], shaped as x.
+at::Tensor shaped_as_x(const at::Tensor& y2, const at::Tensor& x) {
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = y2.size(1);
+  return y2.view(sizes);
+}
+
+// The backward both MLPs share around their activation's: proj's weight and bias gradients from
+// h and dy at construction; then, given dpre (the gradient of fc's output), fc's and x's in
+// finish(). One result per forward argument (x, fc's weight and bias, proj's weight and bias);
+// needs_input_grad counts the tensors given (an absent bias has no index).
+struct LayersBackward {
+  AutogradContext* ctx;
+  at::Tensor x2, wfc, act, h, wproj, dy2;
+  variable_list out = variable_list(6);
+  bool want_fc_bias = false;
+
+  LayersBackward(AutogradContext* c, const at::Tensor& dy) : ctx(c) {
+    auto saved = ctx->get_saved_variables();
+    x2 = saved[0], wfc = saved[1], act = saved[2], h = saved[3], wproj = saved[4];
+    dy2 = dy.to(x2.scalar_type()).contiguous().view({-1, wproj.size(0)});
+    const bool fc_bias = flag("fc_bias"), proj_bias = flag("proj_bias");
+    const size_t proj_w_at = fc_bias ? 3 : 2;
+    want_fc_bias = fc_bias && ctx->needs_input_grad(2);
+    const bool want_pb = proj_bias && ctx->needs_input_grad(proj_w_at + 1);
+    auto proj = tcg::lt::weight_grads(h, dy2, ctx->needs_input_grad(proj_w_at), want_pb, grad_type("proj_w_dtype"));
+    if (proj.dw.defined()) out[3] = proj.dw.to(dtype_of("proj_w_dtype"));
+    if (proj.db.defined()) out[4] = proj.db.to(dtype_of("proj_b_dtype"));
+  }
+
+  bool flag(const char* key) const { return ctx->saved_data.at(key).toBool(); }
+  at::ScalarType dtype_of(const char* key) const { return static_cast<at::ScalarType>(ctx->saved_data.at(key).toInt()); }
+  at::ScalarType grad_type(const char* param) const {
+    return tcg::lt::weight_grad_type(flag("fp32_wgrad"), dtype_of(param), x2.scalar_type());
+  }
+  // Whether anything before the activation wants a gradient: else `out` is complete.
+  bool wants_dpre() const { return ctx->needs_input_grad(0) || ctx->needs_input_grad(1) || want_fc_bias; }
+
+  // fc's weight gradient (and its bias gradient in the same GEMM where `bias_in_gemm`; else
+  // `dbias`, summed by the caller, where defined) and x's gradient from dpre.
+  variable_list finish(const at::Tensor& dpre, bool bias_in_gemm, const at::Tensor& dbias) {
+    auto fc = tcg::lt::weight_grads(x2, dpre, ctx->needs_input_grad(1), bias_in_gemm, grad_type("fc_w_dtype"));
+    if (fc.dw.defined()) out[1] = fc.dw.to(dtype_of("fc_w_dtype"));
+    if (fc.db.defined()) out[2] = fc.db.to(dtype_of("fc_b_dtype"));
+    if (dbias.defined()) out[2] = dbias.to(dtype_of("fc_b_dtype"));
+    if (ctx->needs_input_grad(0)) {
+      out[0] = tcg::lt::input_grad(dpre, wfc).view(ctx->saved_data.at("x_sizes").toIntVector()).to(dtype_of("x_dtype"));
+    }
+    return out;
+  }
+};
+
 struct GeluMlp : torch::autograd::Function<GeluMlp> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& fc_w,
                                const std::optional<at::Tensor>& fc_b_arg, const at::Tensor& proj_w,
@@ -179,73 +247,38 @@ struct GeluMlp : torch::autograd::Function<GeluMlp> {
       }
     }
     const at::Tensor y2 = tcg::lt::linear(h, wproj, in_dtype(proj_b, args.shadow_proj_b, dt));
-    std::vector<int64_t> sizes = x.sizes().vec();
-    sizes.back() = proj_w.size(0);
-    ctx->save_for_backward({x2, wfc, pre, h, wproj});
-    ctx->saved_data["fc_bias"] = fc_b.defined();
-    ctx->saved_data["proj_bias"] = proj_b.defined();
-    ctx->saved_data["fp32_wgrad"] = args.fp32_wgrad;
+    save_layers(ctx, {x, fc_w, fc_b, proj_w, proj_b}, args.fp32_wgrad, {x2, wfc, pre, h, wproj});
     ctx->saved_data["tanh"] = args.tanh;
     ctx->saved_data["kept_grad"] = kept_grad;
-    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-    ctx->saved_data["fc_w_dtype"] = static_cast<int64_t>(fc_w.scalar_type());
-    ctx->saved_data["fc_b_dtype"] = static_cast<int64_t>(fc_b.defined() ? fc_b.scalar_type() : at::kFloat);
-    ctx->saved_data["proj_w_dtype"] = static_cast<int64_t>(proj_w.scalar_type());
-    ctx->saved_data["proj_b_dtype"] = static_cast<int64_t>(proj_b.defined() ? proj_b.scalar_type() : at::kFloat);
-    ctx->saved_data["x_sizes"] = x.sizes().vec();
-    return {y2.view(sizes)};
+    return {shaped_as_x(y2, x)};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (at::GradMode::is_enabled()) misuse("mlp: double backward (create_graph) is not supported");
-    const at::Tensor& dy = grads.at(0);
-    if (!dy.defined()) return variable_list(6);
-    auto saved = ctx->get_saved_variables();
-    const at::Tensor &x2 = saved[0], &wfc = saved[1], &pre = saved[2], &h = saved[3], &wproj = saved[4];
-    const auto dtype_of = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data.at(key).toInt()); };
-    const bool fp32 = ctx->saved_data.at("fp32_wgrad").toBool();
-    const at::ScalarType dt = x2.scalar_type();
-    const auto grad_type = [&](const char* param) { return tcg::lt::weight_grad_type(fp32, dtype_of(param), dt); };
-    c10::cuda::CUDAGuard guard(x2.device());
-    const at::Tensor dy2 = dy.to(dt).contiguous().view({-1, wproj.size(0)});
-    // the results, one per forward argument; needs_input_grad counts the tensors given (an
-    // absent bias has no index)
-    variable_list out(6);
-    const bool fc_bias = ctx->saved_data.at("fc_bias").toBool(), proj_bias = ctx->saved_data.at("proj_bias").toBool();
-    const size_t proj_w_at = fc_bias ? 3 : 2;
-    const bool want_fb = fc_bias && ctx->needs_input_grad(2);
-    const bool want_pb = proj_bias && ctx->needs_input_grad(proj_w_at + 1);
-    // proj: its weight and bias gradients from h
-    auto proj = tcg::lt::weight_grads(h, dy2, ctx->needs_input_grad(proj_w_at), want_pb, grad_type("proj_w_dtype"));
-    if (proj.dw.defined()) out[3] = proj.dw.to(dtype_of("proj_w_dtype"));
-    if (proj.db.defined()) out[4] = proj.db.to(dtype_of("proj_b_dtype"));
+    if (!grads.at(0).defined()) return variable_list(6);
+    c10::cuda::CUDAGuard guard(grads.at(0).device());
+    LayersBackward b(ctx, grads.at(0));
+    if (!b.wants_dpre()) return b.out;
     // through GELU: dpre in proj's input-gradient GEMM
-    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1) && !want_fb) return out;
-    at::Tensor dpre = at::empty(pre.sizes(), x2.options());
-    const bool tanh = ctx->saved_data.at("tanh").toBool();
+    const at::Tensor &pre = b.act, &dy2 = b.dy2, &wproj = b.wproj;
+    const at::ScalarType dt = b.x2.scalar_type();
+    at::Tensor dpre = at::empty(pre.sizes(), b.x2.options());
+    const bool tanh = b.flag("tanh");
     at::Tensor dbias;  // fc's, from the exact form's GEMM
     if (tanh) {
       if (!backward_gemm(dy2, wproj, pre, dpre)) dpre = at::gelu_backward(at::mm(dy2, wproj), pre, "tanh");
     } else {
-      if (want_fb) dbias = at::empty({pre.size(1)}, pre.options().dtype(at::kFloat));
-      const bool kept_grad = ctx->saved_data.at("kept_grad").toBool();
+      if (b.want_fc_bias) dbias = at::empty({pre.size(1)}, pre.options().dtype(at::kFloat));
+      const bool kept_grad = b.flag("kept_grad");
       if (!kept_grad || !exact_backward_gemm(dy2, wproj, pre, dpre, dbias)) {
         const at::Tensor dh = at::mm(dy2, wproj).to(at::kFloat);
         const at::Tensor d = kept_grad ? dh * pre.to(at::kFloat) : at::gelu_backward(dh, pre.to(at::kFloat));
         dpre = d.to(dt);
-        if (want_fb) dbias = d.sum(0);
+        if (b.want_fc_bias) dbias = d.sum(0);
       }
     }
-    // fc: its weight and bias gradients (the tanh form's bias gradient in the weight-gradient
-    // GEMM), the input gradient
-    auto fc = tcg::lt::weight_grads(x2, dpre, ctx->needs_input_grad(1), want_fb && tanh, grad_type("fc_w_dtype"));
-    if (fc.dw.defined()) out[1] = fc.dw.to(dtype_of("fc_w_dtype"));
-    if (fc.db.defined()) out[2] = fc.db.to(dtype_of("fc_b_dtype"));
-    if (dbias.defined()) out[2] = dbias.to(dtype_of("fc_b_dtype"));
-    if (ctx->needs_input_grad(0)) {
-      out[0] = tcg::lt::input_grad(dpre, wfc).view(ctx->saved_data.at("x_sizes").toIntVector()).to(dtype_of("x_dtype"));
-    }
-    return out;
+    // fc: the tanh form's bias gradient in its weight-gradient GEMM, the exact form's in dbias
+    return b.finish(dpre, b.want_fc_bias && tanh, dbias);
   }
 };
 
@@ -265,55 +298,23 @@ struct SwiGluMlp : torch::autograd::Function<SwiGluMlp> {
     const at::Tensor ab = tcg::lt::linear(x2, w13, in_dtype(fc_b, args.shadow_fc_b, dt));
     const at::Tensor h = tcg::swiglu::forward_kernel(ab);
     const at::Tensor y2 = tcg::lt::linear(h, w2, in_dtype(proj_b, args.shadow_proj_b, dt));
-    std::vector<int64_t> sizes = x.sizes().vec();
-    sizes.back() = proj_w.size(0);
-    ctx->save_for_backward({x2, w13, ab, h, w2});
-    ctx->saved_data["fc_bias"] = fc_b.defined();
-    ctx->saved_data["proj_bias"] = proj_b.defined();
-    ctx->saved_data["fp32_wgrad"] = args.fp32_wgrad;
-    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-    ctx->saved_data["fc_w_dtype"] = static_cast<int64_t>(fc_w.scalar_type());
-    ctx->saved_data["fc_b_dtype"] = static_cast<int64_t>(fc_b.defined() ? fc_b.scalar_type() : at::kFloat);
-    ctx->saved_data["proj_w_dtype"] = static_cast<int64_t>(proj_w.scalar_type());
-    ctx->saved_data["proj_b_dtype"] = static_cast<int64_t>(proj_b.defined() ? proj_b.scalar_type() : at::kFloat);
-    ctx->saved_data["x_sizes"] = x.sizes().vec();
-    return {y2.view(sizes)};
+    save_layers(ctx, {x, fc_w, fc_b, proj_w, proj_b}, args.fp32_wgrad, {x2, w13, ab, h, w2});
+    return {shaped_as_x(y2, x)};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (at::GradMode::is_enabled()) misuse("mlp: double backward (create_graph) is not supported");
-    const at::Tensor& dy = grads.at(0);
-    if (!dy.defined()) return variable_list(6);
-    auto saved = ctx->get_saved_variables();
-    const at::Tensor &x2 = saved[0], &w13 = saved[1], &ab = saved[2], &h = saved[3], &w2 = saved[4];
-    const auto dtype_of = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data.at(key).toInt()); };
-    const bool fp32 = ctx->saved_data.at("fp32_wgrad").toBool();
-    const at::ScalarType dt = x2.scalar_type();
-    const auto grad_type = [&](const char* param) { return tcg::lt::weight_grad_type(fp32, dtype_of(param), dt); };
-    c10::cuda::CUDAGuard guard(x2.device());
-    const at::Tensor dy2 = dy.to(dt).contiguous().view({-1, w2.size(0)});
-    // one result per forward argument; needs_input_grad counts the tensors given (an absent bias
-    // has no index)
-    variable_list out(6);
-    const bool fc_bias = ctx->saved_data.at("fc_bias").toBool(), proj_bias = ctx->saved_data.at("proj_bias").toBool();
-    const size_t proj_w_at = fc_bias ? 3 : 2;
-    const bool want_fb = fc_bias && ctx->needs_input_grad(2);
-    const bool want_pb = proj_bias && ctx->needs_input_grad(proj_w_at + 1);
-    auto proj = tcg::lt::weight_grads(h, dy2, ctx->needs_input_grad(proj_w_at), want_pb, grad_type("proj_w_dtype"));
-    if (proj.dw.defined()) out[3] = proj.dw.to(dtype_of("proj_w_dtype"));
-    if (proj.db.defined()) out[4] = proj.db.to(dtype_of("proj_b_dtype"));
-    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1) && !want_fb) return out;
+    if (!grads.at(0).defined()) return variable_list(6);
+    c10::cuda::CUDAGuard guard(grads.at(0).device());
+    LayersBackward b(ctx, grads.at(0));
+    if (!b.wants_dpre()) return b.out;
     // through w2 and SwiGLU: [dgate | dup] in w2's input-gradient GEMM, or that GEMM's dh and
     // SwiGLU's backward kernel
-    at::Tensor dab = at::empty_like(ab);
-    if (!swiglu_backward_gemm(dy2, w2, ab, dab)) dab = tcg::swiglu::backward_kernel(ab, tcg::lt::input_grad(dy2, w2));
-    auto fc = tcg::lt::weight_grads(x2, dab, ctx->needs_input_grad(1), want_fb, grad_type("fc_w_dtype"));
-    if (fc.dw.defined()) out[1] = fc.dw.to(dtype_of("fc_w_dtype"));
-    if (fc.db.defined()) out[2] = fc.db.to(dtype_of("fc_b_dtype"));
-    if (ctx->needs_input_grad(0)) {
-      out[0] = tcg::lt::input_grad(dab, w13).view(ctx->saved_data.at("x_sizes").toIntVector()).to(dtype_of("x_dtype"));
+    at::Tensor dab = at::empty_like(b.act);
+    if (!swiglu_backward_gemm(b.dy2, b.wproj, b.act, dab)) {
+      dab = tcg::swiglu::backward_kernel(b.act, tcg::lt::input_grad(b.dy2, b.wproj));
     }
-    return out;
+    return b.finish(dab, b.want_fc_bias, at::Tensor());
   }
 };
 

@@ -30,6 +30,14 @@ struct SwigluGrad
     : cutlass::epilogue::fusion::LinCombDeEltAct<ColumnMajor, cutlass::epilogue::thread::Identity, E, float, E, void> {
 };
 
+// The epilogue at one element: dup (stored) and dgate (passed on to D) from the product dh and
+// gate and up.
+struct SwigluGradSplit {
+  CUTLASS_DEVICE void operator()(float& dup, float& dgate, float dh, float gate, float up) const {
+    tcg::swiglu::grads(gate, up, dh, &dgate, &dup);
+  }
+};
+
 }  // namespace
 }  // namespace tcg::swiglu_gemm
 
@@ -38,36 +46,10 @@ namespace cutlass::epilogue::fusion {
 // The tree's store node: CUTLASS's aux store, fed the float32 product dh and the bf16 gate and up,
 // storing dup and passing dgate on to D.
 template <int Stages, class EpilogueTile, class StrideMNL, class SmemLayoutAtom, class CopyOpR2S>
-struct Sm90SwigluGradStore : Sm90AuxStore<Stages, EpilogueTile, bfloat16_t, FloatRoundStyle::round_to_nearest,
-                                          StrideMNL, SmemLayoutAtom, CopyOpR2S, 8, /*EnableNullptr=*/false> {
-  using Base = Sm90AuxStore<Stages, EpilogueTile, bfloat16_t, FloatRoundStyle::round_to_nearest, StrideMNL,
-                            SmemLayoutAtom, CopyOpR2S, 8, false>;
-  using Base::Base;
-
-  template <class Store>
-  struct ConsumerStoreCallbacks : Store {
-    CUTLASS_DEVICE explicit ConsumerStoreCallbacks(Store&& store) : Store(cute::move(store)) {}
-
-    template <typename ElementAccumulator, int FragmentSize>
-    CUTLASS_DEVICE auto visit(Array<ElementAccumulator, FragmentSize> const& frg_acc, int epi_v, int epi_m, int epi_n,
-                              Array<float, FragmentSize> const& dh, Array<bfloat16_t, FragmentSize> const& gate,
-                              Array<bfloat16_t, FragmentSize> const& up) {
-      Array<float, FragmentSize> dgate, dup;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < FragmentSize; ++i) {
-        tcg::swiglu::grads(float(gate[i]), float(up[i]), dh[i], &dgate[i], &dup[i]);
-      }
-      Store::visit(frg_acc, epi_v, epi_m, epi_n, dup);
-      return dgate;
-    }
-  };
-
-  template <bool ReferenceSrc, class... Args>
-  CUTLASS_DEVICE auto get_consumer_store_callbacks(ConsumerStoreArgs<Args...> const& args) {
-    auto store = Base::template get_consumer_store_callbacks<ReferenceSrc>(args);
-    return ConsumerStoreCallbacks<decltype(store)>(cute::move(store));
-  }
-};
+using Sm90SwigluGradStore =
+    tcg::cutlass_gemm::SplitStore<Sm90AuxStore<Stages, EpilogueTile, bfloat16_t, FloatRoundStyle::round_to_nearest,
+                                               StrideMNL, SmemLayoutAtom, CopyOpR2S, 8, /*EnableNullptr=*/false>,
+                                  tcg::swiglu_gemm::SwigluGradSplit>;
 
 using SwigluStride = gemm::TagToStrideC_t<layout::ColumnMajor>;
 
