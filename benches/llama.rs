@@ -161,22 +161,69 @@ fn profile(device: Device, name: &str, config: model::Config, batch: i64) -> Res
     ))
 }
 
+/// The rows `args` names, each with its config as `args` sets it.
+fn chosen_rows(args: &Args) -> Vec<(&'static str, model::Config, i64)> {
+    let weight_grad = if args.rounded_grads { WeightGrad::Rounded } else { WeightGrad::Float32 };
+    rows()
+        .into_iter()
+        .filter(|r| args.rows.iter().any(|n| n == r.0))
+        .map(|(name, c, batch)| {
+            let config = model::Config { expand_kv: args.expand_kv, swiglu_apart: args.swiglu_apart, weight_grad, ..c };
+            (name, config, batch)
+        })
+        .collect()
+}
+
+/// This crate's rows: the graph, the fused graph and (with --timed-gemms) the fused graph with
+/// timed GEMMs, each printed as it is measured.
+fn measure_ours<'a>(device: Device, args: &Args, rows: &[(&'a str, model::Config, i64)]) -> Vec<OursRow<'a>> {
+    let mut out = Vec::new();
+    for &(name, config, batch) in rows {
+        let iters = if name == "base" { args.iters / 4 } else { args.iters };
+        let fused = model::Config { fused: true, ..config };
+        let (ms, peak) = ours(device, config, batch, iters).expect("the captured step");
+        println!("  {name:<6} this crate, graph       {ms:8.3} ms/iter, {peak:6.0} MiB reserved at peak");
+        let (fms, fpeak) = ours(device, fused, batch, iters).expect("the fused step");
+        println!("  {name:<6} this crate, fused graph {fms:8.3} ms/iter, {fpeak:6.0} MiB reserved at peak");
+        let timed = args.timed_gemms.then(|| {
+            let measure = || ours(device, fused, batch, iters).expect("the fused step");
+            let (tms, tpeak) = reference::with_timed_gemms(args.gemm_file.as_deref(), measure).expect("timed GEMMs");
+            println!(
+                "  {name:<6} this crate, fused graph, timed GEMMs {tms:8.3} ms/iter, {tpeak:6.0} MiB reserved at peak"
+            );
+            (tms, tpeak)
+        });
+        out.push((name, (ms, peak), (fms, fpeak), timed));
+    }
+    out
+}
+
+/// PyTorch's rows (benches/torch_llama.py, same GPU, same run): row, mode, ms, MiB; its other
+/// lines printed.
+fn measure_torch(args: &Args) -> Vec<(String, String, f64, f64)> {
+    println!("PyTorch (benches/torch_llama.py), same GPU, same run:");
+    let out = reference::run_rows_or_exit("llama", "benches/torch_llama.py", &args.rows, args.iters);
+    let mut torch = Vec::new();
+    for line in out.lines() {
+        let f: Vec<&str> = line.split(',').collect();
+        match (f.first(), f.len()) {
+            (Some(&"ROW"), 5) => {
+                let num = |s: &str| s.parse::<f64>().unwrap_or(f64::NAN);
+                torch.push((f[1].into(), f[2].into(), num(f[3]), num(f[4])));
+            }
+            _ => println!("  torch: {line}"),
+        }
+    }
+    torch
+}
+
 fn main() {
     let args = reference::args_or_exit("llama", parse_args(), USAGE);
     reference::require_cuda("llama");
     let device = Device::Cuda(0);
-    let chosen = || {
-        rows().into_iter().filter(|r| args.rows.iter().any(|n| n == r.0)).map(|(name, c, batch)| {
-            let weight_grad = if args.rounded_grads { WeightGrad::Rounded } else { WeightGrad::Float32 };
-            (
-                name,
-                model::Config { expand_kv: args.expand_kv, swiglu_apart: args.swiglu_apart, weight_grad, ..c },
-                batch,
-            )
-        })
-    };
+    let rows = chosen_rows(&args);
     if args.profile {
-        for (name, config, batch) in chosen() {
+        for &(name, config, batch) in &rows {
             let run = || profile(device, name, config, batch).expect("the profile");
             let report = if args.timed_gemms {
                 reference::with_timed_gemms(args.gemm_file.as_deref(), run).expect("timed GEMMs")
@@ -190,39 +237,8 @@ fn main() {
     if args.torch {
         reference::require_torch("llama");
     }
-    let mut ours_rows = Vec::new();
-    for (name, config, batch) in chosen() {
-        let iters = if name == "base" { args.iters / 4 } else { args.iters };
-        let (ms, peak) = ours(device, config, batch, iters).expect("the captured step");
-        println!("  {name:<6} this crate, graph       {ms:8.3} ms/iter, {peak:6.0} MiB reserved at peak");
-        let (fms, fpeak) = ours(device, model::Config { fused: true, ..config }, batch, iters).expect("the fused step");
-        println!("  {name:<6} this crate, fused graph {fms:8.3} ms/iter, {fpeak:6.0} MiB reserved at peak");
-        let timed = args.timed_gemms.then(|| {
-            let measure =
-                || ours(device, model::Config { fused: true, ..config }, batch, iters).expect("the fused step");
-            let (tms, tpeak) = reference::with_timed_gemms(args.gemm_file.as_deref(), measure).expect("timed GEMMs");
-            println!(
-                "  {name:<6} this crate, fused graph, timed GEMMs {tms:8.3} ms/iter, {tpeak:6.0} MiB reserved at peak"
-            );
-            (tms, tpeak)
-        });
-        ours_rows.push((name, (ms, peak), (fms, fpeak), timed));
-    }
-    let mut torch: Vec<(String, String, f64, f64)> = Vec::new();
-    if args.torch {
-        println!("PyTorch (benches/torch_llama.py), same GPU, same run:");
-        let out = reference::run_rows_or_exit("llama", "benches/torch_llama.py", &args.rows, args.iters);
-        for line in out.lines() {
-            let f: Vec<&str> = line.split(',').collect();
-            match (f.first(), f.len()) {
-                (Some(&"ROW"), 5) => {
-                    let num = |s: &str| s.parse::<f64>().unwrap_or(f64::NAN);
-                    torch.push((f[1].into(), f[2].into(), num(f[3]), num(f[4])));
-                }
-                _ => println!("  torch: {line}"),
-            }
-        }
-    }
+    let ours_rows = measure_ours(device, &args, &rows);
+    let torch = if args.torch { measure_torch(&args) } else { Vec::new() };
     println!("\n{}", table(&ours_rows, &torch));
 }
 

@@ -161,6 +161,16 @@ void save_layers(AutogradContext* ctx, const Operands& p, bool fp32_wgrad, std::
   ctx->saved_data["x_sizes"] = p.x.sizes().vec();
 }
 
+// What both forwards' GEMMs read: x2 [N, C] and the two weights, in the compute dtype (the
+// weights' shadows where a step made them), contiguous.
+struct LayersInput {
+  at::Tensor x2, wfc, wproj;
+  LayersInput(const at::Tensor& x, const at::Tensor& fc_w, const at::Tensor& proj_w, const Args& args)
+      : x2(in_dtype(x, at::Tensor(), args.dt).contiguous().view({-1, fc_w.size(1)})),
+        wfc(in_dtype(fc_w, args.shadow_fc_w, args.dt).contiguous()),
+        wproj(in_dtype(proj_w, args.shadow_proj_w, args.dt).contiguous()) {}
+};
+
 // y [.., C'] from y2 [N, C'], shaped as x.
 at::Tensor shaped_as_x(const at::Tensor& y2, const at::Tensor& x) {
   std::vector<int64_t> sizes = x.sizes().vec();
@@ -168,17 +178,21 @@ at::Tensor shaped_as_x(const at::Tensor& y2, const at::Tensor& x) {
   return y2.view(sizes);
 }
 
-// The backward both MLPs share around their activation's: proj's weight and bias gradients from
-// h and dy at construction; then, given dpre (the gradient of fc's output), fc's and x's in
+// The backward both MLPs share around their activation's: at construction the checks, the device
+// and proj's weight and bias gradients from h and dy; then, given dpre (the gradient of fc's output), fc's and x's in
 // finish(). One result per forward argument (x, fc's weight and bias, proj's weight and bias);
 // needs_input_grad counts the tensors given (an absent bias has no index).
 struct LayersBackward {
   AutogradContext* ctx;
+  c10::cuda::OptionalCUDAGuard guard;
   at::Tensor x2, wfc, act, h, wproj, dy2;
   variable_list out = variable_list(6);
   bool want_fc_bias = false;
 
   LayersBackward(AutogradContext* c, const at::Tensor& dy) : ctx(c) {
+    if (at::GradMode::is_enabled()) misuse("mlp: double backward (create_graph) is not supported");
+    if (!dy.defined()) return;
+    guard.set_device(dy.device());
     auto saved = ctx->get_saved_variables();
     x2 = saved[0], wfc = saved[1], act = saved[2], h = saved[3], wproj = saved[4];
     dy2 = dy.to(x2.scalar_type()).contiguous().view({-1, wproj.size(0)});
@@ -196,8 +210,11 @@ struct LayersBackward {
   at::ScalarType grad_type(const char* param) const {
     return tcg::lt::weight_grad_type(flag("fp32_wgrad"), dtype_of(param), x2.scalar_type());
   }
-  // Whether anything before the activation wants a gradient: else `out` is complete.
-  bool wants_dpre() const { return ctx->needs_input_grad(0) || ctx->needs_input_grad(1) || want_fc_bias; }
+  // Whether `out` is complete already: no gradient came, or nothing before the activation wants
+  // one.
+  bool done() const {
+    return !dy2.defined() || !(ctx->needs_input_grad(0) || ctx->needs_input_grad(1) || want_fc_bias);
+  }
 
   // fc's weight gradient (and its bias gradient in the same GEMM where `bias_in_gemm`; else
   // `dbias`, summed by the caller, where defined) and x's gradient from dpre.
@@ -220,11 +237,8 @@ struct GeluMlp : torch::autograd::Function<GeluMlp> {
     const at::Tensor fc_b = fc_b_arg.value_or(at::Tensor()), proj_b = proj_b_arg.value_or(at::Tensor());
     c10::cuda::CUDAGuard guard(x.device());
     const at::ScalarType dt = args.dt;
-    const int64_t c = fc_w.size(1), hid = fc_w.size(0);
-    const at::Tensor x2 = in_dtype(x, at::Tensor(), dt).contiguous().view({-1, c});
-    const at::Tensor wfc = in_dtype(fc_w, args.shadow_fc_w, dt).contiguous();
-    const at::Tensor wproj = in_dtype(proj_w, args.shadow_proj_w, dt).contiguous();
-    at::Tensor h = at::empty({x2.size(0), hid}, x2.options());
+    const auto [x2, wfc, wproj] = LayersInput(x, fc_w, proj_w, args);
+    at::Tensor h = at::empty({x2.size(0), fc_w.size(0)}, x2.options());
     // what the backward reads: GELU's input, or (the exact form in CUTLASS's GEMM, `kept_grad`)
     // GELU's derivative
     at::Tensor pre;
@@ -254,11 +268,8 @@ struct GeluMlp : torch::autograd::Function<GeluMlp> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (at::GradMode::is_enabled()) misuse("mlp: double backward (create_graph) is not supported");
-    if (!grads.at(0).defined()) return variable_list(6);
-    c10::cuda::CUDAGuard guard(grads.at(0).device());
     LayersBackward b(ctx, grads.at(0));
-    if (!b.wants_dpre()) return b.out;
+    if (b.done()) return b.out;
     // through GELU: dpre in proj's input-gradient GEMM
     const at::Tensor &pre = b.act, &dy2 = b.dy2, &wproj = b.wproj;
     const at::ScalarType dt = b.x2.scalar_type();
@@ -291,10 +302,7 @@ struct SwiGluMlp : torch::autograd::Function<SwiGluMlp> {
     const at::Tensor fc_b = fc_b_arg.value_or(at::Tensor()), proj_b = proj_b_arg.value_or(at::Tensor());
     c10::cuda::CUDAGuard guard(x.device());
     const at::ScalarType dt = args.dt;
-    const int64_t c = fc_w.size(1);
-    const at::Tensor x2 = in_dtype(x, at::Tensor(), dt).contiguous().view({-1, c});
-    const at::Tensor w13 = in_dtype(fc_w, args.shadow_fc_w, dt).contiguous();
-    const at::Tensor w2 = in_dtype(proj_w, args.shadow_proj_w, dt).contiguous();
+    const auto [x2, w13, w2] = LayersInput(x, fc_w, proj_w, args);
     const at::Tensor ab = tcg::lt::linear(x2, w13, in_dtype(fc_b, args.shadow_fc_b, dt));
     const at::Tensor h = tcg::swiglu::forward_kernel(ab);
     const at::Tensor y2 = tcg::lt::linear(h, w2, in_dtype(proj_b, args.shadow_proj_b, dt));
@@ -303,11 +311,8 @@ struct SwiGluMlp : torch::autograd::Function<SwiGluMlp> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (at::GradMode::is_enabled()) misuse("mlp: double backward (create_graph) is not supported");
-    if (!grads.at(0).defined()) return variable_list(6);
-    c10::cuda::CUDAGuard guard(grads.at(0).device());
     LayersBackward b(ctx, grads.at(0));
-    if (!b.wants_dpre()) return b.out;
+    if (b.done()) return b.out;
     // through w2 and SwiGLU: [dgate | dup] in w2's input-gradient GEMM, or that GEMM's dh and
     // SwiGLU's backward kernel
     at::Tensor dab = at::empty_like(b.act);
@@ -318,14 +323,20 @@ struct SwiGluMlp : torch::autograd::Function<SwiGluMlp> {
   }
 };
 
-}  // namespace
-
-std::string unsupported(const Operands& in, bool tanh) {
+// Why either MLP's path cannot take its two layers (the linear layer's conditions), or "".
+std::string layers_unsupported(const Operands& in) {
   for (const tcg::linear::Operands& layer :
        {tcg::linear::Operands{in.x, in.fc_w, in.fc_b, {}, {}}, tcg::linear::Operands{in.x, in.proj_w, in.proj_b, {}, {}}}) {
     std::string why = tcg::linear::unsupported(layer);
     if (!why.empty()) return why;
   }
+  return "";
+}
+
+}  // namespace
+
+std::string unsupported(const Operands& in, bool tanh) {
+  if (std::string why = layers_unsupported(in); !why.empty()) return why;
   if (in.fc_w.size(0) % 8 != 0) {
     return "a hidden width of " + std::to_string(in.fc_w.size(0)) + " (the GELU epilogues need a multiple of 8)";
   }
@@ -340,11 +351,7 @@ std::string unsupported(const Operands& in, bool tanh) {
 }
 
 std::string unsupported_swiglu(const Operands& in) {
-  for (const tcg::linear::Operands& layer :
-       {tcg::linear::Operands{in.x, in.fc_w, in.fc_b, {}, {}}, tcg::linear::Operands{in.x, in.proj_w, in.proj_b, {}, {}}}) {
-    std::string why = tcg::linear::unsupported(layer);
-    if (!why.empty()) return why;
-  }
+  if (std::string why = layers_unsupported(in); !why.empty()) return why;
   if (in.proj_w.size(1) % 4 != 0) {
     return "a hidden width of " + std::to_string(in.proj_w.size(1)) + " (SwiGLU's kernels need a multiple of 4)";
   }
