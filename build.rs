@@ -172,9 +172,10 @@ fn find_cutlass(torch_root: &Path) -> Option<PathBuf> {
     candidates.into_iter().find(|d| d.join("include").join("cutlass").join("cutlass.h").exists())
 }
 
-/// Compiles the CUTLASS GEMMs (`csrc/cuda/gelu_gemm.cu`, `csrc/cuda/swiglu_gemm.cu`: CUTLASS's
-/// kernels and the host code that launches them) into objects for the shim, for sm_90a. Err: why
-/// not (the MLPs then run their GEMMs and activation kernels apart).
+/// Compiles the CUTLASS GEMMs (`csrc/cuda/gelu_gemm.cu`, `csrc/cuda/swiglu_gemm.cu`,
+/// `csrc/cuda/wgrad_gemm.cu`: CUTLASS's kernels and the host code that launches them) into
+/// objects for the shim, for sm_90a. Err: why not (the MLPs then run their GEMMs and activation
+/// kernels apart, and every weight gradient runs in cuBLASLt).
 fn build_cutlass_gemms(torch_root: &Path, cuda_include: &Path) -> Result<Vec<PathBuf>, String> {
     let (nvcc, archs) = nvcc_and_archs(torch_root)?;
     if !archs.iter().any(|a| a == "90") {
@@ -184,7 +185,7 @@ fn build_cutlass_gemms(torch_root: &Path, cuda_include: &Path) -> Result<Vec<Pat
         find_cutlass(torch_root).ok_or("no CUTLASS headers found (set CUTLASS_DIR, or run scripts/setup.sh)")?;
     let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
     let mut objects = Vec::new();
-    for name in ["gelu_gemm", "swiglu_gemm"] {
+    for name in ["gelu_gemm", "swiglu_gemm", "wgrad_gemm"] {
         let object = out.join(format!("{name}.o"));
         let mut cmd = Command::new(&nvcc);
         cmd.args(["-c", "-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr"])
@@ -360,13 +361,14 @@ fn add_cuda(build: &mut cc::Build, torch_root: &Path, includes: &[PathBuf], cxx1
             build.define("TCG_OWN_KERNELS_MISSING", Some(format!("{why:?}").as_str()));
         }
     }
-    // the GEMMs with GELU or SwiGLU's backward in their epilogues, where CUTLASS is there
+    // the GEMMs with GELU or SwiGLU's backward in their epilogues and the large weight gradients'
+    // GEMM, where CUTLASS is there
     match build_cutlass_gemms(torch_root, &cuda_include) {
         Ok(objects) => {
             build.objects(objects).define("TCG_CUTLASS_GEMMS", None);
         }
         Err(why) => {
-            println!("cargo:warning=tch-cuda-graphs: CUTLASS's GEMMs not built ({why}); the MLPs with exact GELU or SwiGLU run their GEMMs and activation kernels apart");
+            println!("cargo:warning=tch-cuda-graphs: CUTLASS's GEMMs not built ({why}); the MLPs with exact GELU or SwiGLU run their GEMMs and activation kernels apart, every weight gradient in cuBLASLt");
         }
     }
     // process groups over libtorch's c10d and NCCL, when NCCL's header is there

@@ -18,6 +18,11 @@
 //! The choice is the process's, as cuDNN's benchmark flag is PyTorch's: set it once, before the
 //! first step. Setting it forgets the choices made so far.
 //!
+//! One GEMM leaves cuBLASLt whatever the choice: a float32 weight gradient of at least 2^23
+//! values (a vocabulary's head) from bf16 operands runs in the crate's CUTLASS kernel on sm_90,
+//! where cuBLASLt's heuristic's kernel is slower (docs/kernels.md). It is the same kernel in every
+//! process.
+//!
 //! ```no_run
 //! # fn main() -> tch_cuda_graphs::Result<()> {
 //! use tch_cuda_graphs::gemm::{self, GemmChoice};

@@ -6,7 +6,8 @@
 //! eager calls then run the captured algorithm (equal bit for bit); setting the choice forgets
 //! the shapes; the choices written to a file and read back give the timed bits, a file for
 //! another GPU is refused, and algorithms cuBLASLt refuses give way to the heuristic's. In its
-//! own binary: the choice is the process's. Ignored without a GPU; fails loudly there.
+//! own binary: the choice is the process's. A float32 weight gradient of 2^23 values or more runs
+//! in the crate's CUTLASS GEMM whatever the choice. Ignored without a GPU; fails loudly there.
 mod common;
 
 use common::{captured_minus_eager, cuda, output_and_grads, rel};
@@ -223,4 +224,41 @@ fn a_small_float32_weight_gradient_over_many_rows_is_summed_in_slices() {
     let d = captured_minus_eager(dw);
     println!("captured against eager: max |difference| {d:e}");
     assert_eq!(d, 0.0);
+}
+
+/// A float32 weight gradient of at least 2^23 values (a vocabulary's head) runs in the crate's
+/// CUTLASS GEMM (`wgrad_gemm.cu`), one just under that size in cuBLASLt's: both within 1e-5 of a
+/// float64 product, captured equal to eager bit for bit.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_large_float32_weight_gradient_runs_in_cutlass() {
+    let dev = cuda(); // and an sm_90 GPU with CUTLASS built: elsewhere the kernel count below fails
+    for (out, cutlass) in [(8192i64, 1usize), (8184, 0)] {
+        tch::manual_seed(7);
+        let vs = nn::VarStore::new(dev);
+        let cfg =
+            LinearConfig { bias: false, kernels: Kernels::Own, weight_grad: WeightGrad::Float32, ..Default::default() };
+        let head = linear(vs.root() / "head", 1024, out, cfg);
+        let x = Tensor::randn([2048, 1024], (Kind::Float, dev)).to_kind(Kind::BFloat16);
+        let w = Tensor::randn([2048, out], (Kind::Float, dev));
+        let dw = || -> tch_cuda_graphs::Result<Tensor> {
+            let y = {
+                let _bf16 = Autocast::new(Kind::BFloat16, false)?;
+                head.f_forward(&x)?
+            };
+            let loss = (y.to_kind(Kind::Float) * &w).sum(Kind::Float);
+            let g = tch_cuda_graphs::autograd::grad(&[loss], &[head.ws.shallow_clone()], None, false, false)?;
+            Ok(g[0].as_ref().expect("used").shallow_clone())
+        };
+        let (got, names) = common::kernels_of(dev, || dw().expect("the step"));
+        let ran = names.iter().filter(|n| n.contains("cutlass")).count();
+        let expected = w.to_kind(Kind::BFloat16).to_kind(Kind::Double).tr().matmul(&x.to_kind(Kind::Double));
+        let r = rel(&got, &expected);
+        let d = captured_minus_eager(dw);
+        println!("float32 dw [{out}, 1024] over 2048 rows: {r:e} from float64; {ran} CUTLASS GEMMs; captured against eager: max |difference| {d:e}");
+        assert_eq!(got.kind(), Kind::Float);
+        assert!(r <= 1e-5, "within 1e-5 of float64: {r:e}");
+        assert_eq!(ran, cutlass, "CUTLASS's GEMM for 2^23 values and more: {names:?}");
+        assert_eq!(d, 0.0);
+    }
 }

@@ -34,13 +34,14 @@ struct Pingpong {
 };
 
 // A GEMM kernel: its mainloop (bf16 A and B in the layouts given, float32 accumulators) and the
-// epilogue `Fusion` writing bf16 D in layout LD, for a tile shape and schedule, one CTA per
-// cluster.
-template <class Tile, class LA, class LB, class LD, class Fusion, class Schedule = Cooperative>
+// epilogue `Fusion` writing D (bf16 unless `ED` says otherwise) in layout LD, for a tile shape and
+// schedule, one CTA per cluster.
+template <class Tile, class LA, class LB, class LD, class Fusion, class Schedule = Cooperative, class ED = E>
 struct Kernel {
+  static constexpr int kAlignD = 16 / static_cast<int>(sizeof(ED));
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Shape<_1, _1, _1>,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LD, 8, E, LD, 8,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LD, kAlignD, ED, LD, kAlignD,
       typename Schedule::Epilogue, Fusion>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E, LA, 8, E, LB, 8, float, Tile, Shape<_1, _1, _1>,
@@ -65,7 +66,7 @@ Args<Gemm> gemm_args(int m, int n, int k, const void* a, const void* b, void* d,
                   {m, n, k, 1},
                   {static_cast<const E*>(a), cutlass::make_cute_packed_stride(typename K::StrideA{}, make_shape(m, k, 1)),
                    static_cast<const E*>(b), cutlass::make_cute_packed_stride(typename K::StrideB{}, make_shape(n, k, 1))},
-                  {{}, nullptr, sd, static_cast<E*>(d), sd}};
+                  {{}, nullptr, sd, static_cast<typename K::CollectiveEpilogue::ElementD*>(d), sd}};
   args.hw_info.sm_count = sm_count;
   return args;
 }

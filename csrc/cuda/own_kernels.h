@@ -31,9 +31,9 @@ void launch(const std::string& name, int device, dim3 blocks, unsigned threads, 
 // TCH_CUDA_GRAPHS_DEPENDENT_LAUNCH=0. Throws on a launch error. `launch` goes through it.
 void launch_kernel(cudaKernel_t k, int device, dim3 grid, dim3 block, void** args, const char* name);
 
-// Why the MLPs' CUTLASS GEMMs (gelu_gemm.h, swiglu_gemm.h) cannot run on `device`, or "": loaded and checked
-// with the own kernels, once per device and never first inside a capture (as kernels.h's
-// unavailable()).
+// Why the CUTLASS GEMMs (gelu_gemm.h, swiglu_gemm.h, wgrad_gemm.h) cannot run on `device`, or "":
+// loaded and checked with the own kernels, once per device and never first inside a capture (as
+// kernels.h's unavailable()).
 std::string cutlass_gemms_unavailable(int device);
 
 // What every launcher asks: the device's SM count (its grids are sized from it), and whether a
