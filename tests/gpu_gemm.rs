@@ -188,6 +188,40 @@ fn a_shape_first_met_under_capture_keeps_the_heuristics_choice() {
     assert_eq!(diff, 0.0, "eager runs the captured algorithm: equal bit for bit");
 }
 
+/// What one float32 weight gradient of a bias-free `inp -> out` layer on the crate's path gave,
+/// over `rows` random bf16 rows with the loss sum(y · w): its distance from a float64 product
+/// (max |a - b| / max |b|), the kernels it ran, and its captured run's distance from its eager one.
+struct WgradRun {
+    rel: f64,
+    kernels: Vec<String>,
+    captured_minus_eager: f64,
+}
+
+fn float32_wgrad(seed: i64, rows: i64, inp: i64, out: i64) -> WgradRun {
+    let dev = cuda();
+    tch::manual_seed(seed);
+    let vs = nn::VarStore::new(dev);
+    let cfg =
+        LinearConfig { bias: false, kernels: Kernels::Own, weight_grad: WeightGrad::Float32, ..Default::default() };
+    let layer = linear(vs.root() / "layer", inp, out, cfg);
+    let x = Tensor::randn([rows, inp], (Kind::Float, dev)).to_kind(Kind::BFloat16);
+    let w = Tensor::randn([rows, out], (Kind::Float, dev));
+    let dw = || -> tch_cuda_graphs::Result<Tensor> {
+        let y = {
+            let _bf16 = Autocast::new(Kind::BFloat16, false)?;
+            layer.f_forward(&x)?
+        };
+        let loss = (y.to_kind(Kind::Float) * &w).sum(Kind::Float);
+        let g = tch_cuda_graphs::autograd::grad(&[loss], &[layer.ws.shallow_clone()], None, false, false)?;
+        Ok(g[0].as_ref().expect("used").shallow_clone())
+    };
+    let (got, kernels) = common::kernels_of(dev, || dw().expect("the step"));
+    assert_eq!(got.kind(), Kind::Float);
+    // the loss's gradient reaches the GEMM as w rounded to bf16
+    let expected = w.to_kind(Kind::BFloat16).to_kind(Kind::Double).tr().matmul(&x.to_kind(Kind::Double));
+    WgradRun { rel: rel(&got, &expected), kernels, captured_minus_eager: captured_minus_eager(dw) }
+}
+
 /// A float32 weight gradient of few output tiles over many rows (the small Llama's attention
 /// output projection: [384, 384] over 16,384 rows) is summed in slices of the rows, then the
 /// slices summed by the own kernel (`tcg_wgrad_slices_sum`): within 1e-5 of a float64 product,
@@ -195,34 +229,12 @@ fn a_shape_first_met_under_capture_keeps_the_heuristics_choice() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn a_small_float32_weight_gradient_over_many_rows_is_summed_in_slices() {
-    let dev = cuda();
-    tch::manual_seed(6);
-    let vs = nn::VarStore::new(dev);
-    let cfg =
-        LinearConfig { bias: false, kernels: Kernels::Own, weight_grad: WeightGrad::Float32, ..Default::default() };
-    let proj = linear(vs.root() / "proj", 384, 384, cfg);
-    let x = Tensor::randn([16384, 384], (Kind::Float, dev)).to_kind(Kind::BFloat16);
-    let w = Tensor::randn([16384, 384], (Kind::Float, dev));
-    let dw = || -> tch_cuda_graphs::Result<Tensor> {
-        let y = {
-            let _bf16 = Autocast::new(Kind::BFloat16, false)?;
-            proj.f_forward(&x)?
-        };
-        let loss = (y.to_kind(Kind::Float) * &w).sum(Kind::Float);
-        let g = tch_cuda_graphs::autograd::grad(&[loss], &[proj.ws.shallow_clone()], None, false, false)?;
-        Ok(g[0].as_ref().expect("used").shallow_clone())
-    };
-    let (got, names) = common::kernels_of(dev, || dw().expect("the step"));
-    let sums = names.iter().filter(|n| n.contains("tcg_wgrad_slices_sum")).count();
-    // the loss's gradient reaches the GEMM as w rounded to bf16
-    let expected = w.to_kind(Kind::BFloat16).to_kind(Kind::Double).tr().matmul(&x.to_kind(Kind::Double));
-    let r = rel(&got, &expected);
-    println!("float32 dw [384, 384] over 16384 rows: {r:e} from float64; {sums} slice sums; kernels {names:?}");
-    assert_eq!(got.kind(), Kind::Float);
+    let run = float32_wgrad(6, 16384, 384, 384);
+    let sums = run.kernels.iter().filter(|n| n.contains("tcg_wgrad_slices_sum")).count();
+    let (r, d) = (run.rel, run.captured_minus_eager);
+    println!("float32 dw [384, 384] over 16384 rows: {r:e} from float64; {sums} slice sums; captured against eager: max |difference| {d:e}; kernels {:?}", run.kernels);
     assert!(r <= 1e-5, "within 1e-5 of float64: {r:e}");
-    assert_eq!(sums, 1, "summed in slices: {names:?}");
-    let d = captured_minus_eager(dw);
-    println!("captured against eager: max |difference| {d:e}");
+    assert_eq!(sums, 1, "summed in slices: {:?}", run.kernels);
     assert_eq!(d, 0.0);
 }
 
@@ -232,33 +244,14 @@ fn a_small_float32_weight_gradient_over_many_rows_is_summed_in_slices() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn a_large_float32_weight_gradient_runs_in_cutlass() {
-    let dev = cuda(); // and an sm_90 GPU with CUTLASS built: elsewhere the kernel count below fails
+    // on an sm_90 GPU with CUTLASS built: elsewhere the kernel count below fails
     for (out, cutlass) in [(8192i64, 1usize), (8184, 0)] {
-        tch::manual_seed(7);
-        let vs = nn::VarStore::new(dev);
-        let cfg =
-            LinearConfig { bias: false, kernels: Kernels::Own, weight_grad: WeightGrad::Float32, ..Default::default() };
-        let head = linear(vs.root() / "head", 1024, out, cfg);
-        let x = Tensor::randn([2048, 1024], (Kind::Float, dev)).to_kind(Kind::BFloat16);
-        let w = Tensor::randn([2048, out], (Kind::Float, dev));
-        let dw = || -> tch_cuda_graphs::Result<Tensor> {
-            let y = {
-                let _bf16 = Autocast::new(Kind::BFloat16, false)?;
-                head.f_forward(&x)?
-            };
-            let loss = (y.to_kind(Kind::Float) * &w).sum(Kind::Float);
-            let g = tch_cuda_graphs::autograd::grad(&[loss], &[head.ws.shallow_clone()], None, false, false)?;
-            Ok(g[0].as_ref().expect("used").shallow_clone())
-        };
-        let (got, names) = common::kernels_of(dev, || dw().expect("the step"));
-        let ran = names.iter().filter(|n| n.contains("cutlass")).count();
-        let expected = w.to_kind(Kind::BFloat16).to_kind(Kind::Double).tr().matmul(&x.to_kind(Kind::Double));
-        let r = rel(&got, &expected);
-        let d = captured_minus_eager(dw);
+        let run = float32_wgrad(7, 2048, 1024, out);
+        let ran = run.kernels.iter().filter(|n| n.contains("cutlass")).count();
+        let (r, d) = (run.rel, run.captured_minus_eager);
         println!("float32 dw [{out}, 1024] over 2048 rows: {r:e} from float64; {ran} CUTLASS GEMMs; captured against eager: max |difference| {d:e}");
-        assert_eq!(got.kind(), Kind::Float);
         assert!(r <= 1e-5, "within 1e-5 of float64: {r:e}");
-        assert_eq!(ran, cutlass, "CUTLASS's GEMM for 2^23 values and more: {names:?}");
+        assert_eq!(ran, cutlass, "CUTLASS's GEMM for 2^23 values and more: {:?}", run.kernels);
         assert_eq!(d, 0.0);
     }
 }
