@@ -422,6 +422,7 @@ bool sliced_wgrad(const at::Tensor& x2, const at::Tensor& dy2, at::Tensor& dw, b
   sum_slices(part, dw, accumulate);
   return true;
 }
+
 // dw = dy2ᵀ · x2 in CUTLASS's kernel (wgrad_gemm.h) where it beats cuBLASLt's heuristic's: a
 // float32 gradient of at least 2^23 values (a vocabulary's head: [32000, 768] over 12,288 rows took
 // 775 against 898 µs on an H200; at [4096, 768] cuBLASLt's was faster) from bf16 operands, on a
