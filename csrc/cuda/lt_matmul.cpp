@@ -423,10 +423,9 @@ bool sliced_wgrad(const at::Tensor& x2, const at::Tensor& dy2, at::Tensor& dw, b
   return true;
 }
 
-// dw = dy2ᵀ · x2 in CUTLASS's kernel (wgrad_gemm.h) where it beats cuBLASLt's heuristic's: a
-// float32 gradient of at least 2^23 values (a vocabulary's head: [32000, 768] over 12,288 rows took
-// 775 against 898 µs on an H200; at [4096, 768] cuBLASLt's was faster) from bf16 operands, on a
-// device where the CUTLASS GEMMs run. Whatever gemm::choice() says: it is not a cuBLASLt
+// dw = dy2ᵀ · x2 in CUTLASS's kernel (wgrad_gemm.h) where it beats cuBLASLt's heuristic's (the
+// figures in wgrad_gemm.cu): a float32 gradient of at least 2^23 values (a vocabulary's head)
+// from bf16 operands, on a device where the CUTLASS GEMMs run. Whatever gemm::choice() says: it is not a cuBLASLt
 // algorithm, and it is the same kernel in every process. False, having launched nothing, otherwise.
 constexpr int64_t kCutlassWgradValues = int64_t{1} << 23;
 bool cutlass_wgrad(const at::Tensor& x2, const at::Tensor& dy2, at::Tensor& dw) {
@@ -459,17 +458,18 @@ WeightGrads weight_grads(const at::Tensor& x2, const at::Tensor& dy2, bool want_
     return g;
   }
   g.dw = at::empty({dy2.size(1), x2.size(1)}, x2.options().dtype(type));
-  if (!want_b && (sliced_wgrad(x2, dy2, g.dw, false) || cutlass_wgrad(x2, dy2, g.dw))) return g;
-  const WgradOperands m = wgrad_operands(x2, dy2, g.dw);
-  if (want_b) {
-    g.db = at::empty({dy2.size(1)}, x2.options().dtype(type));
-    Epilogue e;
-    e.kind = CUBLASLT_EPILOGUE_BGRADB;
-    e.bias = g.db.data_ptr();
-    e.bias_type = type;
-    if (matmul(m.a, m.b, m.d, e)) return g;
-    g.db = dy2.sum(0, false, type);
+  if (!want_b) {  // the weight gradient's own routes: slices, CUTLASS, cuBLASLt, ATen
+    weight_grad_into(x2, dy2, g.dw, false);
+    return g;
   }
+  const WgradOperands m = wgrad_operands(x2, dy2, g.dw);
+  g.db = at::empty({dy2.size(1)}, x2.options().dtype(type));
+  Epilogue e;
+  e.kind = CUBLASLT_EPILOGUE_BGRADB;
+  e.bias = g.db.data_ptr();
+  e.bias_type = type;
+  if (matmul(m.a, m.b, m.d, e)) return g;
+  g.db = dy2.sum(0, false, type);
   if (!matmul(m.a, m.b, m.d, Epilogue{})) g.dw = aten_wgrad(x2, dy2, type);  // cuBLASLt offered no algorithm
   return g;
 }
