@@ -257,7 +257,7 @@ impl Torch {
 /// benches/torch_gpt.py on the same rows, same GPU, same run.
 fn measure_torch(args: &Args) -> Torch {
     println!("PyTorch (benches/torch_gpt.py), same GPU, same run:");
-    let out = reference::run_rows_or_exit("gpt", "benches/torch_gpt.py", &args.rows, args.iters);
+    let out = reference::run_rows_or_exit("gpt", "benches/torch_gpt.py", &args.rows, args.iters, &[]);
     let mut torch = Torch::default();
     for line in out.lines() {
         let f: Vec<&str> = line.split(',').collect();

@@ -9,17 +9,19 @@
 //! random tokens. Median ms per iteration over blocks of 10 after 10 warmup iterations; memory:
 //! the allocator's reserved bytes at peak.
 //!
-//! `cargo bench --bench llama -- [--iters N] [--rows small,base] [--no-torch]`
+//! `cargo bench --bench llama -- [--iters N] [--rows small,base] [--no-torch] [--power]`
 
 mod kernel_profile;
 #[path = "../examples/gpt/lm.rs"]
 mod lm;
 #[path = "../examples/gpt/llama.rs"]
 mod model;
+mod power;
 mod reference;
 mod timing;
 
 use std::fmt::Write as _;
+use std::time::Duration;
 use tch::{nn, Device, Kind, Tensor};
 use tch_cuda_graphs::linear::WeightGrad;
 use tch_cuda_graphs::optim::{decay_groups, Adam, AdamConfig, Optimizer};
@@ -27,12 +29,15 @@ use tch_cuda_graphs::{amp, empty_cache, memory_stats, reset_peak_stats, synchron
 use tch_cuda_graphs::{Result, StepOptions, TrainStep};
 
 const USAGE: &str = "\
-usage: llama [--iters N] [--rows small,base] [--no-torch] [--expand-kv] [--swiglu-apart] [--rounded-grads] [--timed-gemms [--gemm-file F]] [--profile]
+usage: llama [--iters N] [--rows small,base] [--no-torch] [--power] [--expand-kv] [--swiglu-apart] [--rounded-grads] [--timed-gemms [--gemm-file F]] [--profile]
 
 A Llama-style step captured by this crate (plain and fused) beside PyTorch's four modes.
   --iters N        timed iterations per row (default 200; a quarter for the base row)
   --rows NAME,...  small, base (default both)
   --no-torch       skip PyTorch's side (benches/torch_llama.py)
+  --power          every mode timed at the state of a long run (3 s of steps, then 5 s timed,
+                   instead of --iters) with the GPU's power draw and SM clock sampled through the
+                   timed window (nvidia-smi), and a second table: watts, MHz, joules per step
   --expand-kv      this crate's rows with the key and value heads expanded to every query head
                    before attention, instead of SDPA's enable_gqa
   --swiglu-apart   the fused rows' MLPs as three layers (w13, SwiGLU, w2), instead of
@@ -52,6 +57,7 @@ struct Args {
     iters: usize,
     rows: Vec<String>,
     torch: bool,
+    power: bool,
     expand_kv: bool,
     swiglu_apart: bool,
     rounded_grads: bool,
@@ -66,6 +72,7 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
         iters: 200,
         rows: vec!["small".into(), "base".into()],
         torch: true,
+        power: false,
         expand_kv: false,
         swiglu_apart: false,
         rounded_grads: false,
@@ -79,6 +86,7 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
             Long("iters") => a.iters = parser.value()?.parse()?,
             Long("rows") => a.rows = reference::parse_rows(&parser.value()?.string()?, &["small", "base"])?,
             Long("no-torch") => a.torch = false,
+            Long("power") => a.power = true,
             Long("expand-kv") => a.expand_kv = true,
             Long("swiglu-apart") => a.swiglu_apart = true,
             Long("rounded-grads") => a.rounded_grads = true,
@@ -125,19 +133,37 @@ fn with_step<R>(
     f(&mut step, &data)
 }
 
-/// The captured step of one row: ms per iteration, MiB reserved at peak.
-fn ours(device: Device, config: model::Config, batch: i64, iters: usize) -> Result<(f64, f64)> {
+/// How `--power` times a mode, on both sides: this long a warmup, then this long timed.
+const POWER_WARMUP: Duration = Duration::from_secs(3);
+const POWER_TIMED: Duration = Duration::from_secs(5);
+
+/// The captured step of one row: ms per iteration, MiB reserved at peak, and with a sampler
+/// (`--power`) the draw and clock through its timed window, timed at a long run's state.
+fn ours(
+    device: Device,
+    config: model::Config,
+    batch: i64,
+    iters: usize,
+    sampler: Option<&power::Sampler>,
+) -> Result<(f64, f64, Option<power::Reading>)> {
     synchronize(device)?;
     empty_cache()?;
     reset_peak_stats(device)?;
-    let ms = with_step(device, config, batch, |step, data| {
-        timing::median_ms(device, iters, |i| {
+    let (ms, reading) = with_step(device, config, batch, |step, data| {
+        let run = |i: usize| {
             let w = data.f_get((i % 8) as i64)?;
             step.run(&[&w.f_narrow(1, 0, config.block)?, &w.f_narrow(1, 1, config.block)?])?;
             Ok(())
-        })
+        };
+        match sampler {
+            None => Ok((timing::median_ms(device, iters, run)?, None)),
+            Some(s) => {
+                let (ms, from, to) = timing::steady_ms(device, POWER_WARMUP, POWER_TIMED, run)?;
+                Ok((ms, s.over(from, to)))
+            }
+        }
     })?;
-    Ok((ms, memory_stats(device)?.reserved_peak as f64 / (1u64 << 20) as f64))
+    Ok((ms, memory_stats(device)?.reserved_peak as f64 / (1u64 << 20) as f64, reading))
 }
 
 /// Kernel time of one replay of a row's captured step, as written and fused, by family.
@@ -175,46 +201,93 @@ fn chosen_rows(args: &Args) -> Vec<(&'static str, model::Config, i64)> {
 }
 
 /// This crate's rows: the graph, the fused graph and (with --timed-gemms) the fused graph with
-/// timed GEMMs, each printed as it is measured.
-fn measure_ours<'a>(device: Device, args: &Args, rows: &[(&'a str, model::Config, i64)]) -> Vec<OursRow<'a>> {
+/// timed GEMMs, each printed as it is measured; with a sampler (`--power`), each mode's draw.
+fn measure_ours<'a>(
+    device: Device,
+    args: &Args,
+    rows: &[(&'a str, model::Config, i64)],
+    sampler: Option<&power::Sampler>,
+) -> (Vec<OursRow<'a>>, Vec<PowerLine>) {
     let mut out = Vec::new();
+    let mut drawn = Vec::new();
     for &(name, config, batch) in rows {
         let iters = if name == "base" { args.iters / 4 } else { args.iters };
         let fused = model::Config { fused: true, ..config };
-        let (ms, peak) = ours(device, config, batch, iters).expect("the captured step");
-        println!("  {name:<6} this crate, graph       {ms:8.3} ms/iter, {peak:6.0} MiB reserved at peak");
-        let (fms, fpeak) = ours(device, fused, batch, iters).expect("the fused step");
-        println!("  {name:<6} this crate, fused graph {fms:8.3} ms/iter, {fpeak:6.0} MiB reserved at peak");
+        let mut measure = |config, mode: &str| {
+            let (ms, peak, reading) = ours(device, config, batch, iters, sampler).expect("the captured step");
+            println!("  {name:<6} this crate, {mode:<24} {ms:8.3} ms/iter, {peak:6.0} MiB reserved at peak");
+            if let Some(r) = reading {
+                drawn.push((name.to_string(), format!("this crate, {mode}"), ms, r.watts, r.mhz));
+            }
+            (ms, peak)
+        };
+        let plain = measure(config, "graph");
+        let fast = measure(fused, "fused graph");
         let timed = args.timed_gemms.then(|| {
-            let measure = || ours(device, fused, batch, iters).expect("the fused step");
-            let (tms, tpeak) = reference::with_timed_gemms(args.gemm_file.as_deref(), measure).expect("timed GEMMs");
-            println!(
-                "  {name:<6} this crate, fused graph, timed GEMMs {tms:8.3} ms/iter, {tpeak:6.0} MiB reserved at peak"
-            );
-            (tms, tpeak)
+            reference::with_timed_gemms(args.gemm_file.as_deref(), || measure(fused, "fused graph, timed GEMMs"))
+                .expect("timed GEMMs")
         });
-        out.push((name, (ms, peak), (fms, fpeak), timed));
+        out.push((name, plain, fast, timed));
     }
-    out
+    (out, drawn)
 }
 
-/// PyTorch's rows (benches/torch_llama.py, same GPU, same run): row, mode, ms, MiB; its other
-/// lines printed.
-fn measure_torch(args: &Args) -> Vec<(String, String, f64, f64)> {
+/// PyTorch's rows (benches/torch_llama.py, same GPU, same run): row, mode, ms, MiB, and with
+/// `--power` each mode's draw; its other lines printed.
+fn measure_torch(args: &Args) -> (Vec<TorchRow>, Vec<PowerLine>) {
     println!("PyTorch (benches/torch_llama.py), same GPU, same run:");
-    let out = reference::run_rows_or_exit("llama", "benches/torch_llama.py", &args.rows, args.iters);
-    let mut torch = Vec::new();
+    let extra = if args.power { vec!["--power".to_string()] } else { Vec::new() };
+    let out = reference::run_rows_or_exit("llama", "benches/torch_llama.py", &args.rows, args.iters, &extra);
+    let (mut torch, mut drawn) = (Vec::new(), Vec::new());
+    let num = |s: &str| s.parse::<f64>().unwrap_or(f64::NAN);
     for line in out.lines() {
         let f: Vec<&str> = line.split(',').collect();
         match (f.first(), f.len()) {
-            (Some(&"ROW"), 5) => {
-                let num = |s: &str| s.parse::<f64>().unwrap_or(f64::NAN);
+            (Some(&"ROW"), 5 | 7) => {
                 torch.push((f[1].into(), f[2].into(), num(f[3]), num(f[4])));
+                if f.len() == 7 {
+                    drawn.push((
+                        f[1].into(),
+                        format!("torch {}", f[2].replace('_', " + ")),
+                        num(f[3]),
+                        num(f[5]),
+                        num(f[6]),
+                    ));
+                }
             }
             _ => println!("  torch: {line}"),
         }
     }
-    torch
+    (torch, drawn)
+}
+
+/// One mode of PyTorch's: row, mode, ms per iteration, MiB reserved at peak.
+type TorchRow = (String, String, f64, f64);
+
+/// One mode's draw at a long run's state (`--power`): row, mode, ms per iteration, W, SM MHz.
+type PowerLine = (String, String, f64, f64, f64);
+
+/// The `--power` table: each mode's time, mean draw and SM clock through its timed window, and
+/// its energy per step (time × draw), the fused graph's row beside compile + graph's.
+fn power_table(lines: &[PowerLine]) -> String {
+    let mut s = String::from("| row | mode | ms per iteration | W (mean draw) | SM MHz (mean) | J per step |\n");
+    s += "|---|---|---:|---:|---:|---:|\n";
+    for (row, mode, ms, watts, mhz) in lines {
+        let _ = writeln!(s, "| {row} | {mode} | {ms:.2} | {watts:.0} | {mhz:.0} | {:.2} |", ms * watts / 1e3);
+    }
+    for row in lines.iter().map(|l| &l.0).collect::<std::collections::BTreeSet<_>>() {
+        let find = |mode: &str| lines.iter().find(|l| &l.0 == row && l.1 == mode);
+        if let (Some(f), Some(c)) = (find("this crate, fused graph"), find("torch compile + graph")) {
+            let _ = writeln!(
+                s,
+                "\n{row}: fused / compile + graph {:.3} in time, {:.3} in energy per step, {:.3} in mean draw",
+                f.2 / c.2,
+                f.2 * f.3 / (c.2 * c.3),
+                f.3 / c.3
+            );
+        }
+    }
+    s
 }
 
 fn main() {
@@ -237,9 +310,23 @@ fn main() {
     if args.torch {
         reference::require_torch("llama");
     }
-    let ours_rows = measure_ours(device, &args, &rows);
-    let torch = if args.torch { measure_torch(&args) } else { Vec::new() };
-    println!("\n{}", table(&ours_rows, &torch));
+    let sampler = args.power.then(|| {
+        power::Sampler::start(0).unwrap_or_else(|why| {
+            eprintln!("bench llama: --power cannot sample the GPU's draw: {why}");
+            std::process::exit(1)
+        })
+    });
+    let (ours_rows, mut drawn) = measure_ours(device, &args, &rows, sampler.as_ref());
+    drop(sampler); // PyTorch's side samples its own windows
+    let torch = if args.torch { measure_torch(&args) } else { (Vec::new(), Vec::new()) };
+    println!("\n{}", table(&ours_rows, &torch.0));
+    if args.power {
+        drawn.extend(torch.1);
+        println!(
+            "At a long run's state (3 s of steps, then 5 s timed), draw sampled by nvidia-smi:\n\n{}",
+            power_table(&drawn)
+        );
+    }
 }
 
 /// ms per iteration (MiB reserved at peak) per mode, and the fused graph over compile + graph.
@@ -249,7 +336,7 @@ type Figure = (f64, f64);
 /// One row of this crate's: the graph, the fused graph, and the fused graph with timed GEMMs.
 type OursRow<'a> = (&'a str, Figure, Figure, Option<Figure>);
 
-fn table(ours: &[OursRow], torch: &[(String, String, f64, f64)]) -> String {
+fn table(ours: &[OursRow], torch: &[TorchRow]) -> String {
     let find = |row: &str, mode: &str| {
         torch.iter().find(|t| t.0 == row && t.1 == mode).map_or((f64::NAN, f64::NAN), |t| (t.2, t.3))
     };

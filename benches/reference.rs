@@ -71,10 +71,13 @@ pub fn parse_rows(value: &str, all: &[&str]) -> Result<Vec<String>, lexopt::Erro
     }
 }
 
-/// PyTorch's side of a language model's bench: `script --rows ROWS --iters N` under [`python`],
-/// its standard output; exits 1 with the reason when it fails (rather than printing half a table).
-pub fn run_rows_or_exit(bench: &str, script: &str, rows: &[String], iters: usize) -> String {
-    run(script, &["--rows".into(), rows.join(","), "--iters".into(), iters.to_string()]).unwrap_or_else(|e| {
+/// PyTorch's side of a language model's bench: `script --rows ROWS --iters N [EXTRA...]` under
+/// [`python`], its standard output; exits 1 with the reason when it fails (rather than printing
+/// half a table).
+pub fn run_rows_or_exit(bench: &str, script: &str, rows: &[String], iters: usize, extra: &[String]) -> String {
+    let mut args = vec!["--rows".into(), rows.join(","), "--iters".into(), iters.to_string()];
+    args.extend_from_slice(extra);
+    run(script, &args).unwrap_or_else(|e| {
         eprintln!("bench {bench}: PyTorch's side failed: {e}");
         std::process::exit(1)
     })

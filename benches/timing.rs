@@ -40,18 +40,42 @@ pub fn median_ms(device: Device, iters: usize, mut f: impl FnMut(usize) -> Resul
     for i in 0..10 {
         f(i)?;
     }
-    let mut per = Vec::new();
     let mut i = 10;
-    for _ in 0..(iters / 10).max(1) {
-        synchronize(device)?;
-        let t = Instant::now();
-        for _ in 0..10 {
-            f(i)?;
-            i += 1;
-        }
-        synchronize(device)?;
-        per.push(t.elapsed().as_secs_f64() * 1e3 / 10.0);
+    synchronize(device)?;
+    let per = (0..(iters / 10).max(1)).map(|_| block_ms(device, &mut i, &mut f)).collect::<Result<Vec<f64>>>()?;
+    Ok(median(per))
+}
+
+/// Median ms per call of `f` over blocks of 10 calls, timed for `measure` after `warmup` of calls
+/// (each at least one block), and the timed window: a step measured at the state it holds in a
+/// long run (at the GPU's power limit, after its first seconds of power averaged under the limit).
+pub fn steady_ms(
+    device: Device,
+    warmup: std::time::Duration,
+    measure: std::time::Duration,
+    mut f: impl FnMut(usize) -> Result<()>,
+) -> Result<(f64, Instant, Instant)> {
+    let mut i = 0;
+    let start = Instant::now();
+    while i == 0 || start.elapsed() < warmup {
+        block_ms(device, &mut i, &mut f)?;
     }
-    per.sort_by(|a, b| a.total_cmp(b));
-    Ok(per[per.len() / 2])
+    let from = Instant::now();
+    let mut per = Vec::new();
+    while per.is_empty() || from.elapsed() < measure {
+        per.push(block_ms(device, &mut i, &mut f)?);
+    }
+    Ok((median(per), from, Instant::now()))
+}
+
+/// One block of 10 calls of `f` (from call `*i` on), the device synchronized after it: ms per
+/// call, the device having been synchronized before by the caller or the block before.
+fn block_ms(device: Device, i: &mut usize, f: &mut impl FnMut(usize) -> Result<()>) -> Result<f64> {
+    let t = Instant::now();
+    for _ in 0..10 {
+        f(*i)?;
+        *i += 1;
+    }
+    synchronize(device)?;
+    Ok(t.elapsed().as_secs_f64() * 1e3 / 10.0)
 }

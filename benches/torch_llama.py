@@ -12,9 +12,11 @@ Modes: eager, graph (torch.cuda.graph of the whole step), compile (torch.compile
 eager step), compile_graph (the compiled loss inside the whole-step graph), autotune_graph
 (compile_graph with mode="max-autotune-no-cudagraphs": inductor times GEMM templates and
 kernel configurations; not in the default modes, its compilation takes minutes).
-Prints ROW,<row>,<mode>,<ms per iteration>,<MiB reserved at peak>.
+Prints ROW,<row>,<mode>,<ms per iteration>,<MiB reserved at peak>; with --power each mode is timed
+at a long run's state (3 s of steps, then 5 s timed) and the line ends ,<mean W>,<mean SM MHz> of
+the timed window (nvidia-smi, as bench llama --power samples the Rust side).
 
-python benches/torch_llama.py [--rows small,base] [--iters N] [--modes M,...]
+python benches/torch_llama.py [--rows small,base] [--iters N] [--modes M,...] [--power]
 """
 import argparse
 import math
@@ -22,7 +24,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch_timing import cuda_device, each_row, time_training
+from torch_timing import PowerSampler, cuda_device, each_row, time_training
 
 ROWS = {  # name: (vocab, block, layers, heads, kv_heads, embd, hidden, batch)
     "small": (96, 256, 6, 6, 2, 384, 1024, 64),
@@ -102,14 +104,14 @@ class Llama(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def bench(name, mode, iters, dev):
+def bench(name, mode, iters, dev, sampler=None):
     vocab, block, layers, heads, kv, embd, hidden, batch = ROWS[name]
     torch.manual_seed(0)
     model = Llama(vocab, block, layers, heads, kv, embd, hidden).to(dev)
-    ms, mem = time_training(model, vocab, batch, block, mode, iters, lr=3e-4, betas=(0.9, 0.95))
+    out = time_training(model, vocab, batch, block, mode, iters, lr=3e-4, betas=(0.9, 0.95), sampler=sampler)
     del model
     torch.cuda.empty_cache()
-    return ms, mem
+    return out
 
 
 def main():
@@ -117,10 +119,17 @@ def main():
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--modes", default="eager,graph,compile,compile_graph")
+    ap.add_argument("--power", action="store_true")
     a = ap.parse_args()
     dev = cuda_device("torch_llama.py")
-    for name, mode, ms, mem in each_row(a.rows, a.modes, a.iters, bench, lambda n: n == "base", dev):
-        print(f"ROW,{name},{mode},{ms:.3f},{mem:.0f}", flush=True)
+    sampler = PowerSampler() if a.power else None
+    run = lambda name, mode, iters, dev: bench(name, mode, iters, dev, sampler)
+    for name, mode, *out in each_row(a.rows, a.modes, a.iters, run, lambda n: n == "base", dev):
+        ms, mem = out[0], out[1]
+        drawn = f",{out[2][0]:.1f},{out[2][1]:.0f}" if sampler else ""
+        print(f"ROW,{name},{mode},{ms:.3f},{mem:.0f}{drawn}", flush=True)
+    if sampler:
+        sampler.close()
 
 
 if __name__ == "__main__":
