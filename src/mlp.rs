@@ -29,13 +29,16 @@
 //! ATen's `linear`, `gelu` and `linear` compute the same. The weight-gradient mode and the kernel
 //! choice are `fc`'s ([`LinearConfig`](crate::linear::LinearConfig)).
 //!
-//! **SwiGLU** ([`f_swiglu_mlp`]): `w13`'s GEMM, [`crate::swiglu`]'s forward kernel and `w2`'s GEMM
-//! forward; backward, `w2`'s input-gradient GEMM applies SwiGLU's backward in its epilogue
-//! (CUTLASS's, bf16 on sm_90 where the build found CUTLASS), loading gate and up where they lie
-//! in the `[gate | up]` projection and writing `[dgate | dup]` whole: the gradient of SwiGLU's
+//! **SwiGLU** ([`f_swiglu_mlp`]): forward, `w13`'s GEMM in two halves, the gate half's (cuBLASLt's)
+//! and the up half's, whose epilogue loads gate and writes up and SwiGLU's output from the up
+//! values rounded to bf16 (CUTLASS's, bf16 on sm_90 where the build found CUTLASS: the
+//! [`crate::swiglu`] forward kernel's arithmetic on the same values, so the same bits, with no
+//! pass of its own reading `[gate | up]` back), then `w2`'s GEMM; backward, `w2`'s input-gradient
+//! GEMM applies SwiGLU's backward in its epilogue (CUTLASS's too), loading gate and up where they
+//! lie in the `[gate | up]` projection and writing `[dgate | dup]` whole: the gradient of SwiGLU's
 //! output is neither written nor read back, and SwiGLU's backward is computed on the float32
-//! product, not on its bf16 rounding. Elsewhere on the crate's path that GEMM writes the gradient
-//! and [`crate::swiglu`]'s backward kernel runs.
+//! product, not on its bf16 rounding. Elsewhere on the crate's path (and with a bias on `w13`, for
+//! the forward) the GEMMs write their outputs and [`crate::swiglu`]'s kernels run.
 //!
 //! ```no_run
 //! # fn main() -> tch_cuda_graphs::Result<()> {

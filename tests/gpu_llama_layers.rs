@@ -234,10 +234,11 @@ fn swiglu_mlp_reference(x: &Tensor, w13: &Linear, w2: &Linear, w: &Tensor) -> Ve
 }
 
 /// The Llama 124 M row's MLP (768 → 2 × 2048 → 768) on 8192 tokens: through `f_swiglu_mlp`,
-/// w2's input-gradient GEMM applies SwiGLU's backward (CUTLASS's, named by its namespace) and no
-/// SwiGLU backward kernel runs; y and every gradient within 1e-2 of the float32 reference (the
-/// layers apart and ATen's composition printed beside); float16 (CUTLASS's GEMM is bf16 only)
-/// runs the GEMM and SwiGLU's backward kernel instead; a captured step equals eager bit for bit;
+/// w13's up half's GEMM applies SwiGLU's forward and w2's input-gradient GEMM its backward
+/// (CUTLASS's, named by their namespace) and no SwiGLU kernel runs; y equals the layers apart's
+/// bit for bit (w13's GEMM and the SwiGLU kernel), and y and every gradient are within 1e-2 of the
+/// float32 reference (the layers apart and ATen's composition printed beside); float16
+/// (CUTLASS's GEMMs are bf16 only) runs the GEMMs and SwiGLU's kernels instead; a captured step equals eager bit for bit;
 /// typed errors, and `Kernels::Auto` falling back to ATen's composition without autocast.
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -258,13 +259,13 @@ fn swiglu_mlp_applies_swiglus_backward_in_w2s_gemm() {
     let (fused, kernels) = kernels_of(dev, || swiglu_mlp_run(&x, &w13, &w2, &w, Kind::BFloat16, true));
     let count = |key: &str| kernels.iter().filter(|k| k.contains(key)).count();
     println!(
-        "fused: {} kernels; SwiGLU forward {}, SwiGLU backward {}, the GEMM with SwiGLU's backward {}",
+        "fused: {} kernels; SwiGLU forward {}, SwiGLU backward {}, the GEMMs with SwiGLU in their epilogues {}",
         kernels.len(),
         count("tcg_swiglu_fwd"),
         count("tcg_swiglu_bwd"),
         count("swiglu_gemm")
     );
-    assert_eq!((count("tcg_swiglu_fwd"), count("tcg_swiglu_bwd"), count("swiglu_gemm")), (1, 0, 1));
+    assert_eq!((count("tcg_swiglu_fwd"), count("tcg_swiglu_bwd"), count("swiglu_gemm")), (0, 0, 2));
     let apart = swiglu_mlp_run(&x, &w13, &w2, &w, Kind::BFloat16, false);
     let composed = swiglu_mlp_run(&x, &a13, &a2, &w, Kind::BFloat16, true);
     let refs = tch::no_grad(|| swiglu_mlp_reference(&x, &w13, &w2, &w));
@@ -279,14 +280,16 @@ fn swiglu_mlp_applies_swiglus_backward_in_w2s_gemm() {
     }
     assert!(fused[0].equal(&apart[0]), "the forward is the layers' own, bit for bit");
 
-    // float16: w2's GEMM writes the gradient, SwiGLU's backward kernel applies it
+    // float16: w13's GEMM and SwiGLU's forward kernel; w2's GEMM writes the gradient, SwiGLU's
+    // backward kernel applies it
     let (half, kernels) = kernels_of(dev, || swiglu_mlp_run(&x, &w13, &w2, &w, Kind::Half, true));
     let bwd = kernels.iter().filter(|k| k.contains("tcg_swiglu_bwd")).count();
+    let fwd = kernels.iter().filter(|k| k.contains("tcg_swiglu_fwd")).count();
     let gemm = kernels.iter().filter(|k| k.contains("swiglu_gemm")).count();
     let half_apart = swiglu_mlp_run(&x, &w13, &w2, &w, Kind::Half, false);
     let d = half.iter().zip(&half_apart).map(|(a, b)| rel(a, b)).fold(0.0, f64::max);
-    println!("float16: SwiGLU backward kernel {bwd}, CUTLASS's GEMM {gemm}; {d:e} from the layers apart");
-    assert!((bwd, gemm) == (1, 0) && d == 0.0, "float16 runs the layers' own kernels");
+    println!("float16: SwiGLU kernels {fwd} + {bwd}, CUTLASS's GEMMs {gemm}; {d:e} from the layers apart");
+    assert!((fwd, bwd, gemm) == (1, 1, 0) && d == 0.0, "float16 runs the layers' own kernels");
 
     // captured equals eager, bit for bit
     let vs = nn::VarStore::new(dev);

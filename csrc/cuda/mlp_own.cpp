@@ -7,9 +7,11 @@
 // epilogue, ATen's GEMM and GELU, or GELU backward and sum, run instead, on the same saved
 // tensors). The exact form: CUTLASS's GEMMs (gelu_gemm.h): the forward keeps GELU's derivative
 // (float16) instead of its input, the backward multiplies by it and sums fc's bias gradient.
-// And the SwiGLU MLP, w2(silu(gate) · up) with [gate | up] = w13(x): the forward runs w13's GEMM,
-// swiglu_kernels.cu's forward and w2's GEMM; the backward w2's input-gradient GEMM with SwiGLU's
-// backward in its epilogue (CUTLASS's, swiglu_gemm.h), writing [dgate | dup] with no dh between.
+// And the SwiGLU MLP, w2(silu(gate) · up) with [gate | up] = w13(x): the forward runs w13's GEMM
+// in two halves, SwiGLU's forward in the up half's epilogue (CUTLASS's, swiglu_gemm.h; or w13's
+// GEMM and swiglu_kernels.cu's forward), then w2's GEMM; the backward w2's input-gradient GEMM
+// with SwiGLU's backward in its epilogue (the same file's), writing [dgate | dup] with no dh
+// between.
 #include "../mlp_own.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -110,6 +112,40 @@ bool exact_backward_gemm(const at::Tensor& dy2, const at::Tensor& proj, const at
   return true;
 #else
   (void)dy2, (void)proj, (void)grad, (void)dpre, (void)dbias;
+  return false;
+#endif
+}
+
+// [gate | up] [N, 2F] = x2 [N, C] · w13ᵀ and h [N, F] = silu(gate) · up, with SwiGLU's forward in
+// the up half's GEMM (CUTLASS's, swiglu_gemm.h) after the gate half's (cuBLASLt's, into [gate |
+// up]'s first half): no pass of its own reads [gate | up] back, and h is the SwiGLU forward
+// kernel's on the same bf16 values. False where either GEMM does not take these operands (as
+// swiglu_backward_gemm's, or cuBLASLt offering no algorithm for the gate half): nothing ran.
+bool swiglu_forward_gemm(const at::Tensor& x2, const at::Tensor& w13, at::Tensor& ab, at::Tensor& h) {
+#ifdef TCG_CUTLASS_GEMMS
+  const int device = x2.get_device();
+  if (x2.scalar_type() != at::kBFloat16 || !own::cutlass_gemms_unavailable(device).empty()) return false;
+  const int64_t n = x2.size(0), c = x2.size(1), f = w13.size(0) / 2;
+  at::Tensor ab_out = at::empty({n, 2 * f}, x2.options()), h_out = at::empty({n, f}, x2.options());
+  const tcg::swiglu_gemm::Forward a{x2.data_ptr(),     w13.narrow(0, f, f).data_ptr(), ab_out.data_ptr(),
+                                    h_out.data_ptr(),  static_cast<int32_t>(n),        static_cast<int32_t>(f),
+                                    static_cast<int32_t>(c)};
+  if (*tcg::swiglu_gemm::unsupported(a) != '\0') return false;
+  // gate [N, F] = x2 · w13[:F]ᵀ: in cuBLASLt's terms gateᵀ [F, N] with a leading dimension of 2F
+  using tcg::lt::Matrix;
+  const at::ScalarType dt = x2.scalar_type();
+  if (!tcg::lt::matmul(Matrix{w13.data_ptr(), dt, c, f, c, true}, Matrix{x2.data_ptr(), dt, c, n, c, false},
+                       Matrix{ab_out.data_ptr(), dt, f, n, 2 * f, false}, tcg::lt::Epilogue{})) {
+    return false;
+  }
+  check_cuda(tcg::swiglu_gemm::forward(a, static_cast<int>(own::sm_count(device)),
+                                       at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream()),
+             "mlp: the GEMM with SwiGLU's forward in its epilogue");
+  ab = ab_out;
+  h = h_out;
+  return true;
+#else
+  (void)x2, (void)w13, (void)ab, (void)h;
   return false;
 #endif
 }
@@ -303,8 +339,12 @@ struct SwiGluMlp : torch::autograd::Function<SwiGluMlp> {
     c10::cuda::CUDAGuard guard(x.device());
     const at::ScalarType dt = args.dt;
     const auto [x2, w13, w2] = LayersInput(x, fc_w, proj_w, args);
-    const at::Tensor ab = tcg::lt::linear(x2, w13, in_dtype(fc_b, args.shadow_fc_b, dt));
-    const at::Tensor h = tcg::swiglu::forward_kernel(ab);
+    const at::Tensor fc_bias = in_dtype(fc_b, args.shadow_fc_b, dt);
+    at::Tensor ab, h;  // [gate | up] and SwiGLU's output: in two GEMMs, or a GEMM and the kernel
+    if (fc_bias.defined() || !swiglu_forward_gemm(x2, w13, ab, h)) {
+      ab = tcg::lt::linear(x2, w13, fc_bias);
+      h = tcg::swiglu::forward_kernel(ab);
+    }
     const at::Tensor y2 = tcg::lt::linear(h, w2, in_dtype(proj_b, args.shadow_proj_b, dt));
     save_layers(ctx, {x, fc_w, fc_b, proj_w, proj_b}, args.fp32_wgrad, {x2, w13, ab, h, w2});
     return {shaped_as_x(y2, x)};

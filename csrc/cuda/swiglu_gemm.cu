@@ -1,8 +1,11 @@
-// The GEMM with SwiGLU's backward in its epilogue (swiglu_gemm.h), a CUTLASS 3 kernel for sm_90
-// (cutlass_gemm.cuh's): w2's input-gradient GEMM, whose epilogue loads gate and up where they lie
-// in the [gate | up] projection, applies SwiGLU's backward to the float32 product, and writes
-// both gradients into [dgate | dup], D the first half and an aux store the second. The separate
-// path writes dh (bf16) and reads it back with gate and up in the SwiGLU backward kernel.
+// The GEMMs with SwiGLU in their epilogues (swiglu_gemm.h), CUTLASS 3 kernels for sm_90
+// (cutlass_gemm.cuh's). The forward: the up half of w13's GEMM, whose epilogue loads gate (the
+// gate half's GEMM wrote it) and writes up and h = silu(gate) · up; the separate path writes
+// [gate | up] and reads it back in the SwiGLU forward kernel. The backward: w2's input-gradient
+// GEMM, whose epilogue loads gate and up where they lie in the [gate | up] projection, applies
+// SwiGLU's backward to the float32 product, and writes both gradients into [dgate | dup], D the
+// first half and an aux store the second; the separate path writes dh (bf16) and reads it back
+// with gate and up in the SwiGLU backward kernel.
 #include "swiglu_gemm.h"
 
 #include "cutlass_gemm.cuh"
@@ -35,6 +38,21 @@ struct SwigluGrad
 struct SwigluGradSplit {
   CUTLASS_DEVICE void operator()(float& dup, float& dgate, float dh, float gate, float up) const {
     tcg::swiglu::grads(gate, up, dh, &dgate, &dup);
+  }
+};
+
+// The forward's up half, as the row-major problem up [M, F] = x [M, C] · w_upᵀ (cuBLAS's NT
+// layout: A row-major, B column-major), D row-major with a leading dimension of 2F. Its traits:
+// one bf16 row-major aux tensor read (gate); its tree is SwigluFwdEvt below.
+struct SwigluFwd
+    : cutlass::epilogue::fusion::LinCombDeEltAct<RowMajor, cutlass::epilogue::thread::Identity, E, float, E, void> {};
+
+// The forward's epilogue at one element: h (stored) from gate and the product rounded to bf16, as
+// D stores it (the product passed on); the SwiGLU forward kernel's arithmetic on those values.
+struct SwigluFwdSplit {
+  CUTLASS_DEVICE void operator()(float& h, float& up, float acc, float gate) const {
+    up = acc;
+    h = tcg::swiglu::silu(gate) * float(cutlass::bfloat16_t(acc));
   }
 };
 
@@ -90,6 +108,52 @@ struct FusionCallbacks<epilogue::Sm90TmaWarpSpecialized<StagesC, StagesD, Fragme
   using Impl::Impl;
 };
 
+// The forward's store node: CUTLASS's aux store, fed the float32 product and the bf16 gate,
+// storing h and passing the product on to D.
+template <int Stages, class EpilogueTile, class StrideMNL, class SmemLayoutAtom, class CopyOpR2S>
+using Sm90SwigluFwdStore =
+    tcg::cutlass_gemm::SplitStore<Sm90AuxStore<Stages, EpilogueTile, bfloat16_t, FloatRoundStyle::round_to_nearest,
+                                               StrideMNL, SmemLayoutAtom, CopyOpR2S, 8, /*EnableNullptr=*/false>,
+                                  tcg::swiglu_gemm::SwigluFwdSplit>;
+
+using SwigluRowStride = gemm::TagToStrideC_t<layout::RowMajor>;
+
+// SwigluFwd's tree: D = up (bf16) = store_h(acc, gate).
+template <int StagesC, int StagesD, class EpilogueTile, class SmemLayoutAtom, class CopyOpS2R>
+using SwigluFwdEvt = Sm90EVT<
+    Sm90Compute<epilogue::thread::Identity, bfloat16_t, float, FloatRoundStyle::round_to_nearest>,
+    Sm90EVT<Sm90SwigluFwdStore<StagesD, EpilogueTile, SwigluRowStride, SmemLayoutAtom,
+                               decltype(collective::detail::sm90_get_smem_store_op_for_accumulator<
+                                        SwigluRowStride, bfloat16_t, EpilogueTile>())>,
+            Sm90AccFetch,
+            Sm90AuxLoad<StagesC, EpilogueTile, bfloat16_t, SwigluRowStride, SmemLayoutAtom, CopyOpS2R, 8>>>;
+
+template <int StagesC, int StagesD, int FragmentSize, bool ReuseSmemC, bool DelayTmaStore, class CtaTileShapeMNK,
+          class EpilogueTile, class SmemLayoutAtom, class CopyOpS2R>
+struct FusionCallbacks<epilogue::Sm90TmaWarpSpecialized<StagesC, StagesD, FragmentSize, ReuseSmemC, DelayTmaStore>,
+                       tcg::swiglu_gemm::SwigluFwd, CtaTileShapeMNK, EpilogueTile, SmemLayoutAtom, CopyOpS2R>
+    : SwigluFwdEvt<StagesC, StagesD, EpilogueTile, SmemLayoutAtom, CopyOpS2R> {
+  using Impl = SwigluFwdEvt<StagesC, StagesD, EpilogueTile, SmemLayoutAtom, CopyOpS2R>;
+  using Operation = tcg::swiglu_gemm::SwigluFwd;
+
+  struct Arguments {
+    bfloat16_t const* gate = nullptr;  // [gate | up]'s first half (a leading dimension of 2F)
+    SwigluRowStride gate_stride = {};
+    bfloat16_t* h = nullptr;  // [M, F]
+    SwigluRowStride h_stride = {};
+
+    operator typename Impl::Arguments() const {
+      return {{    // store_h(acc, gate)
+               {}, // acc
+               {gate, bfloat16_t(0), gate_stride},
+               {h, h_stride}},
+              {}};
+    }
+  };
+
+  using Impl::Impl;
+};
+
 }  // namespace cutlass::epilogue::fusion
 
 namespace tcg::swiglu_gemm {
@@ -109,9 +173,37 @@ Args<Gemm> backward_args(const Backward& a, int sm_count) {
   return args;
 }
 
+// The forward's up half: ping-pong on 128 × 128 tiles, as the backward's (its epilogue loads gate
+// and stores up and h: as many bytes as the backward's).
+using FwdGemm = Kernel<Tile, RowMajor, ColumnMajor, RowMajor, SwigluFwd, Pingpong>::Gemm;
+
+// A = x (M × C, row-major), B = w_up (F × C, row-major: C × F column-major), D = ab's second half
+// (M × F, leading dimension 2F); gate ab's first half, h packed [M, F].
+Args<FwdGemm> forward_args(const Forward& a, int sm_count) {
+  const int64_t f = a.f;
+  Args<FwdGemm> args = gemm_args<FwdGemm>(a.m, a.f, a.c, a.x, a.w_up, static_cast<E*>(a.ab) + f, sm_count);
+  get<0>(args.epilogue.dD) = 2 * f;
+  args.epilogue.thread.gate = static_cast<const E*>(a.ab);
+  args.epilogue.thread.gate_stride = args.epilogue.dD;
+  args.epilogue.thread.h = static_cast<E*>(a.h);
+  args.epilogue.thread.h_stride =
+      cutlass::make_cute_packed_stride(cutlass::epilogue::fusion::SwigluRowStride{}, make_shape(a.m, a.f, 1));
+  return args;
+}
+
 }  // namespace
 
-const char* prepare() { return prepare_all<Gemm>(); }
+const char* prepare() { return prepare_all<Gemm, FwdGemm>(); }
+
+const char* unsupported(const Forward& a) {
+  if (a.m <= 0 || a.f <= 0 || a.c <= 0 || a.f % 8 != 0 || a.c % 8 != 0) return "sizes that are not multiples of 8";
+  if (!aligned(a.x) || !aligned(a.w_up) || !aligned(a.ab) || !aligned(a.h)) return "operands not 16-byte aligned";
+  return "";
+}
+
+cudaError_t forward(const Forward& a, int sm_count, cudaStream_t stream) {
+  return run<FwdGemm>(forward_args(a, sm_count), stream);
+}
 
 const char* unsupported(const Backward& a) {
   if (a.m <= 0 || a.f <= 0 || a.c <= 0 || a.f % 8 != 0 || a.c % 8 != 0) return "sizes that are not multiples of 8";

@@ -43,7 +43,8 @@ pub struct Config {
     /// `enable_gqa` reads the grouped heads as they are).
     pub expand_kv: bool,
     /// With `fused`: the MLP's layers apart (`w13`, the `SwiGlu` module, `w2`), else
-    /// `mlp::f_swiglu_mlp` (SwiGLU's backward in `w2`'s GEMM).
+    /// `mlp::f_swiglu_mlp` (SwiGLU's forward in the up half of `w13`'s GEMM, its backward in
+    /// `w2`'s).
     pub swiglu_apart: bool,
     /// With `fused`: how the linear layers' weight gradients reach the float32 parameters.
     pub weight_grad: WeightGrad,
