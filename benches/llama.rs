@@ -323,7 +323,9 @@ fn main() {
     if args.power {
         drawn.extend(torch.1);
         println!(
-            "At a long run's state (3 s of steps, then 5 s timed), draw sampled by nvidia-smi:\n\n{}",
+            "At a long run's state ({} s of steps, then {} s timed), draw sampled by nvidia-smi:\n\n{}",
+            POWER_WARMUP.as_secs(),
+            POWER_TIMED.as_secs(),
             power_table(&drawn)
         );
     }

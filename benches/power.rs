@@ -3,8 +3,6 @@
 //! its own, each sample stamped as it arrives, and the samples of a run's timed window averaged.
 //! At the limit a step's time is about its energy over the power the GPU holds, so the two
 //! figures beside the time (watts, and joules per step) say which of the two moved.
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -30,7 +28,6 @@ pub struct Sampler {
 pub struct Reading {
     pub watts: f64,
     pub mhz: f64,
-    pub samples: usize,
 }
 
 impl Sampler {
@@ -75,7 +72,6 @@ impl Sampler {
         (n > 0).then(|| Reading {
             watts: inside.iter().map(|s| s.2).sum::<f64>() / n as f64,
             mhz: inside.iter().map(|s| s.1).sum::<f64>() / n as f64,
-            samples: n,
         })
     }
 }

@@ -238,8 +238,9 @@ fn swiglu_mlp_reference(x: &Tensor, w13: &Linear, w2: &Linear, w: &Tensor) -> Ve
 /// (CUTLASS's, named by their namespace) and no SwiGLU kernel runs; y equals the layers apart's
 /// bit for bit (w13's GEMM and the SwiGLU kernel), and y and every gradient are within 1e-2 of the
 /// float32 reference (the layers apart and ATen's composition printed beside); float16
-/// (CUTLASS's GEMMs are bf16 only) runs the GEMMs and SwiGLU's kernels instead; a captured step equals eager bit for bit;
-/// typed errors, and `Kernels::Auto` falling back to ATen's composition without autocast.
+/// (CUTLASS's GEMMs are bf16 only) runs the GEMMs and SwiGLU's kernels instead; a captured step
+/// equals eager bit for bit; typed errors, and `Kernels::Auto` falling back to ATen's composition
+/// without autocast.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn swiglu_mlp_applies_swiglus_backward_in_w2s_gemm() {

@@ -123,6 +123,17 @@ struct SplitStore : Store {
   }
 };
 
+// SplitStore over CUTLASS's aux store of `Element` (rounded to nearest, 16-byte vectors of 8
+// values, no null pointer): the store node of every tree here that stores one result and passes
+// another on.
+template <class Element, class Split, int Stages, class EpilogueTile, class StrideMNL, class SmemLayoutAtom,
+          class CopyOpR2S>
+using SplitAuxStore =
+    SplitStore<cutlass::epilogue::fusion::Sm90AuxStore<Stages, EpilogueTile, Element,
+                                                       cutlass::FloatRoundStyle::round_to_nearest, StrideMNL,
+                                                       SmemLayoutAtom, CopyOpR2S, 8, /*EnableNullptr=*/false>,
+               Split>;
+
 // Prepares each of `Gemms` in turn: "" or the first one's error.
 template <class... Gemms>
 const char* prepare_all() {

@@ -81,10 +81,8 @@ namespace cutlass::epilogue::fusion {
 // The forward's store node: CUTLASS's aux store, fed z, storing GELU's derivative at z and passing
 // GELU(z) on (one tail for both).
 template <int Stages, class EpilogueTile, class StrideMNL, class SmemLayoutAtom, class CopyOpR2S>
-using Sm90GeluKeepGradStore =
-    tcg::cutlass_gemm::SplitStore<Sm90AuxStore<Stages, EpilogueTile, half_t, FloatRoundStyle::round_to_nearest, StrideMNL,
-                                               SmemLayoutAtom, CopyOpR2S, 8, /*EnableNullptr=*/false>,
-                                  tcg::gelu_gemm::GeluKeepGradSplit>;
+using Sm90GeluKeepGradStore = tcg::cutlass_gemm::SplitAuxStore<half_t, tcg::gelu_gemm::GeluKeepGradSplit, Stages,
+                                                                EpilogueTile, StrideMNL, SmemLayoutAtom, CopyOpR2S>;
 
 // GeluKeepGrad's tree: h = identity(store(0 · C + (1 · acc + bias))), h rounded to bf16 by the
 // identity.

@@ -64,10 +64,8 @@ namespace cutlass::epilogue::fusion {
 // The tree's store node: CUTLASS's aux store, fed the float32 product dh and the bf16 gate and up,
 // storing dup and passing dgate on to D.
 template <int Stages, class EpilogueTile, class StrideMNL, class SmemLayoutAtom, class CopyOpR2S>
-using Sm90SwigluGradStore =
-    tcg::cutlass_gemm::SplitStore<Sm90AuxStore<Stages, EpilogueTile, bfloat16_t, FloatRoundStyle::round_to_nearest,
-                                               StrideMNL, SmemLayoutAtom, CopyOpR2S, 8, /*EnableNullptr=*/false>,
-                                  tcg::swiglu_gemm::SwigluGradSplit>;
+using Sm90SwigluGradStore = tcg::cutlass_gemm::SplitAuxStore<bfloat16_t, tcg::swiglu_gemm::SwigluGradSplit, Stages,
+                                                              EpilogueTile, StrideMNL, SmemLayoutAtom, CopyOpR2S>;
 
 using SwigluStride = gemm::TagToStrideC_t<layout::ColumnMajor>;
 
@@ -111,10 +109,8 @@ struct FusionCallbacks<epilogue::Sm90TmaWarpSpecialized<StagesC, StagesD, Fragme
 // The forward's store node: CUTLASS's aux store, fed the float32 product and the bf16 gate,
 // storing h and passing the product on to D.
 template <int Stages, class EpilogueTile, class StrideMNL, class SmemLayoutAtom, class CopyOpR2S>
-using Sm90SwigluFwdStore =
-    tcg::cutlass_gemm::SplitStore<Sm90AuxStore<Stages, EpilogueTile, bfloat16_t, FloatRoundStyle::round_to_nearest,
-                                               StrideMNL, SmemLayoutAtom, CopyOpR2S, 8, /*EnableNullptr=*/false>,
-                                  tcg::swiglu_gemm::SwigluFwdSplit>;
+using Sm90SwigluFwdStore = tcg::cutlass_gemm::SplitAuxStore<bfloat16_t, tcg::swiglu_gemm::SwigluFwdSplit, Stages,
+                                                             EpilogueTile, StrideMNL, SmemLayoutAtom, CopyOpR2S>;
 
 using SwigluRowStride = gemm::TagToStrideC_t<layout::RowMajor>;
 

@@ -39,7 +39,7 @@ struct Backward {
   int32_t m, f, c;
 };
 
-// Loads the kernels on the current device and sets its shared memory (as gelu_gemm.h's). "" or
+// Loads the kernels on the current device and sets their shared memory (as gelu_gemm.h's). "" or
 // why it cannot run.
 const char* prepare();
 // "" where the GEMM can run these sizes (f and c multiples of 8, 16-byte aligned pointers), else
