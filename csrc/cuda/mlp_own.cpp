@@ -126,11 +126,14 @@ bool swiglu_forward_gemm(const at::Tensor& x2, const at::Tensor& w13, at::Tensor
   const int device = x2.get_device();
   if (x2.scalar_type() != at::kBFloat16 || !own::cutlass_gemms_unavailable(device).empty()) return false;
   const int64_t n = x2.size(0), c = x2.size(1), f = w13.size(0) / 2;
-  at::Tensor ab_out = at::empty({n, 2 * f}, x2.options()), h_out = at::empty({n, f}, x2.options());
-  const tcg::swiglu_gemm::Forward a{x2.data_ptr(),     w13.narrow(0, f, f).data_ptr(), ab_out.data_ptr(),
-                                    h_out.data_ptr(),  static_cast<int32_t>(n),        static_cast<int32_t>(f),
-                                    static_cast<int32_t>(c)};
+  // checked before the outputs are made (new tensors, aligned: null passes the check)
+  tcg::swiglu_gemm::Forward a{x2.data_ptr(),           w13.narrow(0, f, f).data_ptr(), nullptr,
+                              nullptr,                 static_cast<int32_t>(n),        static_cast<int32_t>(f),
+                              static_cast<int32_t>(c)};
   if (*tcg::swiglu_gemm::unsupported(a) != '\0') return false;
+  at::Tensor ab_out = at::empty({n, 2 * f}, x2.options()), h_out = at::empty({n, f}, x2.options());
+  a.ab = ab_out.data_ptr();
+  a.h = h_out.data_ptr();
   // gate [N, F] = x2 · w13[:F]ᵀ: in cuBLASLt's terms gateᵀ [F, N] with a leading dimension of 2F
   using tcg::lt::Matrix;
   const at::ScalarType dt = x2.scalar_type();

@@ -56,28 +56,37 @@ struct SwigluFwdSplit {
   }
 };
 
+// T, once per value of a pack expanded over it (the trees' aux loads).
+template <int, class T>
+struct Each {
+  using type = T;
+};
+
 }  // namespace
 }  // namespace tcg::swiglu_gemm
 
 namespace cutlass::epilogue::fusion {
 
-// The tree's store node: CUTLASS's aux store, fed the float32 product dh and the bf16 gate and up,
-// storing dup and passing dgate on to D.
-template <int Stages, class EpilogueTile, class StrideMNL, class SmemLayoutAtom, class CopyOpR2S>
-using Sm90SwigluGradStore = tcg::cutlass_gemm::SplitAuxStore<bfloat16_t, tcg::swiglu_gemm::SwigluGradSplit, Stages,
-                                                              EpilogueTile, StrideMNL, SmemLayoutAtom, CopyOpR2S>;
+// Both trees: D (bf16) = store(acc, loads...), the store node SplitAuxStore with `Split` (the
+// result it stores, the other passed on to D), every tensor bf16 in the layout `Stride`, one aux
+// load per value of `Loads`, staged as C is.
+template <class Split, class Stride, int StagesC, int StagesD, class EpilogueTile, class SmemLayoutAtom,
+          class CopyOpS2R, int... Loads>
+using SwigluEvt = Sm90EVT<
+    Sm90Compute<epilogue::thread::Identity, bfloat16_t, float, FloatRoundStyle::round_to_nearest>,
+    Sm90EVT<tcg::cutlass_gemm::SplitAuxStore<bfloat16_t, Split, StagesD, EpilogueTile, Stride, SmemLayoutAtom,
+                                             decltype(collective::detail::sm90_get_smem_store_op_for_accumulator<
+                                                      Stride, bfloat16_t, EpilogueTile>())>,
+            Sm90AccFetch,
+            typename tcg::swiglu_gemm::Each<Loads, Sm90AuxLoad<StagesC, EpilogueTile, bfloat16_t, Stride, SmemLayoutAtom, CopyOpS2R,
+                                               8>>::type...>>;
 
 using SwigluStride = gemm::TagToStrideC_t<layout::ColumnMajor>;
 
-// SwigluGrad's tree: D = dgate (bf16) = store_dup(acc, gate, up).
+// SwigluGrad's tree: D = dgate = store_dup(acc, gate, up).
 template <int StagesC, int StagesD, class EpilogueTile, class SmemLayoutAtom, class CopyOpS2R>
-using SwigluGradEvt = Sm90EVT<
-    Sm90Compute<epilogue::thread::Identity, bfloat16_t, float, FloatRoundStyle::round_to_nearest>,
-    Sm90EVT<Sm90SwigluGradStore<StagesD, EpilogueTile, SwigluStride, SmemLayoutAtom,
-                                decltype(collective::detail::sm90_get_smem_store_op_for_accumulator<
-                                         SwigluStride, bfloat16_t, EpilogueTile>())>,
-            Sm90AccFetch, Sm90AuxLoad<StagesC, EpilogueTile, bfloat16_t, SwigluStride, SmemLayoutAtom, CopyOpS2R, 8>,
-            Sm90AuxLoad<StagesC, EpilogueTile, bfloat16_t, SwigluStride, SmemLayoutAtom, CopyOpS2R, 8>>>;
+using SwigluGradEvt = SwigluEvt<tcg::swiglu_gemm::SwigluGradSplit, SwigluStride, StagesC, StagesD, EpilogueTile,
+                                SmemLayoutAtom, CopyOpS2R, 0, 1>;
 
 template <int StagesC, int StagesD, int FragmentSize, bool ReuseSmemC, bool DelayTmaStore, class CtaTileShapeMNK,
           class EpilogueTile, class SmemLayoutAtom, class CopyOpS2R>
@@ -106,23 +115,12 @@ struct FusionCallbacks<epilogue::Sm90TmaWarpSpecialized<StagesC, StagesD, Fragme
   using Impl::Impl;
 };
 
-// The forward's store node: CUTLASS's aux store, fed the float32 product and the bf16 gate,
-// storing h and passing the product on to D.
-template <int Stages, class EpilogueTile, class StrideMNL, class SmemLayoutAtom, class CopyOpR2S>
-using Sm90SwigluFwdStore = tcg::cutlass_gemm::SplitAuxStore<bfloat16_t, tcg::swiglu_gemm::SwigluFwdSplit, Stages,
-                                                             EpilogueTile, StrideMNL, SmemLayoutAtom, CopyOpR2S>;
-
 using SwigluRowStride = gemm::TagToStrideC_t<layout::RowMajor>;
 
-// SwigluFwd's tree: D = up (bf16) = store_h(acc, gate).
+// SwigluFwd's tree: D = up = store_h(acc, gate).
 template <int StagesC, int StagesD, class EpilogueTile, class SmemLayoutAtom, class CopyOpS2R>
-using SwigluFwdEvt = Sm90EVT<
-    Sm90Compute<epilogue::thread::Identity, bfloat16_t, float, FloatRoundStyle::round_to_nearest>,
-    Sm90EVT<Sm90SwigluFwdStore<StagesD, EpilogueTile, SwigluRowStride, SmemLayoutAtom,
-                               decltype(collective::detail::sm90_get_smem_store_op_for_accumulator<
-                                        SwigluRowStride, bfloat16_t, EpilogueTile>())>,
-            Sm90AccFetch,
-            Sm90AuxLoad<StagesC, EpilogueTile, bfloat16_t, SwigluRowStride, SmemLayoutAtom, CopyOpS2R, 8>>>;
+using SwigluFwdEvt = SwigluEvt<tcg::swiglu_gemm::SwigluFwdSplit, SwigluRowStride, StagesC, StagesD, EpilogueTile,
+                               SmemLayoutAtom, CopyOpS2R, 0>;
 
 template <int StagesC, int StagesD, int FragmentSize, bool ReuseSmemC, bool DelayTmaStore, class CtaTileShapeMNK,
           class EpilogueTile, class SmemLayoutAtom, class CopyOpS2R>
