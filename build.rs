@@ -185,7 +185,7 @@ fn build_cutlass_gemms(torch_root: &Path, cuda_include: &Path) -> Result<Vec<Pat
         find_cutlass(torch_root).ok_or("no CUTLASS headers found (set CUTLASS_DIR, or run scripts/setup.sh)")?;
     let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
     let mut objects = Vec::new();
-    for name in ["gelu_gemm", "swiglu_gemm", "wgrad_gemm"] {
+    for name in ["gelu_gemm", "swiglu_gemm", "wgrad_gemm", "ce_head_gemm"] {
         let object = out.join(format!("{name}.o"));
         let mut cmd = Command::new(&nvcc);
         cmd.args(["-c", "-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr"])

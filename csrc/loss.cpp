@@ -43,6 +43,9 @@ tcg_status tcg_loss_linear_cross_entropy(tcg_tensor h_h, tcg_tensor weight_h, tc
       misuse("linear_cross_entropy: unknown weight-gradient mode");
     }
     if (options->chunk_rows < 0) misuse("linear_cross_entropy: chunk_rows must be at least 0 (0: chosen by the path)");
+    if (options->method != TCG_LINEAR_CE_CHUNKED && options->method != TCG_LINEAR_CE_EXP_IN_HEAD) {
+      misuse("linear_cross_entropy: unknown method");
+    }
     const at::Tensor& h = tensor_ref(h_h);
     const at::Tensor& weight = tensor_ref(weight_h);
     const at::Tensor& targets = tensor_ref(targets_h);
@@ -57,12 +60,19 @@ tcg_status tcg_loss_linear_cross_entropy(tcg_tensor h_h, tcg_tensor weight_h, tc
              std::to_string(h.size(-1) == 0 ? 0 : h.numel() / h.size(-1)) + " rows of hidden states");
     }
     const tcg::loss::LinearOperands ops{h, weight, tcg::shadow::lookup(weight), targets};
-    const bool own =
-        tcg::kernels::own(kernels, "linear_cross_entropy", [&] { return tcg::loss::linear_unsupported(ops); });
+    const bool exp_in_head = options->method == TCG_LINEAR_CE_EXP_IN_HEAD;
+    // with TCG_KERNELS_OWN the method asked for, or TCG_UNSUPPORTED; else the chunks where it does
+    // not apply
+    const bool own = tcg::kernels::own(kernels, "linear_cross_entropy", [&] {
+      std::string why = tcg::loss::linear_unsupported(ops);
+      if (why.empty() && exp_in_head && kernels == TCG_KERNELS_OWN) why = tcg::loss::exp_in_head_unsupported(ops);
+      return why;
+    });
     at::Tensor loss;
     if (own) {
       loss = tcg::loss::linear_cross_entropy(ops, options->ignore_index, options->chunk_rows,
-                                             options->wgrad == TCG_WEIGHT_GRAD_FP32);
+                                             options->wgrad == TCG_WEIGHT_GRAD_FP32,
+                                             exp_in_head);
     } else {
       const at::Tensor logits = at::linear(h, tcg::shadow::read(weight));
       loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), std::nullopt,

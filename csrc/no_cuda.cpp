@@ -169,7 +169,8 @@ at::Tensor cross_entropy(const at::Tensor&, const at::Tensor&, int64_t) {
   throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
 }
 std::string linear_unsupported(const LinearOperands&) { return "this binary was built without CUDA"; }
-at::Tensor linear_cross_entropy(const LinearOperands&, int64_t, int64_t, bool) {
+std::string exp_in_head_unsupported(const LinearOperands&) { return "this binary was built without CUDA"; }
+at::Tensor linear_cross_entropy(const LinearOperands&, int64_t, int64_t, bool, bool) {
   throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
 }
 }  // namespace tcg::loss

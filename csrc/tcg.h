@@ -390,10 +390,16 @@ tcg_status tcg_loss_cross_entropy(tcg_tensor logits, tcg_tensor targets, int64_t
 // backward is refused). Elsewhere ATen's linear and cross_entropy_loss. kernels: the loss
 // family's rules. Shapes that do not match, a negative chunk_rows: TCG_MISUSE. *out: a new 0-d
 // float32 tensor; *ran_own: whether the crate's path ran.
+// method: TCG_LINEAR_CE_CHUNKED the chunks above; TCG_LINEAR_CE_EXP_IN_HEAD the exponentials
+// taken in the head GEMM's epilogue and the gradient formed where the backward GEMMs load it
+// (cuda/ce_head_gemm.h: bf16, sm_90, CUTLASS's; the whole [rows, classes] of bf16 exponentials
+// held through the call), the chunks where it does not apply. chunk_rows: the chunks' only.
+typedef enum { TCG_LINEAR_CE_CHUNKED = 0, TCG_LINEAR_CE_EXP_IN_HEAD = 1 } tcg_linear_ce_method;
 typedef struct {
   int64_t ignore_index;
   int64_t chunk_rows;
   tcg_weight_grad wgrad;
+  tcg_linear_ce_method method;
 } tcg_linear_ce_options;
 tcg_status tcg_loss_linear_cross_entropy(tcg_tensor h, tcg_tensor weight, tcg_tensor targets,
                                          const tcg_linear_ce_options* options, tcg_kernels kernels, tcg_tensor* out,

@@ -35,6 +35,7 @@ use crate::error::Result;
 use crate::kernels::{KernelPath, Kernels};
 use crate::linear::WeightGrad;
 use crate::sys::loss as raw;
+use crate::sys::loss::{RawLinearCeMethod, RawLinearCeOptions};
 use std::cell::Cell;
 use tch::Tensor;
 
@@ -112,6 +113,32 @@ impl CrossEntropyLoss {
     }
 }
 
+/// How [`f_linear_cross_entropy`]'s path runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LinearCrossEntropyMethod {
+    /// Chunks of `chunk_rows` rows: each chunk's GEMM, the fused kernel writing the chunk's
+    /// gradient over its logits, and the chunk's share of both gradients, so peak memory stays one
+    /// chunk of logits as the vocabulary grows.
+    #[default]
+    Chunks,
+    /// The exponentials taken in the head GEMM's epilogue (each logit replaced by its exponential
+    /// against its tile's maximum), and the loss's gradient formed where the two backward GEMMs
+    /// load them (scaled by per-tile powers of two): no pass of the loss's own over the logits.
+    /// Holds [rows, classes] of bf16 exponentials through the call. bf16 compute dtype, sm_90 and
+    /// the crate's CUTLASS GEMMs; the chunks elsewhere.
+    ExpInHead,
+}
+
+impl LinearCrossEntropyMethod {
+    fn raw(self) -> RawLinearCeMethod {
+        match self {
+            LinearCrossEntropyMethod::Chunks => RawLinearCeMethod::TCG_LINEAR_CE_CHUNKED,
+            LinearCrossEntropyMethod::ExpInHead => RawLinearCeMethod::TCG_LINEAR_CE_EXP_IN_HEAD,
+        }
+    }
+}
+
 /// How [`f_linear_cross_entropy`] runs. Plain fields with [`Default`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinearCrossEntropyConfig {
@@ -122,6 +149,8 @@ pub struct LinearCrossEntropyConfig {
     /// How the weight gradient reaches a float32 weight (default [`WeightGrad::Float32`], as
     /// [`crate::linear::LinearConfig`]'s).
     pub weight_grad: WeightGrad,
+    /// How the crate's path runs (default [`LinearCrossEntropyMethod::Chunks`]).
+    pub method: LinearCrossEntropyMethod,
     /// The chunked path where it applies ([`Kernels::Auto`], the default), ATen's `linear` and
     /// `cross_entropy_loss` always ([`Kernels::PyTorch`]), or the chunked path only
     /// ([`Kernels::Own`]: inputs it does not take fail with [`crate::Error::Unsupported`]).
@@ -134,6 +163,7 @@ impl Default for LinearCrossEntropyConfig {
             ignore_index: -100,
             chunk_rows: 0,
             weight_grad: WeightGrad::Float32,
+            method: LinearCrossEntropyMethod::Chunks,
             kernels: Kernels::Auto,
         }
     }
@@ -173,15 +203,13 @@ pub fn f_linear_cross_entropy(
     config: &LinearCrossEntropyConfig,
 ) -> Result<Tensor> {
     let c = config;
-    let raw = raw::linear_cross_entropy(
-        h,
-        weight,
-        targets,
-        c.ignore_index,
-        c.chunk_rows,
-        c.weight_grad.raw(),
-        c.kernels.raw(),
-    );
+    let options = RawLinearCeOptions {
+        ignore_index: c.ignore_index,
+        chunk_rows: c.chunk_rows,
+        wgrad: c.weight_grad.raw(),
+        method: c.method.raw(),
+    };
+    let raw = raw::linear_cross_entropy(h, weight, targets, options, c.kernels.raw());
     Ok(raw?.0)
 }
 

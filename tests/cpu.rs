@@ -1325,11 +1325,12 @@ fn bias_gelu_and_deferred_biases_on_the_cpu() {
     }
 }
 
-/// The chunked head + loss on the CPU is ATen's `linear` and `cross_entropy_loss`, bit for bit;
-/// shapes that do not match and a negative chunk size are misuses.
+/// The chunked head + loss on the CPU is ATen's `linear` and `cross_entropy_loss`, bit for bit, and
+/// so is the exponentials-in-the-head method (`Kernels::Own` refuses it there); shapes that do not
+/// match and a negative chunk size are misuses.
 #[test]
 fn linear_cross_entropy_on_the_cpu_is_the_composition() {
-    use tch_cuda_graphs::loss::{f_linear_cross_entropy, LinearCrossEntropyConfig};
+    use tch_cuda_graphs::loss::{f_linear_cross_entropy, LinearCrossEntropyConfig, LinearCrossEntropyMethod};
     tch::manual_seed(9);
     let h = Tensor::randn([3, 5, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
     let head = Tensor::randn([40, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
@@ -1344,6 +1345,11 @@ fn linear_cross_entropy_on_the_cpu_is_the_composition() {
         0.0,
     );
     assert!(loss.equal(&want), "linear and cross_entropy_loss");
+    // the exponentials-in-the-head method is a GPU path: here the same composition
+    let exp = LinearCrossEntropyConfig { method: LinearCrossEntropyMethod::ExpInHead, ..config };
+    assert!(f_linear_cross_entropy(&h, &head, &targets, &exp).unwrap().equal(&want), "ExpInHead on the CPU");
+    let own = LinearCrossEntropyConfig { kernels: tch_cuda_graphs::kernels::Kernels::Own, ..exp };
+    assert!(matches!(f_linear_cross_entropy(&h, &head, &targets, &own), Err(Error::Unsupported(_))));
     loss.backward();
     assert_eq!(h.grad().size(), [3, 5, 16]);
     let short = Tensor::zeros([14], (Kind::Int64, Device::Cpu));

@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "../linear_own.h"
+#include "ce_head_gemm.h"
 #include "cuda_shim.h"
 #include "loss_params.h"
 #include "lt_matmul.h"
@@ -125,6 +126,39 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
   }
 };
 
+// The backward of the head and loss paths that make both gradients in the forward (for a loss
+// gradient of 1, saved as "dh" and "dw" with h's sizes and both dtypes): scales them by the loss's
+// gradient on the device and hands them on, once.
+variable_list linear_backward(AutogradContext* ctx, variable_list grads) {
+    if (at::GradMode::is_enabled()) misuse("linear_cross_entropy: double backward (create_graph) is not supported");
+    at::Tensor g = grads.at(0);
+    if (!g.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    c10::IValue &dh_slot = ctx->saved_data["dh"], &dw_slot = ctx->saved_data["dw"];
+    if (!dh_slot.isTensor() || !dh_slot.toTensor().defined()) {
+      misuse("linear_cross_entropy: a second backward through the fused loss is not supported");
+    }
+    at::Tensor dh = dh_slot.toTensor(), dw = dw_slot.toTensor();
+    dh_slot = at::Tensor();  // handed on: a second backward would scale them twice
+    dw_slot = at::Tensor();
+    c10::cuda::CUDAGuard guard(dh.device());
+    g = g.to(at::kFloat).contiguous();
+    scale_by(dh, g);
+    scale_by(dw, g);
+    const auto dtype_of = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data.at(key).toInt()); };
+    return {dh.view(ctx->saved_data.at("h_sizes").toIntVector()).to(dtype_of("h_dtype")), dw.to(dtype_of("w_dtype")),
+            at::Tensor()};
+}
+
+// What linear_backward reads, saved by a forward (dh and dw undefined where no backward can come).
+void save_for_linear_backward(AutogradContext* ctx, const at::Tensor& dh, const at::Tensor& dw, const at::Tensor& h,
+                              const at::Tensor& weight) {
+    ctx->saved_data["dh"] = dh;
+    ctx->saved_data["dw"] = dw;
+    ctx->saved_data["h_sizes"] = h.sizes().vec();
+    ctx->saved_data["h_dtype"] = static_cast<int64_t>(h.scalar_type());
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
+}
+
 // The chunked path's settings: not autograd inputs.
 struct ChunkArgs {
   at::Tensor shadow_w, targets;
@@ -176,33 +210,74 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     }
     Finish f{row_loss.data_ptr<float>(), targets.data_ptr<int64_t>(), loss.data_ptr<float>(), rows, a.ignore_index};
     own::launch("tcg_ce_finish", device, 1, kFinishThreads, &f);
-    ctx->saved_data["dh"] = dh;  // undefined where no backward can come
-    ctx->saved_data["dw"] = dw;
-    ctx->saved_data["h_sizes"] = h.sizes().vec();
-    ctx->saved_data["h_dtype"] = static_cast<int64_t>(h.scalar_type());
-    ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    save_for_linear_backward(ctx, dh, dw, h, weight);
     return {loss};
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (at::GradMode::is_enabled()) misuse("linear_cross_entropy: double backward (create_graph) is not supported");
-    at::Tensor g = grads.at(0);
-    if (!g.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
-    c10::IValue &dh_slot = ctx->saved_data["dh"], &dw_slot = ctx->saved_data["dw"];
-    if (!dh_slot.isTensor() || !dh_slot.toTensor().defined()) {
-      misuse("linear_cross_entropy: a second backward through the fused loss is not supported");
+  static variable_list backward(AutogradContext* ctx, variable_list grads) { return linear_backward(ctx, grads); }
+};
+
+
+// The head and the loss with the exponentials in the head's GEMM (ce_head_gemm.h): the GEMM
+// writes e and the tiles' stats, the rows' pass the loss, the factors and f, and in grad mode the
+// two backward GEMMs both gradients, for a loss gradient of 1 (linear_backward scales them). e
+// (all [rows, classes] of it, bf16) lives through the forward only.
+struct ExpInHeadCrossEntropy : torch::autograd::Function<ExpInHeadCrossEntropy> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight, ChunkArgs a) {
+#ifdef TCG_CUTLASS_GEMMS
+    namespace ce = tcg::ce_head_gemm;
+    const int device = h.get_device();
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    const int64_t c = weight.size(1), v = weight.size(0);
+    at::Tensor h2 = lt::in_dtype(h, at::Tensor(), a.dt).contiguous().view({-1, c});
+    at::Tensor w = lt::in_dtype(weight, a.shadow_w, a.dt).contiguous();
+    // the GEMMs' operands 16-byte aligned (a view at an odd offset copied)
+    if (*ce::unsupported(1, static_cast<int32_t>(v), static_cast<int32_t>(c), h2.data_ptr(), nullptr) != '\0') h2 = h2.clone();
+    if (*ce::unsupported(1, static_cast<int32_t>(v), static_cast<int32_t>(c), nullptr, w.data_ptr()) != '\0') w = w.clone();
+    const at::Tensor targets = a.targets.reshape({-1}).contiguous();
+    const int32_t rows = static_cast<int32_t>(h2.size(0)), vocab = static_cast<int32_t>(v), cols = static_cast<int32_t>(c);
+    const auto f32 = h2.options().dtype(at::kFloat);
+    const int sm_count = static_cast<int>(own::sm_count(device));
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+    at::Tensor e = at::empty({rows, v}, h2.options()), stats = at::empty({ce::tiles(vocab), rows, 2}, f32);
+    at::Tensor fac = at::empty({ce::tiles(vocab), ce::fac_rows(rows)}, h2.options()), f = at::empty({rows}, f32);
+    at::Tensor xs = at::empty_like(h2), row_loss = at::empty({rows}, f32), loss = at::empty({}, f32);
+    at::Tensor inv_count = at::empty({}, f32);
+    Count n{targets.data_ptr<int64_t>(), inv_count.data_ptr<float>(), rows, a.ignore_index};
+    own::launch("tcg_ce_count", device, 1, kFinishThreads, &n);
+    check_cuda(ce::forward(ce::Forward{h2.data_ptr(), w.data_ptr(), e.data_ptr(), stats.data_ptr(), rows, vocab, cols},
+                           sm_count, stream),
+               "linear_cross_entropy: the head's GEMM with the exponentials in its epilogue");
+    check_cuda(ce::rows_pass(ce::Rows{stats.data_ptr(), targets.data_ptr<int64_t>(), a.ignore_index,
+                                      inv_count.data_ptr<float>(), h2.data_ptr(), w.data_ptr(), e.data_ptr(),
+                                      fac.data_ptr(), f.data_ptr<float>(), xs.data_ptr(), row_loss.data_ptr<float>(),
+                                      rows, vocab, cols},
+                             stream),
+               "linear_cross_entropy: the rows' pass");
+    at::Tensor dh, dw;
+    if (a.write_grad) {
+      dh = at::empty_like(h2);
+      dw = at::empty({v, c}, f32);
+      check_cuda(ce::input_grad(ce::InputGrad{e.data_ptr(), fac.data_ptr(), w.data_ptr(), f.data_ptr<float>(),
+                                              dh.data_ptr(), rows, vocab, cols},
+                                sm_count, stream),
+                 "linear_cross_entropy: the input gradient's GEMM");
+      check_cuda(ce::weight_grad(ce::WeightGrad{e.data_ptr(), fac.data_ptr(), xs.data_ptr(), dw.data_ptr<float>(), rows,
+                                                vocab, cols},
+                                 sm_count, stream),
+                 "linear_cross_entropy: the weight gradient's GEMM");
     }
-    at::Tensor dh = dh_slot.toTensor(), dw = dw_slot.toTensor();
-    dh_slot = at::Tensor();  // handed on: a second backward would scale them twice
-    dw_slot = at::Tensor();
-    c10::cuda::CUDAGuard guard(dh.device());
-    g = g.to(at::kFloat).contiguous();
-    scale_by(dh, g);
-    scale_by(dw, g);
-    const auto dtype_of = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data.at(key).toInt()); };
-    return {dh.view(ctx->saved_data.at("h_sizes").toIntVector()).to(dtype_of("h_dtype")), dw.to(dtype_of("w_dtype")),
-            at::Tensor()};
+    Finish fin{row_loss.data_ptr<float>(), targets.data_ptr<int64_t>(), loss.data_ptr<float>(), rows, a.ignore_index};
+    own::launch("tcg_ce_finish", device, 1, kFinishThreads, &fin);
+    save_for_linear_backward(ctx, dh, dw, h, weight);
+    return {loss};
+#else
+    (void)ctx, (void)h, (void)weight, (void)a;
+    misuse("linear_cross_entropy: built without CUTLASS's GEMMs");
+#endif
   }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) { return linear_backward(ctx, grads); }
 };
 
 }  // namespace
@@ -229,9 +304,29 @@ std::string linear_unsupported(const LinearOperands& in) {
   return kernels::unavailable(in.h.get_device());
 }
 
-at::Tensor linear_cross_entropy(const LinearOperands& in, int64_t ignore_index, int64_t chunk_rows, bool fp32_wgrad) {
+std::string exp_in_head_unsupported(const LinearOperands& in) {
+  const at::ScalarType dt = lt::compute_dtype(in.h, in.weight);
+  if (dt != at::kBFloat16) return std::string("compute dtype ") + c10::toString(dt) + " (the GEMMs take bf16)";
+  const int64_t rows = in.h.numel() / in.h.size(-1), v = in.weight.size(0), c = in.weight.size(1);
+  if (rows > INT32_MAX || v * rows > (int64_t{1} << 40)) return "more rows or classes than the GEMMs index";
+  const std::string why = own::cutlass_gemms_unavailable(in.h.get_device());
+  if (!why.empty()) return why;
+#ifdef TCG_CUTLASS_GEMMS
+  // the sizes (the forward copies operands that are not 16-byte aligned)
+  return tcg::ce_head_gemm::unsupported(static_cast<int32_t>(rows), static_cast<int32_t>(v), static_cast<int32_t>(c),
+                                        nullptr, nullptr);
+#else
+  return why;
+#endif
+}
+
+at::Tensor linear_cross_entropy(const LinearOperands& in, int64_t ignore_index, int64_t chunk_rows, bool fp32_wgrad,
+                                bool exp_in_head) {
   const bool write_grad = at::GradMode::is_enabled() && (in.h.requires_grad() || in.weight.requires_grad());
   ChunkArgs a{in.shadow_w, in.targets, ignore_index, chunk_rows, lt::compute_dtype(in.h, in.weight), fp32_wgrad, write_grad};
+  if (exp_in_head && exp_in_head_unsupported(in).empty()) {
+    return ExpInHeadCrossEntropy::apply(in.h, in.weight, a)[0];
+  }
   return LinearCrossEntropy::apply(in.h, in.weight, a)[0];
 }
 

@@ -14,7 +14,9 @@ use tch::{nn, Tensor};
 use tch_cuda_graphs::embedding::{embedding, Embedding, EmbeddingConfig};
 use tch_cuda_graphs::kernels::Kernels;
 use tch_cuda_graphs::linear::{linear, Linear, LinearConfig, WeightGrad};
-use tch_cuda_graphs::loss::{f_cross_entropy, CrossEntropyConfig};
+use tch_cuda_graphs::loss::{
+    f_cross_entropy, f_linear_cross_entropy, CrossEntropyConfig, LinearCrossEntropyConfig, LinearCrossEntropyMethod,
+};
 use tch_cuda_graphs::mlp::f_swiglu_mlp;
 use tch_cuda_graphs::norm::{rms_norm, LayerNorm, NormConfig};
 use tch_cuda_graphs::rotary::{Rotary, RotaryConfig};
@@ -48,6 +50,10 @@ pub struct Config {
     pub swiglu_apart: bool,
     /// With `fused`: how the linear layers' weight gradients reach the float32 parameters.
     pub weight_grad: WeightGrad,
+    /// With `fused`: the head and the loss in one call with the exponentials in the head's GEMM
+    /// (`loss::f_linear_cross_entropy`, `LinearCrossEntropyMethod::ExpInHead`), else the head's
+    /// logits and the fused cross-entropy over them.
+    pub exp_loss: bool,
 }
 
 impl Config {
@@ -67,6 +73,7 @@ impl Config {
             expand_kv: false,
             swiglu_apart: false,
             weight_grad: WeightGrad::Float32,
+            exp_loss: false,
         }
     }
 
@@ -86,6 +93,7 @@ impl Config {
             expand_kv: false,
             swiglu_apart: false,
             weight_grad: WeightGrad::Float32,
+            exp_loss: false,
         }
     }
 
@@ -205,18 +213,32 @@ impl Llama {
         }
     }
 
-    /// Logits for tokens `idx` [batch, time].
-    pub fn logits(&self, idx: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
+    /// The final norm's output for tokens `idx` [batch, time]: what the head reads.
+    fn hidden(&self, idx: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
         let mut stream = ResidualStream::new(self.tok.f_forward(idx)?);
         for b in &self.blocks {
             stream.f_residual(&b.attn_norm, 0.0, false, |h| self.attention(b, h))?;
             stream.f_residual(&b.mlp_norm, 0.0, false, |h| self.mlp(b, h))?;
         }
-        self.head.f_forward(&stream.f_norm(&self.norm)?)
+        stream.f_norm(&self.norm)
+    }
+
+    /// Logits for tokens `idx` [batch, time].
+    pub fn logits(&self, idx: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
+        self.head.f_forward(&self.hidden(idx)?)
     }
 
     /// Mean cross-entropy of the next-token predictions.
     pub fn loss(&self, idx: &Tensor, targets: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
+        if self.config.fused && self.config.exp_loss {
+            let config = LinearCrossEntropyConfig {
+                weight_grad: self.config.weight_grad,
+                method: LinearCrossEntropyMethod::ExpInHead,
+                kernels: self.config.kernels(),
+                ..Default::default()
+            };
+            return f_linear_cross_entropy(&self.hidden(idx)?, &self.head.ws, targets, &config);
+        }
         let logits = self.logits(idx)?;
         let config = CrossEntropyConfig { kernels: self.config.kernels(), ..Default::default() };
         f_cross_entropy(&logits.f_view([-1, self.config.vocab])?, &targets.f_reshape([-1])?, &config)

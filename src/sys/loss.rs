@@ -5,7 +5,8 @@ use crate::error::Result;
 use tch::Tensor;
 
 use super::kernels::RawKernels;
-use super::linear::RawWeightGrad;
+pub(crate) use ffi::tcg_linear_ce_method as RawLinearCeMethod;
+pub(crate) use ffi::tcg_linear_ce_options as RawLinearCeOptions;
 
 /// The mean cross-entropy of `logits` [rows, classes] against `targets` [rows] (differentiable),
 /// and whether the crate's fused kernels ran.
@@ -33,18 +34,16 @@ pub(crate) fn cross_entropy(
     Ok((loss, ran_own))
 }
 
-/// The mean cross-entropy of `h · weightᵀ` against `targets`, `chunk_rows` rows of logits at a time
-/// on the crate's path (differentiable in `h` and `weight`), and whether that path ran.
+/// The mean cross-entropy of `h · weightᵀ` against `targets` as `options` say (the method, the
+/// chunks' rows, the weight gradient's type) on the crate's path (differentiable in `h` and
+/// `weight`), and whether that path ran.
 pub(crate) fn linear_cross_entropy(
     h: &Tensor,
     weight: &Tensor,
     targets: &Tensor,
-    ignore_index: i64,
-    chunk_rows: i64,
-    wgrad: RawWeightGrad,
+    options: RawLinearCeOptions,
     kernels: RawKernels,
 ) -> Result<(Tensor, bool)> {
-    let options = ffi::tcg_linear_ce_options { ignore_index, chunk_rows, wgrad };
     let (mut out, mut ran_own) = (std::ptr::null_mut(), false);
     // SAFETY: live tensor handles and options for the call; the out slots are valid; the shim
     // writes a new handle or null into `out`.

@@ -1,5 +1,7 @@
 //! `csrc/loss.cpp`: the cross-entropy loss on the crate's fused kernels.
-use super::{tcg_kernels, tcg_status, tcg_tensor, tcg_weight_grad};
+use super::{c_enum, tcg_kernels, tcg_status, tcg_tensor, tcg_weight_grad};
+
+c_enum!(tcg_linear_ce_method { TCG_LINEAR_CE_CHUNKED = 0, TCG_LINEAR_CE_EXP_IN_HEAD = 1 });
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -7,6 +9,7 @@ pub struct tcg_linear_ce_options {
     pub ignore_index: i64,
     pub chunk_rows: i64,
     pub wgrad: tcg_weight_grad,
+    pub method: tcg_linear_ce_method,
 }
 
 extern "C" {
