@@ -130,33 +130,33 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
 // gradient of 1, saved as "dh" and "dw" with h's sizes and both dtypes): scales them by the loss's
 // gradient on the device and hands them on, once.
 variable_list linear_backward(AutogradContext* ctx, variable_list grads) {
-    if (at::GradMode::is_enabled()) misuse("linear_cross_entropy: double backward (create_graph) is not supported");
-    at::Tensor g = grads.at(0);
-    if (!g.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
-    c10::IValue &dh_slot = ctx->saved_data["dh"], &dw_slot = ctx->saved_data["dw"];
-    if (!dh_slot.isTensor() || !dh_slot.toTensor().defined()) {
-      misuse("linear_cross_entropy: a second backward through the fused loss is not supported");
-    }
-    at::Tensor dh = dh_slot.toTensor(), dw = dw_slot.toTensor();
-    dh_slot = at::Tensor();  // handed on: a second backward would scale them twice
-    dw_slot = at::Tensor();
-    c10::cuda::CUDAGuard guard(dh.device());
-    g = g.to(at::kFloat).contiguous();
-    scale_by(dh, g);
-    scale_by(dw, g);
-    const auto dtype_of = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data.at(key).toInt()); };
-    return {dh.view(ctx->saved_data.at("h_sizes").toIntVector()).to(dtype_of("h_dtype")), dw.to(dtype_of("w_dtype")),
-            at::Tensor()};
+  if (at::GradMode::is_enabled()) misuse("linear_cross_entropy: double backward (create_graph) is not supported");
+  at::Tensor g = grads.at(0);
+  if (!g.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+  c10::IValue &dh_slot = ctx->saved_data["dh"], &dw_slot = ctx->saved_data["dw"];
+  if (!dh_slot.isTensor() || !dh_slot.toTensor().defined()) {
+    misuse("linear_cross_entropy: a second backward through the fused loss is not supported");
+  }
+  at::Tensor dh = dh_slot.toTensor(), dw = dw_slot.toTensor();
+  dh_slot = at::Tensor();  // handed on: a second backward would scale them twice
+  dw_slot = at::Tensor();
+  c10::cuda::CUDAGuard guard(dh.device());
+  g = g.to(at::kFloat).contiguous();
+  scale_by(dh, g);
+  scale_by(dw, g);
+  const auto dtype_of = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data.at(key).toInt()); };
+  return {dh.view(ctx->saved_data.at("h_sizes").toIntVector()).to(dtype_of("h_dtype")), dw.to(dtype_of("w_dtype")),
+          at::Tensor()};
 }
 
 // What linear_backward reads, saved by a forward (dh and dw undefined where no backward can come).
 void save_for_linear_backward(AutogradContext* ctx, const at::Tensor& dh, const at::Tensor& dw, const at::Tensor& h,
                               const at::Tensor& weight) {
-    ctx->saved_data["dh"] = dh;
-    ctx->saved_data["dw"] = dw;
-    ctx->saved_data["h_sizes"] = h.sizes().vec();
-    ctx->saved_data["h_dtype"] = static_cast<int64_t>(h.scalar_type());
-    ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
+  ctx->saved_data["dh"] = dh;
+  ctx->saved_data["dw"] = dw;
+  ctx->saved_data["h_sizes"] = h.sizes().vec();
+  ctx->saved_data["h_dtype"] = static_cast<int64_t>(h.scalar_type());
+  ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
 }
 
 // The chunked path's settings: not autograd inputs.
@@ -217,7 +217,6 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) { return linear_backward(ctx, grads); }
 };
 
-
 // The head and the loss with the exponentials in the head's GEMM (ce_head_gemm.h): the GEMM
 // writes e and the tiles' stats, the rows' pass the loss, the factors and f, and in grad mode the
 // two backward GEMMs both gradients, for a loss gradient of 1 (linear_backward scales them). e
@@ -232,10 +231,10 @@ struct ExpInHeadCrossEntropy : torch::autograd::Function<ExpInHeadCrossEntropy> 
     at::Tensor h2 = lt::in_dtype(h, at::Tensor(), a.dt).contiguous().view({-1, c});
     at::Tensor w = lt::in_dtype(weight, a.shadow_w, a.dt).contiguous();
     // the GEMMs' operands 16-byte aligned (a view at an odd offset copied)
-    if (*ce::unsupported(1, static_cast<int32_t>(v), static_cast<int32_t>(c), h2.data_ptr(), nullptr) != '\0') h2 = h2.clone();
-    if (*ce::unsupported(1, static_cast<int32_t>(v), static_cast<int32_t>(c), nullptr, w.data_ptr()) != '\0') w = w.clone();
-    const at::Tensor targets = a.targets.reshape({-1}).contiguous();
     const int32_t rows = static_cast<int32_t>(h2.size(0)), vocab = static_cast<int32_t>(v), cols = static_cast<int32_t>(c);
+    if (*ce::unsupported(rows, vocab, cols, h2.data_ptr(), nullptr) != '\0') h2 = h2.clone();
+    if (*ce::unsupported(rows, vocab, cols, nullptr, w.data_ptr()) != '\0') w = w.clone();
+    const at::Tensor targets = a.targets.reshape({-1}).contiguous();
     const auto f32 = h2.options().dtype(at::kFloat);
     const int sm_count = static_cast<int>(own::sm_count(device));
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
