@@ -144,16 +144,17 @@ impl LinearCrossEntropyMethod {
 pub struct LinearCrossEntropyConfig {
     /// Rows whose target is this are not counted (default -100, PyTorch's).
     pub ignore_index: i64,
-    /// Rows of logits per chunk (default 0: as many as 256 MiB of logits hold).
+    /// Rows of logits per chunk (default 0: as many as 256 MiB of logits hold); the chunks' only.
     pub chunk_rows: i64,
     /// How the weight gradient reaches a float32 weight (default [`WeightGrad::Float32`], as
     /// [`crate::linear::LinearConfig`]'s).
     pub weight_grad: WeightGrad,
     /// How the crate's path runs (default [`LinearCrossEntropyMethod::Chunks`]).
     pub method: LinearCrossEntropyMethod,
-    /// The chunked path where it applies ([`Kernels::Auto`], the default), ATen's `linear` and
-    /// `cross_entropy_loss` always ([`Kernels::PyTorch`]), or the chunked path only
-    /// ([`Kernels::Own`]: inputs it does not take fail with [`crate::Error::Unsupported`]).
+    /// The crate's path where it applies ([`Kernels::Auto`], the default: `method`'s, else the
+    /// chunks), ATen's `linear` and `cross_entropy_loss` always ([`Kernels::PyTorch`]), or
+    /// `method`'s path only ([`Kernels::Own`]: inputs it does not take fail with
+    /// [`crate::Error::Unsupported`]).
     pub kernels: Kernels,
 }
 

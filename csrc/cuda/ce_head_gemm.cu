@@ -155,9 +155,8 @@ using FwdGemm = cutlass::gemm::device::GemmUniversalAdapter<cutlass::gemm::kerne
 // [vocab, rows] (the weight gradient; m runs over the vocabulary, k over the rows).
 enum class Operand { E, ET };
 
-// A load issued where it stands: the factors are loaded a k-tile ahead, and a plain load the
-// compiler may move down to its use, where its latency stalls the mainloop (the weight gradient,
-// whose factors change every k-tile: 1314 against 794 µs).
+// A load issued where it stands, among the mainloop's own asm statements: the factors are loaded
+// k-tiles ahead of their use, and a plain load the compiler may move down to it.
 __device__ __forceinline__ uint32_t load_now(const void* p) {
   uint32_t v;
   asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(v) : "l"(p));
@@ -197,8 +196,10 @@ struct FactorMainloop : Base {
                   args.tiles_n};
   }
 
-  // The factors of one k-tile for this thread's registers of A, as bf16 pairs, loaded a k-tile
-  // ahead of their use (a load before each multiply stalled the mainloop: 1050 against 752 µs).
+  // The factors of one k-tile for this thread's registers of A, as bf16 pairs, loaded two
+  // k-tiles ahead of their use (loaded before each multiply, the input gradient took 1050 µs;
+  // a k-tile ahead, 796; the weight gradient, whose factors change every k-tile, 1047 a k-tile
+  // ahead and 987 two).
   // A k-block's registers come in fours per wgmma atom along m, (m, k), (m + 8, k), (m, k + 8),
   // (m + 8, k + 8), each holding the values at k and k + 1: the input gradient's factor is its
   // register's row's in the k-tile's tile of the vocabulary (two a four, the same in every
