@@ -29,7 +29,7 @@ use tch_cuda_graphs::{amp, empty_cache, memory_stats, reset_peak_stats, synchron
 use tch_cuda_graphs::{Result, StepOptions, TrainStep};
 
 const USAGE: &str = "\
-usage: llama [--iters N] [--rows small,base] [--no-torch] [--power] [--expand-kv] [--swiglu-apart] [--rounded-grads] [--exp-loss] [--timed-gemms [--gemm-file F]] [--profile]
+usage: llama [--iters N] [--rows small,base] [--no-torch] [--power] [--expand-kv] [--swiglu-apart] [--rounded-grads] [--logits-loss] [--timed-gemms [--gemm-file F]] [--profile]
 
 A Llama-style step captured by this crate (plain and fused) beside PyTorch's four modes.
   --iters N        timed iterations per row (default 200; a quarter for the base row)
@@ -49,9 +49,9 @@ A Llama-style step captured by this crate (plain and fused) beside PyTorch's fou
                    after (gemm::f_read_file, gemm::f_write_file)
   --rounded-grads  the fused rows' weight gradients in bf16, then cast (WeightGrad::Rounded),
                    instead of float32 from the GEMM
-  --exp-loss       the fused rows' head and loss in one call with the exponentials in the
-                   head's GEMM (LinearCrossEntropyMethod::ExpInHead), instead of the logits
-                   and the fused cross-entropy
+  --logits-loss    the fused rows' head writing its logits and the fused cross-entropy over
+                   them, instead of the head and loss in one call with the exponentials in the
+                   head's GEMM (LinearCrossEntropyMethod::ExpInHead)
   --profile        only: kernel time of one replay of each row's step, as written and fused,
                    grouped by kernel family (10 replays under the crate's profiler)
   -h, --help       this text";
@@ -65,7 +65,7 @@ struct Args {
     swiglu_apart: bool,
     rounded_grads: bool,
     timed_gemms: bool,
-    exp_loss: bool,
+    logits_loss: bool,
     gemm_file: Option<String>,
     profile: bool,
 }
@@ -81,7 +81,7 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
         swiglu_apart: false,
         rounded_grads: false,
         timed_gemms: false,
-        exp_loss: false,
+        logits_loss: false,
         gemm_file: None,
         profile: false,
     };
@@ -96,7 +96,7 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
             Long("swiglu-apart") => a.swiglu_apart = true,
             Long("rounded-grads") => a.rounded_grads = true,
             Long("timed-gemms") => a.timed_gemms = true,
-            Long("exp-loss") => a.exp_loss = true,
+            Long("logits-loss") => a.logits_loss = true,
             Long("gemm-file") => a.gemm_file = Some(parser.value()?.string()?),
             Long("profile") => a.profile = true,
             Long("bench") => {}
@@ -204,7 +204,7 @@ fn chosen_rows(args: &Args) -> Vec<(&'static str, model::Config, i64)> {
                 expand_kv: args.expand_kv,
                 swiglu_apart: args.swiglu_apart,
                 weight_grad,
-                exp_loss: args.exp_loss,
+                exp_loss: !args.logits_loss,
                 ..c
             };
             (name, config, batch)

@@ -122,11 +122,11 @@ pub enum LinearCrossEntropyMethod {
     /// chunk of logits as the vocabulary grows.
     #[default]
     Chunks,
-    /// The exponentials taken in the head GEMM's epilogue (each logit replaced by its exponential
-    /// against its tile's maximum), and the loss's gradient formed where the two backward GEMMs
-    /// load them (scaled by per-tile powers of two): no pass of the loss's own over the logits.
-    /// Holds [rows, classes] of bf16 exponentials through the call. bf16 compute dtype, sm_90 and
-    /// the crate's CUTLASS GEMMs; the chunks elsewhere.
+    /// The exponentials taken in the head GEMM's epilogue (each logit replaced by its exponential,
+    /// against an exponent a row's tiles share), and the loss's gradient formed by the two
+    /// backward GEMMs reading them as they lie, with a factor per row: no pass of the loss's own
+    /// over the logits. Holds [rows, classes] of bf16 exponentials through the call. bf16 compute
+    /// dtype, sm_90 and the crate's CUTLASS GEMMs; the chunks elsewhere.
     ExpInHead,
 }
 

@@ -268,11 +268,13 @@ fn the_chunked_head_and_loss_matches_the_whole_logits_in_less_memory() {
 /// The head and loss with the exponentials in the head's GEMM (`LinearCrossEntropyMethod::ExpInHead`)
 /// at the 124 M Llama's head (12,288 tokens × 768 → 32,000, some targets ignored) under bf16
 /// autocast, against the same loss in float32 on the same bf16 operands (ATen), beside the fused
-/// loss on the whole bf16 logits: the loss within 1e-5 of float32's; the gradients no further from
-/// float32's than 1.5 times the whole logits' (each rounds the logits' gradient to bf16 once, the
-/// new path the exponentials where the old one rounds the gradient), all figures printed; the
-/// gradient of a loss gradient of 3 scaled once; a captured loss and backward equal to eager bit
-/// for bit; and it runs under `Kernels::Own` (which refuses what it does not take).
+/// loss on the whole bf16 logits; then again with 4 rows in 1024 whose logits are 8 times as large
+/// (past the window in which a row's tiles share their exponent, so that the rows' pass rescales
+/// them). Each time: the loss within 1e-5 of float32's; the gradients no further from float32's
+/// than 1.5 times the whole logits' (each rounds the logits' gradient to bf16 once, the new path
+/// the exponentials where the old one rounds the gradient), all figures printed; the gradient of a
+/// loss gradient of 3 scaled once; a captured loss and backward equal to eager bit for bit. And it
+/// runs under `Kernels::Own` (which refuses what it does not take).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn the_exponentials_in_the_head_match_the_float32_loss() {
@@ -289,42 +291,49 @@ fn the_exponentials_in_the_head_match_the_float32_loss() {
         kernels: Kernels::Own,
         ..Default::default()
     };
-    let exp_run = || {
+    for large in [false, true] {
+        let h = if large {
+            let h = h.copy();
+            let _ = h.narrow(1, 9, 4).f_mul_scalar_(8.0).unwrap(); // logits up to about 80
+            h
+        } else {
+            h.shallow_clone()
+        };
         let (hh, ww) = (h.detach().set_requires_grad(true), head.detach().set_requires_grad(true));
-        let loss = {
+        let l_exp = {
             let _bf16 = Autocast::new(Kind::BFloat16, false).unwrap();
             f_linear_cross_entropy(&hh, &ww, &targets, &config).unwrap()
         };
-        (&loss * 3.0).backward();
-        (loss.detach(), hh.grad(), ww.grad())
-    };
-    let (l_exp, dh_exp, dw_exp) = exp_run();
-    let (l_whole, dh_whole, dw_whole, _) = head_and_loss(&h, &head, &targets, None);
-    // float32 on the bf16-rounded operands
-    let (h32, w32) = (
-        h.to_kind(Kind::BFloat16).to_kind(Kind::Float).set_requires_grad(true),
-        head.to_kind(Kind::BFloat16).to_kind(Kind::Float).set_requires_grad(true),
-    );
-    let logits = h32.view([-1, c]).matmul(&w32.tr());
-    let l32 = logits.cross_entropy_loss::<Tensor>(&targets.view([-1]), None, Reduction::Mean, -100, 0.0);
-    l32.backward();
-    let (dh32, dw32) = (h32.grad(), w32.grad());
-    let (fl, fh, fw) = (rel(&l_exp, &l32), rel(&(&dh_exp / 3.0), &dh32), rel(&(&dw_exp / 3.0), &dw32));
-    let (wl, wh, ww) = (rel(&l_whole, &l32), rel(&dh_whole, &dh32), rel(&dw_whole, &dw32));
-    println!(
-        "against float32 (max |diff| / max): exponentials in the head: loss {fl:e} ({:.6} / {:.6}), dh {fh:e}, dW {fw:e}; \
-         the whole bf16 logits: loss {wl:e}, dh {wh:e}, dW {ww:e}",
-        f64::try_from(&l_exp).unwrap(),
-        f64::try_from(&l32).unwrap()
-    );
-    assert!(fl <= 1e-5, "loss {fl:e}");
-    assert!(fh <= 1.5 * wh && fw <= 1.5 * ww, "dh {fh:e} against {wh:e}, dW {fw:e} against {ww:e}");
-    assert_eq!((dh_exp.kind(), dw_exp.kind()), (Kind::Float, Kind::Float));
+        (&l_exp * 3.0).backward();
+        let (l_exp, dh_exp, dw_exp) = (l_exp.detach(), hh.grad(), ww.grad());
+        let (l_whole, dh_whole, dw_whole, _) = head_and_loss(&h, &head, &targets, None);
+        // float32 on the bf16-rounded operands
+        let (h32, w32) = (
+            h.to_kind(Kind::BFloat16).to_kind(Kind::Float).set_requires_grad(true),
+            head.to_kind(Kind::BFloat16).to_kind(Kind::Float).set_requires_grad(true),
+        );
+        let logits = h32.view([-1, c]).matmul(&w32.tr());
+        let l32 = logits.cross_entropy_loss::<Tensor>(&targets.view([-1]), None, Reduction::Mean, -100, 0.0);
+        l32.backward();
+        let (dh32, dw32) = (h32.grad(), w32.grad());
+        let (fl, fh, fw) = (rel(&l_exp, &l32), rel(&(&dh_exp / 3.0), &dh32), rel(&(&dw_exp / 3.0), &dw32));
+        let (wl, wh, ww) = (rel(&l_whole, &l32), rel(&dh_whole, &dh32), rel(&dw_whole, &dw32));
+        let rows_kind = if large { "with rows of large logits" } else { "ordinary rows" };
+        println!(
+            "{rows_kind}, against float32 (max |diff| / max): exponentials in the head: loss {fl:e} ({:.6} / {:.6}), \
+             dh {fh:e}, dW {fw:e}; the whole bf16 logits: loss {wl:e}, dh {wh:e}, dW {ww:e}",
+            f64::try_from(&l_exp).unwrap(),
+            f64::try_from(&l32).unwrap()
+        );
+        assert!(fl <= 1e-5, "loss {fl:e}");
+        assert!(fh <= 1.5 * wh && fw <= 1.5 * ww, "dh {fh:e} against {wh:e}, dW {fw:e} against {ww:e}");
+        assert_eq!((dh_exp.kind(), dw_exp.kind()), (Kind::Float, Kind::Float));
 
-    // captured == eager
-    let d = head_and_loss_captured_minus_eager(&h, &head, &targets, &config);
-    println!("captured head + loss with the exponentials in the head (gradient scaled by 3) against eager: max |difference| {d:e}");
-    assert_eq!(d, 0.0);
+        // captured == eager
+        let d = head_and_loss_captured_minus_eager(&h, &head, &targets, &config);
+        println!("{rows_kind}: captured head + loss (gradient scaled by 3) against eager: max |difference| {d:e}");
+        assert_eq!(d, 0.0);
+    }
 
     // float32 compute (no autocast) is not the path's: Own refuses it
     let e = f_linear_cross_entropy(&h, &head, &targets, &config).expect_err("float32 refused under Own");

@@ -218,8 +218,8 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
 };
 
 // The head and the loss with the exponentials in the head's GEMM (ce_head_gemm.h): the GEMM
-// writes e and the tiles' stats, the rows' pass the loss, the factors and f, and in grad mode the
-// two backward GEMMs both gradients, for a loss gradient of 1 (linear_backward scales them). e
+// writes e and the tiles' stats, the rows' pass the loss, f and xs, and in grad mode the two
+// backward GEMMs both gradients, for a loss gradient of 1 (linear_backward scales them). e
 // (all [rows, classes] of it, bf16) lives through the forward only.
 struct ExpInHeadCrossEntropy : torch::autograd::Function<ExpInHeadCrossEntropy> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight, ChunkArgs a) {
@@ -239,7 +239,7 @@ struct ExpInHeadCrossEntropy : torch::autograd::Function<ExpInHeadCrossEntropy> 
     const int sm_count = static_cast<int>(own::sm_count(device));
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
     at::Tensor e = at::empty({rows, v}, h2.options()), stats = at::empty({ce::tiles(vocab), rows, 2}, f32);
-    at::Tensor fac = at::empty({ce::tiles(vocab), ce::fac_rows(rows)}, h2.options()), f = at::empty({rows}, f32);
+    at::Tensor f = at::empty({rows}, f32);
     at::Tensor xs = at::empty_like(h2), row_loss = at::empty({rows}, f32), loss = at::empty({}, f32);
     at::Tensor inv_count = at::empty({}, f32);
     Count n{targets.data_ptr<int64_t>(), inv_count.data_ptr<float>(), rows, a.ignore_index};
@@ -249,22 +249,19 @@ struct ExpInHeadCrossEntropy : torch::autograd::Function<ExpInHeadCrossEntropy> 
                "linear_cross_entropy: the head's GEMM with the exponentials in its epilogue");
     check_cuda(ce::rows_pass(ce::Rows{stats.data_ptr(), targets.data_ptr<int64_t>(), a.ignore_index,
                                       inv_count.data_ptr<float>(), h2.data_ptr(), w.data_ptr(), e.data_ptr(),
-                                      fac.data_ptr(), f.data_ptr<float>(), xs.data_ptr(), row_loss.data_ptr<float>(),
-                                      rows, vocab, cols},
+                                      f.data_ptr<float>(), xs.data_ptr(), row_loss.data_ptr<float>(), rows, vocab,
+                                      cols},
                              stream),
                "linear_cross_entropy: the rows' pass");
     at::Tensor dh, dw;
     if (a.write_grad) {
       dh = at::empty_like(h2);
       dw = at::empty({v, c}, f32);
-      check_cuda(ce::input_grad(ce::InputGrad{e.data_ptr(), fac.data_ptr(), w.data_ptr(), f.data_ptr<float>(),
-                                              dh.data_ptr(), rows, vocab, cols},
-                                sm_count, stream),
-                 "linear_cross_entropy: the input gradient's GEMM");
-      check_cuda(ce::weight_grad(ce::WeightGrad{e.data_ptr(), fac.data_ptr(), xs.data_ptr(), dw.data_ptr<float>(), rows,
-                                                vocab, cols},
-                                 sm_count, stream),
-                 "linear_cross_entropy: the weight gradient's GEMM");
+      check_cuda(
+          ce::input_grad(ce::InputGrad{e.data_ptr(), w.data_ptr(), f.data_ptr<float>(), dh.data_ptr(), rows, vocab, cols},
+                         sm_count, stream),
+          "linear_cross_entropy: the input gradient's GEMM");
+      lt::weight_grad_into(xs, e, dw, false);  // eᵀ · xs
     }
     Finish fin{row_loss.data_ptr<float>(), targets.data_ptr<int64_t>(), loss.data_ptr<float>(), rows, a.ignore_index};
     own::launch("tcg_ce_finish", device, 1, kFinishThreads, &fin);

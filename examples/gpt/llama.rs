@@ -51,8 +51,8 @@ pub struct Config {
     /// With `fused`: how the linear layers' weight gradients reach the float32 parameters.
     pub weight_grad: WeightGrad,
     /// With `fused`: the head and the loss in one call with the exponentials in the head's GEMM
-    /// (`loss::f_linear_cross_entropy`, `LinearCrossEntropyMethod::ExpInHead`), else the head's
-    /// logits and the fused cross-entropy over them.
+    /// (`loss::f_linear_cross_entropy`, `LinearCrossEntropyMethod::ExpInHead`; the default), else
+    /// the head's logits and the fused cross-entropy over them.
     pub exp_loss: bool,
 }
 
@@ -73,7 +73,7 @@ impl Config {
             expand_kv: false,
             swiglu_apart: false,
             weight_grad: WeightGrad::Float32,
-            exp_loss: false,
+            exp_loss: true,
         }
     }
 
@@ -93,7 +93,7 @@ impl Config {
             expand_kv: false,
             swiglu_apart: false,
             weight_grad: WeightGrad::Float32,
-            exp_loss: false,
+            exp_loss: true,
         }
     }
 

@@ -108,7 +108,8 @@ with a captured step.
   --fused            the crate's fused layers: norms with the residual adds and dropouts folded
                      in (ATen's where they do not apply), linear layers whose weight (and bias)
                      gradients come out of the GEMM in float32, the fused cross-entropy, with
-                     --arch llama the rotary and SwiGLU kernels; and bf16 weight shadows
+                     --arch llama the rotary and SwiGLU kernels and the head's exponentials in
+                     its GEMM (LinearCrossEntropyMethod::ExpInHead); and bf16 weight shadows
   --gelu G           (--arch gpt) the MLP's GELU: none (the exact erf form, nanoGPT's; the
                      default) or tanh (GPT-2's original approximation; with --fused, computed in
                      the MLP's GEMM epilogues)
