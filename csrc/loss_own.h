@@ -32,7 +32,7 @@ std::string exp_in_head_unsupported(const LinearOperands& in);
 // GEMM, the fused kernel writing the chunk's gradient over its logits, and in grad mode its share
 // of h's and the weight's gradients (`fp32_wgrad`: the weight's in float32), so the logits are
 // never all in memory. `exp_in_head`: where exp_in_head_unsupported() is "", the head's GEMM takes
-// the exponentials in its epilogue and the backward GEMMs form the gradient as they load them
+// the exponentials in its epilogue and the backward GEMMs form the gradient as they read them
 // (cuda/ce_head_gemm.h), all [rows, classes] of them held through the call, in place of the
 // chunks. Call only where linear_unsupported() is "".
 at::Tensor linear_cross_entropy(const LinearOperands& in, int64_t ignore_index, int64_t chunk_rows, bool fp32_wgrad,

@@ -391,7 +391,7 @@ tcg_status tcg_loss_cross_entropy(tcg_tensor logits, tcg_tensor targets, int64_t
 // family's rules. Shapes that do not match, a negative chunk_rows: TCG_MISUSE. *out: a new 0-d
 // float32 tensor; *ran_own: whether the crate's path ran.
 // method: TCG_LINEAR_CE_CHUNKED the chunks above; TCG_LINEAR_CE_EXP_IN_HEAD the exponentials
-// taken in the head GEMM's epilogue and the gradient formed where the backward GEMMs load it
+// taken in the head GEMM's epilogue and the gradient formed by the backward GEMMs reading them
 // (cuda/ce_head_gemm.h: bf16, sm_90, CUTLASS's; the whole [rows, classes] of bf16 exponentials
 // held through the call), the chunks where it does not apply. chunk_rows: the chunks' only.
 typedef enum { TCG_LINEAR_CE_CHUNKED = 0, TCG_LINEAR_CE_EXP_IN_HEAD = 1 } tcg_linear_ce_method;

@@ -274,7 +274,8 @@ fn the_chunked_head_and_loss_matches_the_whole_logits_in_less_memory() {
 /// than 1.5 times the whole logits' (each rounds the logits' gradient to bf16 once, the new path
 /// the exponentials where the old one rounds the gradient), all figures printed; the gradient of a
 /// loss gradient of 3 scaled once; a captured loss and backward equal to eager bit for bit. And it
-/// runs under `Kernels::Own` (which refuses what it does not take).
+/// runs under `Kernels::Own` (which refuses what it does not take), with `WeightGrad::Rounded`
+/// giving the weight gradient in bf16 values within 4e-3 of the float32 one.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn the_exponentials_in_the_head_match_the_float32_loss() {
@@ -334,6 +335,24 @@ fn the_exponentials_in_the_head_match_the_float32_loss() {
         println!("{rows_kind}: captured head + loss (gradient scaled by 3) against eager: max |difference| {d:e}");
         assert_eq!(d, 0.0);
     }
+
+    // WeightGrad::Rounded: the weight gradient rounded to bf16, then cast to the float32 weight
+    let rounded = LinearCrossEntropyConfig { weight_grad: tch_cuda_graphs::linear::WeightGrad::Rounded, ..config };
+    let grads = |config: &LinearCrossEntropyConfig| {
+        let ww = head.detach().set_requires_grad(true);
+        let loss = {
+            let _bf16 = Autocast::new(Kind::BFloat16, false).unwrap();
+            f_linear_cross_entropy(&h, &ww, &targets, config).unwrap()
+        };
+        loss.backward();
+        ww.grad()
+    };
+    let (dw_rounded, dw_f32) = (grads(&rounded), grads(&config));
+    let d = rel(&dw_rounded, &dw_f32);
+    println!("rounded weight gradient against float32's: {d:e} (max |diff| / max)");
+    assert_eq!(dw_rounded.kind(), Kind::Float);
+    assert!(dw_rounded.to_kind(Kind::BFloat16).to_kind(Kind::Float).equal(&dw_rounded), "bf16 values");
+    assert!(d <= 4e-3, "{d:e}");
 
     // float32 compute (no autocast) is not the path's: Own refuses it
     let e = f_linear_cross_entropy(&h, &head, &targets, &config).expect_err("float32 refused under Own");

@@ -256,7 +256,7 @@ struct ExpInHeadCrossEntropy : torch::autograd::Function<ExpInHeadCrossEntropy> 
     at::Tensor dh, dw;
     if (a.write_grad) {
       dh = at::empty_like(h2);
-      dw = at::empty({v, c}, f32);
+      dw = at::empty({v, c}, h2.options().dtype(lt::weight_grad_type(a.fp32_wgrad, weight.scalar_type(), a.dt)));
       check_cuda(
           ce::input_grad(ce::InputGrad{e.data_ptr(), w.data_ptr(), f.data_ptr<float>(), dh.data_ptr(), rows, vocab, cols},
                          sm_count, stream),
