@@ -173,9 +173,11 @@ fn find_cutlass(torch_root: &Path) -> Option<PathBuf> {
 }
 
 /// Compiles the CUTLASS GEMMs (`csrc/cuda/gelu_gemm.cu`, `csrc/cuda/swiglu_gemm.cu`,
-/// `csrc/cuda/wgrad_gemm.cu`: CUTLASS's kernels and the host code that launches them) into
-/// objects for the shim, for sm_90a. Err: why not (the MLPs then run their GEMMs and activation
-/// kernels apart, and every weight gradient runs in cuBLASLt).
+/// `csrc/cuda/wgrad_gemm.cu`, `csrc/cuda/ce_head_gemm.cu`, `csrc/cuda/rotary_gemm.cu`:
+/// CUTLASS's kernels and the host code that launches them) into objects for the shim, for
+/// sm_90a. Err: why not (the MLPs then run their GEMMs and activation kernels apart, every weight
+/// gradient runs in cuBLASLt, the head's loss over its logits and rotary embeddings after the
+/// projection's GEMM).
 fn build_cutlass_gemms(torch_root: &Path, cuda_include: &Path) -> Result<Vec<PathBuf>, String> {
     let (nvcc, archs) = nvcc_and_archs(torch_root)?;
     if !archs.iter().any(|a| a == "90") {
@@ -185,7 +187,7 @@ fn build_cutlass_gemms(torch_root: &Path, cuda_include: &Path) -> Result<Vec<Pat
         find_cutlass(torch_root).ok_or("no CUTLASS headers found (set CUTLASS_DIR, or run scripts/setup.sh)")?;
     let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
     let mut objects = Vec::new();
-    for name in ["gelu_gemm", "swiglu_gemm", "wgrad_gemm", "ce_head_gemm"] {
+    for name in ["gelu_gemm", "swiglu_gemm", "wgrad_gemm", "ce_head_gemm", "rotary_gemm"] {
         let object = out.join(format!("{name}.o"));
         let mut cmd = Command::new(&nvcc);
         cmd.args(["-c", "-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr"])

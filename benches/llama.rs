@@ -29,7 +29,7 @@ use tch_cuda_graphs::{amp, empty_cache, memory_stats, reset_peak_stats, synchron
 use tch_cuda_graphs::{Result, StepOptions, TrainStep};
 
 const USAGE: &str = "\
-usage: llama [--iters N] [--rows small,base] [--no-torch] [--power] [--expand-kv] [--swiglu-apart] [--rounded-grads] [--logits-loss] [--timed-gemms [--gemm-file F]] [--profile]
+usage: llama [--iters N] [--rows small,base] [--no-torch] [--power] [--expand-kv] [--swiglu-apart] [--rotary-apart] [--rounded-grads] [--logits-loss] [--timed-gemms [--gemm-file F]] [--profile]
 
 A Llama-style step captured by this crate (plain and fused) beside PyTorch's four modes.
   --iters N        timed iterations per row (default 200; a quarter for the base row)
@@ -42,6 +42,9 @@ A Llama-style step captured by this crate (plain and fused) beside PyTorch's fou
                    before attention, instead of SDPA's enable_gqa
   --swiglu-apart   the fused rows' MLPs as three layers (w13, SwiGLU, w2), instead of
                    mlp::f_swiglu_mlp with SwiGLU's backward in w2's GEMM
+  --rotary-apart   the fused rows' wqkv and rotary embeddings as two calls (Linear::f_forward,
+                   Rotary::f_forward_qkv), instead of Rotary::f_project_qkv (q and k rotated in
+                   place in the projection)
   --timed-gemms    the fused rows measured again with the GEMMs' algorithms timed
                    (gemm::GemmChoice::Timed), in two more columns; with --profile, both
                    profiled steps' GEMMs are timed
@@ -63,6 +66,7 @@ struct Args {
     power: bool,
     expand_kv: bool,
     swiglu_apart: bool,
+    rotary_apart: bool,
     rounded_grads: bool,
     timed_gemms: bool,
     logits_loss: bool,
@@ -79,6 +83,7 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
         power: false,
         expand_kv: false,
         swiglu_apart: false,
+        rotary_apart: false,
         rounded_grads: false,
         timed_gemms: false,
         logits_loss: false,
@@ -94,6 +99,7 @@ fn parse_args() -> std::result::Result<Option<Args>, lexopt::Error> {
             Long("power") => a.power = true,
             Long("expand-kv") => a.expand_kv = true,
             Long("swiglu-apart") => a.swiglu_apart = true,
+            Long("rotary-apart") => a.rotary_apart = true,
             Long("rounded-grads") => a.rounded_grads = true,
             Long("timed-gemms") => a.timed_gemms = true,
             Long("logits-loss") => a.logits_loss = true,
@@ -203,6 +209,7 @@ fn chosen_rows(args: &Args) -> Vec<(&'static str, model::Config, i64)> {
             let config = model::Config {
                 expand_kv: args.expand_kv,
                 swiglu_apart: args.swiglu_apart,
+                rotary_apart: args.rotary_apart,
                 weight_grad,
                 exp_loss: !args.logits_loss,
                 ..c

@@ -201,6 +201,18 @@ size_t tcg_layout(tcg_layout_struct s, size_t* size, size_t* align, size_t* offs
       TCG_FIELD(tcg_rotary_qkv_inputs, heads);
       TCG_FIELD(tcg_rotary_qkv_inputs, kv_heads);
       break;
+    case TCG_LAYOUT_ROTARY_PROJECT_INPUTS:
+      set(sizeof(tcg_rotary_project_inputs), alignof(tcg_rotary_project_inputs));
+      TCG_FIELD(tcg_rotary_project_inputs, x);
+      TCG_FIELD(tcg_rotary_project_inputs, weight);
+      TCG_FIELD(tcg_rotary_project_inputs, bias);
+      TCG_FIELD(tcg_rotary_project_inputs, cos);
+      TCG_FIELD(tcg_rotary_project_inputs, sin);
+      TCG_FIELD(tcg_rotary_project_inputs, cos_gemm);
+      TCG_FIELD(tcg_rotary_project_inputs, sin_gemm);
+      TCG_FIELD(tcg_rotary_project_inputs, heads);
+      TCG_FIELD(tcg_rotary_project_inputs, kv_heads);
+      break;
     case TCG_LAYOUT_SCHEDULE:
       set(sizeof(tcg_schedule), alignof(tcg_schedule));
       TCG_FIELD(tcg_schedule, kind);

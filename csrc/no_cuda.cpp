@@ -185,6 +185,10 @@ std::pair<at::Tensor, at::Tensor> fused(const Inputs&) {
 std::array<at::Tensor, 3> fused_qkv(const at::Tensor&, int64_t, int64_t, const Inputs&) {
   throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
 }
+std::string project_unsupported(const Projection&, const Inputs&) { return "this binary was built without CUDA"; }
+std::array<at::Tensor, 3> fused_project_qkv(const Projection&, bool, const Inputs&) {
+  throw tcg::exception(TCG_NO_CUDA, "tch-cuda-graphs was built without CUDA: no fused kernels");
+}
 }  // namespace tcg::rotary
 namespace tcg::embedding {
 std::string unsupported(const at::Tensor&, const at::Tensor&) { return "this binary was built without CUDA"; }

@@ -1,7 +1,10 @@
 // Rotary position embeddings (CPU and CUDA builds): the C API over the crate's kernel
-// (cuda/rotary_own.cpp) and ATen's element-wise composition for every input it does not take.
+// (cuda/rotary_own.cpp) and ATen's element-wise composition for every input it does not take;
+// and the q | k | v projection with the rotation in one node, on the crate's path only (the
+// caller composes the linear layer and the rotation elsewhere).
 #include "kernels.h"
 #include "rotary_own.h"
+#include "shadow.h"
 #include "shim.h"
 
 #include <array>
@@ -42,6 +45,26 @@ at::Tensor compose(const at::Tensor& x, const at::Tensor& c, const at::Tensor& s
   return out.to(x.scalar_type());
 }
 
+// The tables and the offsets for heads of `head_dim` values, `seq` positions from the offset on,
+// on `device`.
+void check_tables(const tcg::rotary::Inputs& in, int64_t head_dim, int64_t seq, const at::Device& device) {
+  for (const at::Tensor* t : {&in.cos, &in.sin}) {
+    if (t->dim() != 2 || t->size(1) != head_dim / 2 || t->scalar_type() != at::kFloat || t->device() != device) {
+      misuse("rotary: the tables must be [positions, head_dim / 2] float32 on q's device");
+    }
+  }
+  if (in.cos.size(0) != in.sin.size(0)) misuse("rotary: the cos and sin tables differ in length");
+  if (in.offset_dev.defined()) {
+    if (in.offset_dev.dim() != 0 || in.offset_dev.scalar_type() != at::kLong || in.offset_dev.device() != device) {
+      misuse("rotary: a device position offset must be a 0-d int64 tensor on q's device");
+    }
+  } else if (in.offset < 0 || in.offset + seq > in.cos.size(0)) {
+    throw tcg::exception(TCG_MISUSE, "rotary: positions " + std::to_string(in.offset) + ".." +
+                                         std::to_string(in.offset + seq) + " past the table's " +
+                                         std::to_string(in.cos.size(0)));
+  }
+}
+
 void check(const tcg::rotary::Inputs& in) {
   const at::Tensor &q = in.q, &k = in.k;
   if (q.dim() != 4 || k.dim() != 4) misuse("rotary: q and k must be [batch, seq, heads, head_dim]");
@@ -53,21 +76,7 @@ void check(const tcg::rotary::Inputs& in) {
     misuse("rotary: q and k must be of one floating dtype");
   }
   if (q.device() != k.device()) misuse("rotary: q and k are on different devices");
-  for (const at::Tensor* t : {&in.cos, &in.sin}) {
-    if (t->dim() != 2 || t->size(1) != q.size(3) / 2 || t->scalar_type() != at::kFloat || t->device() != q.device()) {
-      misuse("rotary: the tables must be [positions, head_dim / 2] float32 on q's device");
-    }
-  }
-  if (in.cos.size(0) != in.sin.size(0)) misuse("rotary: the cos and sin tables differ in length");
-  if (in.offset_dev.defined()) {
-    if (in.offset_dev.dim() != 0 || in.offset_dev.scalar_type() != at::kLong || in.offset_dev.device() != q.device()) {
-      misuse("rotary: a device position offset must be a 0-d int64 tensor on q's device");
-    }
-  } else if (in.offset < 0 || in.offset + q.size(1) > in.cos.size(0)) {
-    throw tcg::exception(TCG_MISUSE, "rotary: positions " + std::to_string(in.offset) + ".." +
-                                         std::to_string(in.offset + q.size(1)) + " past the table's " +
-                                         std::to_string(in.cos.size(0)));
-  }
+  check_tables(in, q.size(3), q.size(1), q.device());
 }
 
 }  // namespace
@@ -133,6 +142,72 @@ tcg_status tcg_rotary_apply_qkv(const tcg_rotary_qkv_inputs* inputs, int64_t off
     *k_out = std::make_unique<at::Tensor>(std::move(out[1])).release();
     *v_out = std::make_unique<at::Tensor>(std::move(out[2])).release();
     *ran_own = own;
+  });
+}
+
+tcg_status tcg_rotary_project_qkv(const tcg_rotary_project_inputs* inputs, int64_t offset, tcg_rotary_layout layout,
+                                  tcg_weight_grad wgrad, tcg_kernels kernels, tcg_tensor* q_out, tcg_tensor* k_out,
+                                  tcg_tensor* v_out, bool* ran_own) {
+  return guard([&] {
+    *q_out = *k_out = *v_out = nullptr;
+    *ran_own = false;
+    if (inputs == nullptr) misuse("rotary projection: null inputs");
+    if (layout != TCG_ROTARY_INTERLEAVED && layout != TCG_ROTARY_HALF_SPLIT) misuse("rotary: unknown layout");
+    if (wgrad != TCG_WEIGHT_GRAD_ROUNDED && wgrad != TCG_WEIGHT_GRAD_FP32) {
+      misuse("rotary projection: unknown weight-gradient mode");
+    }
+    const at::Tensor& x = tensor_ref(inputs->x);
+    const at::Tensor& weight = tensor_ref(inputs->weight);
+    const at::Tensor bias = tcg::tensor_or_undefined(inputs->bias);
+    const int64_t heads = inputs->heads, kv_heads = inputs->kv_heads;
+    if (heads < 1 || kv_heads < 1) misuse("rotary projection: heads and kv_heads must be >= 1");
+    if (x.dim() != 3 || weight.dim() != 2 || x.size(2) != weight.size(1) || weight.size(0) % (heads + 2 * kv_heads) != 0) {
+      misuse("rotary projection: x must be [batch, seq, in] and the weight [(heads + 2 kv_heads) · head_dim, in]");
+    }
+    const int64_t head_dim = weight.size(0) / (heads + 2 * kv_heads);
+    if (head_dim % 2 != 0) {
+      misuse("rotary: an odd head dimension (" + std::to_string(head_dim) + ") has no pairs to rotate");
+    }
+    if (bias.defined() && (bias.dim() != 1 || bias.size(0) != weight.size(0))) {
+      misuse("rotary projection: the bias must be a vector of the weight's out (" + std::to_string(weight.size(0)) + ")");
+    }
+    const tcg::rotary::Inputs in{at::Tensor(), at::Tensor(), tensor_ref(inputs->cos), tensor_ref(inputs->sin),
+                                 at::Tensor(), offset, layout == TCG_ROTARY_HALF_SPLIT};
+    check_tables(in, head_dim, x.size(1), x.device());
+    const at::Tensor cos_gemm = tcg::tensor_or_undefined(inputs->cos_gemm);
+    const at::Tensor sin_gemm = tcg::tensor_or_undefined(inputs->sin_gemm);
+    if (cos_gemm.defined() != sin_gemm.defined()) misuse("rotary projection: give both permuted tables or neither");
+    for (const at::Tensor* t : {&cos_gemm, &sin_gemm}) {
+      if (t->defined() && (t->sizes() != in.cos.sizes() || t->scalar_type() != at::kFloat || t->device() != x.device() ||
+                           !t->is_contiguous())) {
+        misuse("rotary projection: the permuted tables must be contiguous and of the tables' shape, dtype and device");
+      }
+    }
+    const tcg::rotary::Projection p{{x, weight, bias, tcg::shadow::lookup(weight), tcg::shadow::lookup(bias), {}},
+                                    heads,
+                                    kv_heads,
+                                    head_dim,
+                                    cos_gemm,
+                                    sin_gemm};
+    if (!tcg::kernels::own(kernels, "rotary projection", [&] { return tcg::rotary::project_unsupported(p, in); })) return;
+    std::array<at::Tensor, 3> out = tcg::rotary::fused_project_qkv(p, wgrad == TCG_WEIGHT_GRAD_FP32, in);
+    *q_out = std::make_unique<at::Tensor>(std::move(out[0])).release();
+    *k_out = std::make_unique<at::Tensor>(std::move(out[1])).release();
+    *v_out = std::make_unique<at::Tensor>(std::move(out[2])).release();
+    *ran_own = true;
+  });
+}
+
+tcg_status tcg_rotary_permuted_table(tcg_tensor table, tcg_tensor* out) {
+  return guard([&] {
+    *out = nullptr;
+    const at::Tensor& t = tensor_ref(table);
+    if (t.dim() != 2 || t.size(1) % 4 != 0 || t.scalar_type() != at::kFloat) {
+      misuse("rotary: a table to permute must be [positions, head_dim / 2] float32 with head_dim a multiple of 8");
+    }
+    // angle i = 4j + q of a row at q · D/8 + j
+    at::Tensor p = t.view({t.size(0), t.size(1) / 4, 4}).transpose(1, 2).contiguous().view({t.size(0), t.size(1)});
+    *out = std::make_unique<at::Tensor>(std::move(p)).release();
   });
 }
 

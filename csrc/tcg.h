@@ -434,6 +434,31 @@ typedef struct {
 tcg_status tcg_rotary_apply_qkv(const tcg_rotary_qkv_inputs* inputs, int64_t offset, tcg_rotary_layout layout,
                                 tcg_kernels kernels, tcg_tensor* q_out, tcg_tensor* k_out, tcg_tensor* v_out,
                                 bool* ran_own);
+// The projection and the rotation in one autograd node: qkv = x [B, T, C] · weightᵀ (+ bias),
+// weight [(heads + 2 kv_heads) · D, C], read as [B, T, heads + 2 kv_heads, D], then q and k
+// rotated as above. On the crate's path (linear.cpp's conditions, D a multiple of 8 and the
+// rotary kernel built for the compute dtype) the GEMM writes qkv, the kernel rotates q and k in
+// place, and *q_out, *k_out and *v_out are views of qkv (no copy of v); the backward packs the
+// three gradients with the rotation transposed in one launch, then runs the linear layer's
+// backward (wgrad: its weight-gradient mode). Where that path does not take the inputs under
+// TCG_KERNELS_AUTO, or under TCG_KERNELS_PYTORCH, nothing runs: TCG_OK with the outputs NULL and
+// *ran_own false (the caller composes the linear layer and tcg_rotary_apply_qkv); under
+// TCG_KERNELS_OWN that is an error. Shapes that do not fit, or the misuses above: TCG_MISUSE.
+// cos_gemm and sin_gemm (NULL: none): the tables with each row's angles permuted as
+// tcg_rotary_permuted_tables makes them; with them, bf16, interleaved pairs, a head dimension of
+// 64 and no bias, the rotation runs in the GEMM's epilogue (CUTLASS's, sm_90) and no pass of its
+// own reads the projection.
+typedef struct {
+  tcg_tensor x, weight, bias, cos, sin, cos_gemm, sin_gemm;
+  int64_t heads, kv_heads;
+} tcg_rotary_project_inputs;
+tcg_status tcg_rotary_project_qkv(const tcg_rotary_project_inputs* inputs, int64_t offset, tcg_rotary_layout layout,
+                                  tcg_weight_grad wgrad, tcg_kernels kernels, tcg_tensor* q_out, tcg_tensor* k_out,
+                                  tcg_tensor* v_out, bool* ran_own);
+// A table [positions, D/2] (D a multiple of 8) with each row's angles in the order the projection's
+// GEMM holds the pairs: angle i at (i mod 4) · D/8 + i / 4. *out: a new contiguous tensor.
+// Anything else: TCG_MISUSE.
+tcg_status tcg_rotary_permuted_table(tcg_tensor table, tcg_tensor* out);
 
 // ---------------------------------------------------------------- swiglu.cpp (CPU and CUDA)
 // SwiGLU of the fused projection h [.., 2F] = [gate | up]: *out = silu(gate) · up [.., F], a new
@@ -837,6 +862,7 @@ typedef enum {
   TCG_LAYOUT_SCHEDULE,
   TCG_LAYOUT_GEMM_ENTRY,
   TCG_LAYOUT_GEMM_IDENTITY,
+  TCG_LAYOUT_ROTARY_PROJECT_INPUTS,
 } tcg_layout_struct;
 // The size and alignment of struct `s` as this shim was compiled, and the offsets of its fields
 // in declaration order (at most `cap` written); returns the number of fields (0: unknown `s`).

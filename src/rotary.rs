@@ -33,6 +33,7 @@
 
 use crate::error::{Error, Result};
 use crate::kernels::{KernelPath, Kernels};
+use crate::linear::Linear;
 use crate::sys::rotary::{self as raw, RawRotaryLayout};
 use std::cell::Cell;
 use tch::{Device, Kind, Tensor};
@@ -72,6 +73,10 @@ impl Default for RotaryConfig {
 pub struct Rotary {
     cos: Tensor,
     sin: Tensor,
+    /// The tables with each row's angles in the order the projection's GEMM holds the pairs
+    /// ([`f_project_qkv`](Self::f_project_qkv)); on a CUDA device, for a head dimension that is a
+    /// multiple of 8.
+    gemm_tables: Option<(Tensor, Tensor)>,
     config: RotaryConfig,
     last: Cell<Option<KernelPath>>,
 }
@@ -92,7 +97,13 @@ impl Rotary {
         let inv_freq = Tensor::f_pow_scalar(config.base, &exponent)?.f_reciprocal()?;
         let t = Tensor::f_arange(max_positions, (Kind::Int64, device))?.f_to_kind(Kind::Float)?;
         let freqs = t.f_outer(&inv_freq)?;
-        Ok(Rotary { cos: freqs.f_cos()?, sin: freqs.f_sin()?, config, last: Cell::new(None) })
+        let (cos, sin) = (freqs.f_cos()?, freqs.f_sin()?);
+        let gemm_tables = if device.is_cuda() && head_dim % 8 == 0 {
+            Some((raw::permuted_table(&cos)?, raw::permuted_table(&sin)?))
+        } else {
+            None
+        };
+        Ok(Rotary { cos, sin, gemm_tables, config, last: Cell::new(None) })
     }
 
     /// [`f_new`](Self::f_new), panicking on an error (as tch's constructors do).
@@ -155,6 +166,88 @@ impl Rotary {
         )?;
         self.last.set(Some(KernelPath::of_one(own)));
         Ok((q, k, v))
+    }
+
+    /// q, k and v from the fused projection `wqkv` (its weight [(heads + 2 kv_heads) ·
+    /// head_dim, in]) of `x` [batch, seq, in], q and k rotated at positions `offset..offset +
+    /// seq`: what `wqkv.f_forward(x)` viewed as [batch, seq, heads + 2 kv_heads, head_dim] and
+    /// then [`f_forward_qkv`](Self::f_forward_qkv) give, the same values, differentiable in `x`
+    /// and `wqkv`'s parameters.
+    ///
+    /// On the crate's path (the linear layer's and the kernel's: a CUDA step in bf16 or f16, the
+    /// head dimension a multiple of 8, neither config [`Kernels::PyTorch`]) one autograd node
+    /// does both: the GEMM writes the projection and the kernel rotates q and k in place in it
+    /// (with bf16, interleaved pairs, heads of 64 and no bias on an sm_90 GPU, the GEMM's
+    /// epilogue rotates them: no pass of its own reads the projection), so q, k and v are views
+    /// of the projection (strided along the heads, as
+    /// `scaled_dot_product_attention` takes them) and no copy of v or second tensor of q and k
+    /// is made; its backward packs the three gradients into the projection's in one launch and
+    /// runs `wqkv`'s GEMMs on it, its weight gradient as `wqkv`'s config says. Elsewhere it is
+    /// those two calls. [`Error::Misuse`] as [`f_forward_qkv`](Self::f_forward_qkv), and for a
+    /// weight whose rows are not heads + 2 kv_heads heads; [`Error::Unsupported`] where either
+    /// config asks for [`Kernels::Own`] and the path does not apply. The views are made inside
+    /// an autograd function: copy one before changing it in place.
+    ///
+    /// ```
+    /// # fn main() -> tch_cuda_graphs::Result<()> {
+    /// use tch::{nn, Device, Kind, Tensor};
+    /// use tch_cuda_graphs::linear::{linear, LinearConfig};
+    /// use tch_cuda_graphs::rotary::{Rotary, RotaryConfig};
+    /// let vs = nn::VarStore::new(Device::Cpu);
+    /// let wqkv = linear(vs.root() / "wqkv", 256, (8 + 2 * 2) * 32, LinearConfig { bias: false, ..Default::default() });
+    /// let rope = Rotary::f_new(32, 128, Device::Cpu, RotaryConfig::default())?;
+    /// let x = Tensor::randn([2, 16, 256], (Kind::Float, Device::Cpu));
+    /// let (q, k, v) = rope.f_project_qkv(&wqkv, &x, 8, 2, 0)?; // 8 heads, 2 KV heads of 32
+    /// assert_eq!((q.size(), k.size(), v.size()), (vec![2, 16, 8, 32], vec![2, 16, 2, 32], vec![2, 16, 2, 32]));
+    /// # Ok(()) }
+    /// ```
+    pub fn f_project_qkv(
+        &self,
+        wqkv: &Linear,
+        x: &Tensor,
+        heads: i64,
+        kv_heads: i64,
+        offset: i64,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let linear = wqkv.config();
+        let kernels = match (self.config.kernels, linear.kernels) {
+            (Kernels::PyTorch, _) | (_, Kernels::PyTorch) => None,
+            (Kernels::Own, _) | (_, Kernels::Own) => Some(Kernels::Own),
+            _ => Some(Kernels::Auto),
+        };
+        if let Some(kernels) = kernels {
+            let tables = (&self.cos, &self.sin);
+            let gemm_tables = self.gemm_tables.as_ref().map(|(c, s)| (c, s));
+            let modes = (linear.weight_grad.raw(), kernels.raw());
+            let heads_kv = (heads, kv_heads);
+            let layout = self.raw_layout();
+            let bias = wqkv.bs.as_ref();
+            if let Some(qkv) =
+                raw::project_qkv(x, &wqkv.ws, bias, heads_kv, tables, gemm_tables, offset, layout, modes)?
+            {
+                self.last.set(Some(KernelPath::Own));
+                return Ok(qkv);
+            }
+        }
+        let size = x.size();
+        let (batch, seq) = match size.as_slice() {
+            [b, t, _] => (*b, *t),
+            _ => return Err(Error::Misuse(format!("rotary projection: x must be [batch, seq, in], not {size:?}"))),
+        };
+        let qkv = wqkv.f_forward(x)?.f_view([batch, seq, heads + 2 * kv_heads, -1])?;
+        self.f_forward_qkv(&qkv, heads, kv_heads, offset)
+    }
+
+    /// [`f_project_qkv`](Self::f_project_qkv), panicking on an error.
+    pub fn project_qkv(
+        &self,
+        wqkv: &Linear,
+        x: &Tensor,
+        heads: i64,
+        kv_heads: i64,
+        offset: i64,
+    ) -> (Tensor, Tensor, Tensor) {
+        self.f_project_qkv(wqkv, x, heads, kv_heads, offset).unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn raw_layout(&self) -> RawRotaryLayout {

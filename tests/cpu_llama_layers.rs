@@ -193,3 +193,18 @@ fn rotary_from_a_fused_qkv_on_the_cpu_is_split_then_rotate() {
     assert!(q.equal(&q2) && k.equal(&k2) && v.equal(&qkv.narrow(2, 6, 2)));
     assert!(matches!(rope.f_forward_qkv(&qkv, 4, 1, 0), Err(Error::Misuse(_))), "heads that do not add up");
 }
+
+#[test]
+fn the_projection_with_rotary_on_the_cpu_is_the_linear_layer_then_rotate() {
+    tch::manual_seed(2);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let wqkv = linear(vs.root() / "wqkv", 32, (4 + 2 * 2) * 16, LinearConfig { bias: false, ..Default::default() });
+    let rope = Rotary::new(16, 64, Device::Cpu, RotaryConfig::default());
+    let x = Tensor::randn([2, 12, 32], (Kind::Float, Device::Cpu));
+    let (q, k, v) = rope.f_project_qkv(&wqkv, &x, 4, 2, 3).expect("project");
+    let (q2, k2, v2) = rope.f_forward_qkv(&wqkv.forward(&x).view([2, 12, 8, 16]), 4, 2, 3).expect("qkv");
+    println!("q {:e}, k {:e}, v {:e}", max_diff(&q, &q2), max_diff(&k, &k2), max_diff(&v, &v2));
+    assert!(q.equal(&q2) && k.equal(&k2) && v.equal(&v2));
+    assert!(matches!(rope.f_project_qkv(&wqkv, &x, 4, 1, 0), Err(Error::Misuse(_))), "heads that do not add up");
+    assert!(matches!(rope.f_project_qkv(&wqkv, &x.view([24, 32]), 4, 2, 0), Err(Error::Misuse(_))), "x not [b, t, c]");
+}

@@ -3,7 +3,9 @@
 //! where both round the same operations), bf16 within one bf16 ulp of the float32 computation
 //! on the same values rounded once; both rotary layouts, strided q and k (views of a fused
 //! projection), a fused projection read whole (`f_forward_qkv`: q, k, v and the packed gradient
-//! equal bit for bit to splitting it first, with no concatenation kernel), a device offset read
+//! equal bit for bit to splitting it first, with no concatenation kernel), the projection and
+//! the rotation in one node (`f_project_qkv`: equal bit for bit to the two calls, q, k and v
+//! views of the projection), a device offset read
 //! at replay (a captured decode step), and a captured step equal to the eager one bit for bit;
 //! the SwiGLU MLP (`mlp::f_swiglu_mlp`, SwiGLU's backward in w2's GEMM) against a float32
 //! reference, the layers apart and ATen's composition. Ignored without a GPU; fails loudly there.
@@ -110,6 +112,94 @@ fn rotary_reads_a_fused_qkv_whole_and_writes_its_gradient_packed() {
         Err(Error::Misuse(why)) => println!("heads that do not add up: {why}"),
         other => panic!("expected Misuse, got {other:?}"),
     }
+}
+
+/// q, k and v of `wqkv`'s projection of x under bf16 autocast, and the gradients of x and of
+/// `wqkv`'s parameters for the loss sum(q · w) + sum(k · u) + sum(v · u): in one node
+/// (`f_project_qkv`) or as the linear layer and `f_forward_qkv`.
+fn projected_qkv(
+    rope: &Rotary,
+    wqkv: &Linear,
+    x: &Tensor,
+    (h, kv): (i64, i64),
+    w: &Tensor,
+    u: &Tensor,
+    one: bool,
+) -> Vec<Tensor> {
+    let x = x.detach().set_requires_grad(true);
+    let (q, k, v) = {
+        let _amp = Autocast::new(Kind::BFloat16, false).expect("autocast");
+        if one {
+            rope.f_project_qkv(wqkv, &x, h, kv, 5).expect("project")
+        } else {
+            let size = x.size();
+            let qkv = wqkv.f_forward(&x).expect("wqkv").view([size[0], size[1], h + 2 * kv, -1]);
+            rope.f_forward_qkv(&qkv, h, kv, 5).expect("qkv")
+        }
+    };
+    let f = |t: &Tensor, m: &Tensor| (t.to_kind(Kind::Float) * m).sum(Kind::Float);
+    (f(&q, w) + f(&k, u) + f(&v, u)).backward();
+    let mut out = vec![q.detach(), k.detach(), v.detach(), x.grad(), wqkv.ws.grad().copy()];
+    if let Some(b) = &wqkv.bs {
+        out.push(b.grad().copy());
+        let _ = b.grad().zero_();
+    }
+    let _ = wqkv.ws.grad().zero_();
+    out
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn rotary_projects_qkv_in_one_node_as_the_two_calls_do() {
+    let dev = cuda();
+    tch::manual_seed(6);
+    // the 124 M model's attention at 4 sequences of 1024
+    let (b, t, c, h, kv, d) = (4, 1024, 768, 12, 4, 64);
+    let (w, u) = (Tensor::randn([b, t, h, d], (Kind::Float, dev)), Tensor::randn([b, t, kv, d], (Kind::Float, dev)));
+    let x = Tensor::randn([b, t, c], (Kind::Float, dev));
+    for (layout, bias) in
+        [(RotaryLayout::Interleaved, false), (RotaryLayout::HalfSplit, false), (RotaryLayout::Interleaved, true)]
+    {
+        let vs = nn::VarStore::new(dev);
+        let cfg = LinearConfig { bias, ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.05 }, ..Default::default() };
+        let wqkv = linear(vs.root() / "wqkv", c, (h + 2 * kv) * d, cfg);
+        let rope = Rotary::new(d, 2048, dev, RotaryConfig { layout, ..Default::default() });
+        let (one, names) = kernels_of(dev, || projected_qkv(&rope, &wqkv, &x, (h, kv), &w, &u, true));
+        assert_eq!(rope.last_path(), Some(KernelPath::Own));
+        // interleaved pairs without a bias: the rotation in the GEMM's epilogue, the kernel only
+        // in the backward; else the kernel both ways
+        let rotary_kernels = names.iter().filter(|n| n.starts_with("tcg_rotary")).count();
+        let in_gemm = layout == RotaryLayout::Interleaved && !bias;
+        assert_eq!(rotary_kernels, if in_gemm { 1 } else { 2 }, "{names:?}");
+        let two = projected_qkv(&rope, &wqkv, &x, (h, kv), &w, &u, false);
+        let equal: Vec<bool> = one.iter().zip(&two).map(|(a, b)| a.equal(b)).collect();
+        let most = one.iter().zip(&two).map(|(a, b)| rel(a, b)).fold(0.0, f64::max);
+        println!(
+            "{layout:?}, bias {bias}: rotated in the GEMM's epilogue {in_gemm}, largest relative difference {most:e}"
+        );
+        // q, k and v are views of the projection: k and v start where q's and k's heads end
+        let (q, k, v) = (&one[0], &one[1], &one[2]);
+        let step = |a: &Tensor, b: &Tensor| (b.data_ptr() as usize - a.data_ptr() as usize) / 2;
+        let views = (step(q, k), step(k, v), q.stride());
+        println!(
+            "{layout:?}, bias {bias}: q, k, v, dx, dW{} equal to the two calls {equal:?}; k and v at {} and {} values on, q's strides {:?}",
+            if bias { ", db" } else { "" },
+            views.0,
+            views.1,
+            views.2
+        );
+        assert!(equal.iter().all(|e| *e), "bit for bit as the two calls: {equal:?}");
+        assert_eq!(views, ((h * d) as usize, (kv * d) as usize, vec![t * (h + 2 * kv) * d, (h + 2 * kv) * d, d, 1]));
+    }
+    // a weight whose rows are not heads + 2 kv_heads heads, and an input that is not [b, t, c]
+    let vs = nn::VarStore::new(dev);
+    let wqkv = linear(vs.root() / "wqkv", c, (h + 2 * kv) * d + 2, LinearConfig { bias: false, ..Default::default() });
+    let rope = Rotary::new(d, 1024, dev, RotaryConfig::default());
+    match rope.f_project_qkv(&wqkv, &x, h, kv, 0) {
+        Err(Error::Misuse(why)) => println!("rows that are not whole heads: {why}"),
+        other => panic!("expected Misuse, got {other:?}"),
+    }
+    assert!(matches!(rope.f_project_qkv(&wqkv, &x.view([b * t, c]), h, kv, 0), Err(Error::Misuse(_))));
 }
 
 #[test]

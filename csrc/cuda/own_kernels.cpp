@@ -5,6 +5,7 @@
 #include "swiglu_gemm.h"
 #include "wgrad_gemm.h"
 #include "ce_head_gemm.h"
+#include "rotary_gemm.h"
 
 #include "../kernels.h"
 
@@ -226,8 +227,8 @@ std::string check_device(Library& l, int device) {
     }
   }
   l.device_error[device] = why;
-  // the CUTLASS GEMMs (gelu_gemm.h, swiglu_gemm.h, wgrad_gemm.h, ce_head_gemm.h), loaded now too:
-  // sm_90 only
+  // the CUTLASS GEMMs (gelu_gemm.h, swiglu_gemm.h, wgrad_gemm.h, ce_head_gemm.h, rotary_gemm.h),
+  // loaded now too: sm_90 only
   std::string gemm_why = "built without CUTLASS's headers";
 #ifdef TCG_CUTLASS_GEMMS
   const auto* p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device));
@@ -238,6 +239,7 @@ std::string check_device(Library& l, int device) {
     if (gemm_why.empty()) gemm_why = tcg::swiglu_gemm::prepare();
     if (gemm_why.empty()) gemm_why = tcg::wgrad_gemm::prepare();
     if (gemm_why.empty()) gemm_why = tcg::ce_head_gemm::prepare();
+    if (gemm_why.empty()) gemm_why = tcg::rotary_gemm::prepare();
   }
 #endif
   l.cutlass_gemms_error[device] = gemm_why;

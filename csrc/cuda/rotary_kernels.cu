@@ -122,8 +122,8 @@ __device__ __forceinline__ void store_item(const Params& a, const Item<T>& it, f
 // run of consecutive tokens, the pointers stepped on from token to token (no division, no
 // 64-bit product per token: the index arithmetic had made the kernel bound by its
 // instructions). A thread loads kTokens tokens' values and angles before it writes any of them,
-// so that all those loads are in flight together (the outputs never alias the inputs: the
-// launcher writes new tensors). At the 124 M Llama-style model's packed q | k | v (12 × 1024
+// so that all those loads are in flight together (an output either does not overlap its input
+// or is that input itself, rotated in place: a value is written only by the thread that read it). At the 124 M Llama-style model's packed q | k | v (12 × 1024
 // tokens, 20 heads of 64, bf16, 63 MB moved), on an H200: 24.9 µs with one token's values ahead
 // and each token's angles loaded just before its stores; 19.8 with two tokens (a copy of the same
 // bytes: 17.7); four and eight held more registers, so fewer blocks, and took 21.6 and 22.5.

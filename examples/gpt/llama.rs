@@ -48,6 +48,11 @@ pub struct Config {
     /// `mlp::f_swiglu_mlp` (SwiGLU's forward in the up half of `w13`'s GEMM, its backward in
     /// `w2`'s).
     pub swiglu_apart: bool,
+    /// With `fused`: `wqkv` and the rotation as two calls (`Linear::f_forward`, then
+    /// `Rotary::f_forward_qkv`: q and k rotated into new tensors, v copied), else one
+    /// (`Rotary::f_project_qkv`: q and k rotated in place in the projection, whose views q, k and
+    /// v are).
+    pub rotary_apart: bool,
     /// With `fused`: how the linear layers' weight gradients reach the float32 parameters.
     pub weight_grad: WeightGrad,
     /// With `fused`: the head and the loss in one call with the exponentials in the head's GEMM
@@ -72,6 +77,7 @@ impl Config {
             fused: false,
             expand_kv: false,
             swiglu_apart: false,
+            rotary_apart: false,
             weight_grad: WeightGrad::Float32,
             exp_loss: true,
         }
@@ -92,6 +98,7 @@ impl Config {
             fused: false,
             expand_kv: false,
             swiglu_apart: false,
+            rotary_apart: false,
             weight_grad: WeightGrad::Float32,
             exp_loss: true,
         }
@@ -190,10 +197,14 @@ impl Llama {
     fn attention(&self, b: &Block, h: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
         let c = &self.config;
         let (bsz, t, d) = (h.size()[0], h.size()[1], c.head_dim());
-        // one projection, q | k | v along the heads: rotary reads it whole, and its backward writes
-        // the projection's gradient in place of the concatenation of dq, dk and dv
-        let qkv = b.wqkv.f_forward(h)?.f_view([bsz, t, c.heads + 2 * c.kv_heads, d])?;
-        let (q, k, v) = self.rope.f_forward_qkv(&qkv, c.heads, c.kv_heads, 0)?;
+        // one projection, q | k | v along the heads, rotated in place in one node (fused) whose
+        // backward writes the projection's gradient in place of the concatenation of dq, dk and dv
+        let (q, k, v) = if c.rotary_apart {
+            let qkv = b.wqkv.f_forward(h)?.f_view([bsz, t, c.heads + 2 * c.kv_heads, d])?;
+            self.rope.f_forward_qkv(&qkv, c.heads, c.kv_heads, 0)?
+        } else {
+            self.rope.f_project_qkv(&b.wqkv, h, c.heads, c.kv_heads, 0)?
+        };
         let (q, mut k, mut v) = (q.f_transpose(1, 2)?, k.f_transpose(1, 2)?, v.f_transpose(1, 2)?);
         let group = c.heads / c.kv_heads;
         if c.expand_kv && group > 1 {

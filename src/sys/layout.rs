@@ -79,6 +79,11 @@ mod tests {
             ffi::tcg_rotary_qkv_inputs,
             [qkv, cos, sin, offset, heads, kv_heads]
         );
+        same_layout!(
+            TCG_LAYOUT_ROTARY_PROJECT_INPUTS,
+            ffi::tcg_rotary_project_inputs,
+            [x, weight, bias, cos, sin, cos_gemm, sin_gemm, heads, kv_heads]
+        );
         same_layout!(TCG_LAYOUT_LINEAR_CE_OPTIONS, ffi::tcg_linear_ce_options, [ignore_index, chunk_rows, wgrad]);
         same_layout!(TCG_LAYOUT_MLP_INPUTS, ffi::tcg_mlp_inputs, [x, fc_weight, fc_bias, proj_weight, proj_bias]);
         same_layout!(TCG_LAYOUT_SCHEDULE, ffi::tcg_schedule, [kind, warmup, total, min_factor, step_size, gamma]);

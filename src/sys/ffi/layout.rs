@@ -26,6 +26,7 @@ c_enum!(tcg_layout_struct {
     TCG_LAYOUT_SCHEDULE = 21,
     TCG_LAYOUT_GEMM_ENTRY = 22,
     TCG_LAYOUT_GEMM_IDENTITY = 23,
+    TCG_LAYOUT_ROTARY_PROJECT_INPUTS = 24,
 });
 
 extern "C" {
