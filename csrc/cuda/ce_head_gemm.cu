@@ -42,49 +42,19 @@ __device__ __forceinline__ float ex2(float x) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The forward's epilogue: CUTLASS's collective epilogue `Base`, with its arguments carrying the
-// stats' pointer and the problem's size, whose store first turns the tile's accumulators into e.
+// The forward's epilogue edit (cutlass_gemm.cuh's EditingEpilogue): the tile's accumulators
+// turned into e, with the stats' pointer and the problem's size.
 
-template <class Base>
-struct ExpEpilogue : Base {
-  struct Arguments : Base::Arguments {
-    float2* stats;
-    int32_t rows, vocab;
-  };
-  struct Params : Base::Params {
-    float2* stats;
-    int32_t rows, vocab;
-  };
+struct ExpEdit {
+  float2* stats;
+  int32_t rows, vocab;
 
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const& problem, Arguments const& args, void* workspace) {
-    return Params{Base::to_underlying_arguments(problem, args, workspace), args.stats, args.rows, args.vocab};
-  }
-
-  CUTLASS_HOST_DEVICE ExpEpilogue(Params const& params, typename Base::TensorStorage& storage)
-      : Base(params, storage), stats_(params.stats), rows_(params.rows), vocab_(params.vocab) {}
-
-  template <class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL, class AccEngine, class AccLayout,
-            class TiledMma>
-  CUTLASS_DEVICE auto store(typename Base::LoadPipeline load_pipeline,
-                            typename Base::LoadPipelineState load_state, typename Base::StorePipeline store_pipeline,
-                            typename Base::StorePipelineState store_state, ProblemShapeMNKL problem,
-                            TileShapeMNK tile_shape, TileCoordMNKL tile_coord, cute::Tensor<AccEngine, AccLayout> acc,
-                            TiledMma tiled_mma, int thread_idx, typename Base::TensorStorage& storage,
-                            int subtile_idx = -1) {
-    exp_tile(acc, tiled_mma, tile_shape, thread_idx, static_cast<int>(get<0>(tile_coord)),
-             static_cast<int>(get<1>(tile_coord)));
-    return Base::store(load_pipeline, load_state, store_pipeline, store_state, problem, tile_shape, tile_coord, acc,
-                       tiled_mma, thread_idx, storage, subtile_idx);
-  }
-
- private:
   // The accumulators of a tile 128 columns wide in wgmma's layout ((2 columns, 2 row halves,
   // column groups), atoms along m, one atom along n): each row's 128 values lie with the four lanes
   // of a quad, 32 each.
   template <class Acc, class Mma, class TileShapeMNK>
-  CUTLASS_DEVICE void exp_tile(Acc& acc, Mma const& mma, TileShapeMNK tile_shape, int thread_idx, int m_tile,
-                               int n_tile) const {
+  CUTLASS_DEVICE void operator()(Acc& acc, Mma const& mma, TileShapeMNK tile_shape, int thread_idx, int m_tile,
+                                 int n_tile) const {
     constexpr int kAtomsM = decltype(size<1>(acc))::value;
     constexpr int kGroups = decltype(size<0, 2>(acc))::value;
     static_assert(decltype(size<2>(acc))::value == 1 && decltype(size<0, 0>(acc))::value == 2 &&
@@ -108,8 +78,8 @@ struct ExpEpilogue : Base {
           const __nv_bfloat162 p = __floats2bfloat162_rn(a0, a1);
           const uint32_t u = *reinterpret_cast<const uint32_t*>(&p);
           const int col = col0 + static_cast<int>(get<1>(coords(make_coord(make_coord(0, h, g), m, 0))));
-          a0 = col < vocab_ ? __uint_as_float(u << 16) : -INFINITY;
-          a1 = col + 1 < vocab_ ? __uint_as_float(u & 0xffff0000u) : -INFINITY;
+          a0 = col < vocab ? __uint_as_float(u << 16) : -INFINITY;
+          a1 = col + 1 < vocab ? __uint_as_float(u & 0xffff0000u) : -INFINITY;
           mx = fmaxf(mx, fmaxf(a0, a1));
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -137,24 +107,21 @@ struct ExpEpilogue : Base {
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         const int row = m_tile * kBlkM + static_cast<int>(get<0>(coords(make_coord(make_coord(0, h, 0), m, 0))));
-        if ((thread_idx & 3) == 0 && row < rows_) {
-          stats_[static_cast<int64_t>(n_tile) * rows_ + row] = make_float2(k[m][h], sum);
+        if ((thread_idx & 3) == 0 && row < rows) {
+          stats[static_cast<int64_t>(n_tile) * rows + row] = make_float2(k[m][h], sum);
         }
       }
     }
   }
-
-  float2* stats_;
-  int32_t rows_, vocab_;
 };
 
 using FwdTile = Shape<_128, _128, _64>;
 using FwdKernel =
     Kernel<FwdTile, RowMajor, ColumnMajor, RowMajor, cutlass::epilogue::fusion::LinearCombination<E, float, void, float>,
            Pingpong>;
-using FwdEpilogue = ExpEpilogue<FwdKernel::Epilogue>;
 using FwdGemm = cutlass::gemm::device::GemmUniversalAdapter<cutlass::gemm::kernel::GemmUniversal<
-    Shape<int, int, int, int>, FwdKernel::Mainloop, FwdEpilogue, cutlass::gemm::PersistentScheduler>>;
+    Shape<int, int, int, int>, FwdKernel::Mainloop, EditingEpilogue<FwdKernel::Epilogue, ExpEdit>,
+    cutlass::gemm::PersistentScheduler>>;
 
 // ---------------------------------------------------------------------------------------------
 // The input gradient: dh = f ⊙ (e · w), e [rows, vocab] as A, w [vocab, c] as B (n-major), the
@@ -325,22 +292,8 @@ const char* unsupported(int32_t rows, int32_t vocab, int32_t c, const void* h, c
 }
 
 cudaError_t forward(const Forward& a, int sm_count, cudaStream_t stream) {
-  using K = FwdGemm::GemmKernel;
-  typename FwdGemm::Arguments args{};
-  args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
-  args.problem_shape = {a.rows, a.vocab, a.c, 1};
-  args.mainloop = {static_cast<const E*>(a.h), cutlass::make_cute_packed_stride(typename K::StrideA{}, make_shape(a.rows, a.c, 1)),
-                   static_cast<const E*>(a.w), cutlass::make_cute_packed_stride(typename K::StrideB{}, make_shape(a.vocab, a.c, 1))};
-  const auto sd = cutlass::make_cute_packed_stride(typename K::StrideD{}, make_shape(a.rows, a.vocab, 1));
-  typename FwdEpilogue::Arguments& epi = args.epilogue;
-  static_cast<typename FwdKernel::Epilogue::Arguments&>(epi) = {{}, nullptr, sd, static_cast<E*>(a.e), sd};
-  epi.thread.alpha = 1.0f;
-  epi.thread.beta = 0.0f;
-  epi.stats = static_cast<float2*>(a.stats);
-  epi.rows = a.rows;
-  epi.vocab = a.vocab;
-  args.hw_info.sm_count = sm_count;
-  return run<FwdGemm>(args, stream);
+  const ExpEdit edit{static_cast<float2*>(a.stats), a.rows, a.vocab};
+  return run<FwdGemm>(editing_gemm_args<FwdGemm>(a.rows, a.vocab, a.c, a.h, a.w, a.e, edit, sm_count), stream);
 }
 
 cudaError_t rows_pass(const Rows& a, cudaStream_t stream) {

@@ -1,7 +1,8 @@
-// What the crate's CUTLASS GEMMs (gelu_gemm.cu, swiglu_gemm.cu) share: the kernel type for sm_90
-// (TMA loads, a warp-specialized mainloop, one CTA per cluster, bf16 operands, float32
-// accumulators, an epilogue visitor tree writing bf16 D), the arguments of a GEMM without C, and
-// its launch. Included by nvcc-compiled sources only (CUTLASS's headers).
+// What the crate's CUTLASS GEMMs (gelu_gemm.cu, swiglu_gemm.cu, wgrad_gemm.cu, ce_head_gemm.cu,
+// rotary_gemm.cu) share: the kernel type for sm_90 (TMA loads, a warp-specialized mainloop, one
+// CTA per cluster, bf16 operands, float32 accumulators, an epilogue visitor tree writing bf16 D),
+// the arguments of a GEMM without C, its launch, and an epilogue that edits the accumulators
+// before it stores them. Included by nvcc-compiled sources only (CUTLASS's headers).
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
@@ -133,6 +134,72 @@ using SplitAuxStore =
                                                        cutlass::FloatRoundStyle::round_to_nearest, StrideMNL,
                                                        SmemLayoutAtom, CopyOpR2S, 8, /*EnableNullptr=*/false>,
                Split>;
+
+// CUTLASS's collective epilogue `Base` whose store first hands the tile's float32 accumulators
+// to `Edit` to change in place: the GEMMs whose epilogue works on a tile's values together (a
+// row's maximum and sum: ce_head_gemm.cu's exponentials; a pair of columns: rotary_gemm.cu's
+// rotation). `Edit` is plain data carried in the epilogue's arguments and parameters, with
+//   template <class Acc, class Mma, class TileShapeMNK>
+//   CUTLASS_DEVICE void operator()(Acc& acc, Mma const& mma, TileShapeMNK tile, int thread_idx,
+//                                  int m_tile, int n_tile) const;
+// (the accumulators in wgmma's layout; mma.get_slice(thread_idx).partition_C of the tile's
+// identity gives each one's coordinates).
+template <class Base, class Edit>
+struct EditingEpilogue : Base {
+  using BaseArguments = typename Base::Arguments;
+  struct Arguments : Base::Arguments {
+    Edit edit;
+  };
+  struct Params : Base::Params {
+    Edit edit;
+  };
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const& problem, Arguments const& args, void* workspace) {
+    return Params{Base::to_underlying_arguments(problem, args, workspace), args.edit};
+  }
+
+  CUTLASS_HOST_DEVICE EditingEpilogue(Params const& params, typename Base::TensorStorage& storage)
+      : Base(params, storage), edit_(params.edit) {}
+
+  template <class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL, class AccEngine, class AccLayout,
+            class TiledMma>
+  CUTLASS_DEVICE auto store(typename Base::LoadPipeline load_pipeline,
+                            typename Base::LoadPipelineState load_state, typename Base::StorePipeline store_pipeline,
+                            typename Base::StorePipelineState store_state, ProblemShapeMNKL problem,
+                            TileShapeMNK tile_shape, TileCoordMNKL tile_coord, cute::Tensor<AccEngine, AccLayout> acc,
+                            TiledMma tiled_mma, int thread_idx, typename Base::TensorStorage& storage,
+                            int subtile_idx = -1) {
+    edit_(acc, tiled_mma, tile_shape, thread_idx, static_cast<int>(get<0>(tile_coord)),
+          static_cast<int>(get<1>(tile_coord)));
+    return Base::store(load_pipeline, load_state, store_pipeline, store_state, problem, tile_shape, tile_coord, acc,
+                       tiled_mma, thread_idx, storage, subtile_idx);
+  }
+
+ private:
+  Edit edit_;
+};
+
+// The arguments of a GEMM of `Gemm` (built on EditingEpilogue) without C: D [M, N] = A [M, K] ·
+// B [K, N] in its layouts (packed), `edit` for its epilogue, on `sm_count` SMs.
+template <class Gemm, class Edit>
+Args<Gemm> editing_gemm_args(int m, int n, int k, const void* a, const void* b, void* d, Edit edit, int sm_count) {
+  using K = typename Gemm::GemmKernel;
+  Args<Gemm> args{};
+  args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+  args.problem_shape = {m, n, k, 1};
+  args.mainloop = {static_cast<const E*>(a), cutlass::make_cute_packed_stride(typename K::StrideA{}, make_shape(m, k, 1)),
+                   static_cast<const E*>(b), cutlass::make_cute_packed_stride(typename K::StrideB{}, make_shape(n, k, 1))};
+  const auto sd = cutlass::make_cute_packed_stride(typename K::StrideD{}, make_shape(m, n, 1));
+  auto& epi = args.epilogue;
+  using BaseArguments = typename K::CollectiveEpilogue::BaseArguments;
+  static_cast<BaseArguments&>(epi) = {{}, nullptr, sd, static_cast<typename K::CollectiveEpilogue::ElementD*>(d), sd};
+  epi.thread.alpha = 1.0f;
+  epi.thread.beta = 0.0f;
+  epi.edit = edit;
+  args.hw_info.sm_count = sm_count;
+  return args;
+}
 
 // Prepares each of `Gemms` in turn: "" or the first one's error.
 template <class... Gemms>

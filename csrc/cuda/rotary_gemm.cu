@@ -22,60 +22,25 @@ namespace {
 
 using namespace tcg::cutlass_gemm;
 
-// What the epilogue reads beside the accumulators (rotary_gemm.h's Forward's fields).
+// The rounding of a bf16 GEMM's output, back in float32.
+__device__ __forceinline__ float rounded(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// The epilogue's edit (cutlass_gemm.cuh's EditingEpilogue): the tile's q and k pairs rotated in
+// the accumulators, with what it reads beside them (rotary_gemm.h's Forward's fields).
 struct Rope {
   const float* cos;
   const float* sin;
   int64_t offset, positions;
   int32_t seq, rot_cols;
-};
 
-// The rounding of a bf16 GEMM's output, back in float32.
-__device__ __forceinline__ float rounded(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
-
-// CUTLASS's collective epilogue `Base`, with its arguments carrying Rope, whose store first
-// rotates the tile's pairs in the accumulators.
-template <class Base>
-struct RopeEpilogue : Base {
-  using BaseArguments = typename Base::Arguments;
-  struct Arguments : Base::Arguments {
-    Rope rope;
-  };
-  struct Params : Base::Params {
-    Rope rope;
-  };
-
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const& problem, Arguments const& args, void* workspace) {
-    return Params{Base::to_underlying_arguments(problem, args, workspace), args.rope};
-  }
-
-  CUTLASS_HOST_DEVICE RopeEpilogue(Params const& params, typename Base::TensorStorage& storage)
-      : Base(params, storage), rope_(params.rope) {}
-
-  template <class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL, class AccEngine, class AccLayout,
-            class TiledMma>
-  CUTLASS_DEVICE auto store(typename Base::LoadPipeline load_pipeline,
-                            typename Base::LoadPipelineState load_state, typename Base::StorePipeline store_pipeline,
-                            typename Base::StorePipelineState store_state, ProblemShapeMNKL problem,
-                            TileShapeMNK tile_shape, TileCoordMNKL tile_coord, cute::Tensor<AccEngine, AccLayout> acc,
-                            TiledMma tiled_mma, int thread_idx, typename Base::TensorStorage& storage,
-                            int subtile_idx = -1) {
-    rotate_tile(acc, tiled_mma, tile_shape, thread_idx, static_cast<int>(get<0>(tile_coord)),
-                static_cast<int>(get<1>(tile_coord)));
-    return Base::store(load_pipeline, load_state, store_pipeline, store_state, problem, tile_shape, tile_coord, acc,
-                       tiled_mma, thread_idx, storage, subtile_idx);
-  }
-
- private:
   // The accumulators in wgmma's layout ((2 adjacent columns, 2 row halves, column groups of 8),
   // atoms along m, atoms along n): the pair (c = 0, c = 1) of an element is an interleaved pair;
   // group g of a head holds its pair 4 (g mod 8) + q, q the thread's column pair in the group,
   // so a thread's angles for a row are permuted angles 8q .. 8q + 7, shared by the tile's heads.
   // Both row halves' angles are loaded before any pair is rotated.
   template <class Acc, class Mma, class TileShapeMNK>
-  CUTLASS_DEVICE void rotate_tile(Acc& acc, Mma const& mma, TileShapeMNK tile_shape, int thread_idx, int m_tile,
-                                  int n_tile) const {
+  CUTLASS_DEVICE void operator()(Acc& acc, Mma const& mma, TileShapeMNK tile_shape, int thread_idx, int m_tile,
+                                 int n_tile) const {
     constexpr int kAtomsM = decltype(size<1>(acc))::value;
     constexpr int kAtomsN = decltype(size<2>(acc))::value;
     constexpr int kGroups = decltype(size<0, 2>(acc))::value;
@@ -86,7 +51,7 @@ struct RopeEpilogue : Base {
     static_assert((kBlkN / kAtomsN) % kHeadDim == 0, "whole heads in an atom");
     constexpr int kLoads = kHeadDim / 8;  // a thread's angles per row
     const int col0 = n_tile * kBlkN;
-    if (col0 >= rope_.rot_cols) return;  // v's columns only
+    if (col0 >= rot_cols) return;  // v's columns only
     const auto coords = mma.get_slice(thread_idx).partition_C(make_identity_tensor(take<0, 2>(tile_shape)));
     // the thread's first angle (group 0's pair), and which groups rotate
     const int q = (static_cast<int>(get<1>(coords(make_coord(make_coord(0, 0, 0), 0, 0)))) % kHeadDim) / 2;
@@ -95,7 +60,7 @@ struct RopeEpilogue : Base {
     for (int n = 0; n < kAtomsN; ++n) {
       CUTLASS_PRAGMA_UNROLL
       for (int g = 0; g < kGroups; ++g) {
-        rotates[n][g] = col0 + static_cast<int>(get<1>(coords(make_coord(make_coord(0, 0, g), 0, n)))) < rope_.rot_cols;
+        rotates[n][g] = col0 + static_cast<int>(get<1>(coords(make_coord(make_coord(0, 0, g), 0, n)))) < rot_cols;
       }
     }
     CUTLASS_PRAGMA_UNROLL
@@ -104,10 +69,10 @@ struct RopeEpilogue : Base {
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
         const int row = m_tile * kBlkM + static_cast<int>(get<0>(coords(make_coord(make_coord(0, h, 0), m, 0))));
-        const int64_t pos = row % rope_.seq + rope_.offset;
-        if (pos >= 0 && pos < rope_.positions) {
-          const float4* cv = reinterpret_cast<const float4*>(rope_.cos + pos * (kHeadDim / 2) + q * kLoads);
-          const float4* sv = reinterpret_cast<const float4*>(rope_.sin + pos * (kHeadDim / 2) + q * kLoads);
+        const int64_t pos = row % seq + offset;
+        if (pos >= 0 && pos < positions) {
+          const float4* cv = reinterpret_cast<const float4*>(cos + pos * (kHeadDim / 2) + q * kLoads);
+          const float4* sv = reinterpret_cast<const float4*>(sin + pos * (kHeadDim / 2) + q * kLoads);
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kLoads / 4; ++j) {
             const float4 a = __ldg(cv + j), b = __ldg(sv + j);
@@ -138,8 +103,6 @@ struct RopeEpilogue : Base {
       }
     }
   }
-
-  Rope rope_;
 };
 
 using Tile = Shape<_128, _128, _64>;
@@ -147,7 +110,7 @@ using FwdKernel =
     Kernel<Tile, RowMajor, ColumnMajor, RowMajor, cutlass::epilogue::fusion::LinearCombination<E, float, void, float>,
            Pingpong>;
 using FwdGemm = cutlass::gemm::device::GemmUniversalAdapter<cutlass::gemm::kernel::GemmUniversal<
-    Shape<int, int, int, int>, FwdKernel::Mainloop, RopeEpilogue<FwdKernel::Epilogue>,
+    Shape<int, int, int, int>, FwdKernel::Mainloop, EditingEpilogue<FwdKernel::Epilogue, Rope>,
     cutlass::gemm::PersistentScheduler>>;
 
 }  // namespace
@@ -164,21 +127,8 @@ const char* unsupported(const Forward& a) {
 }
 
 cudaError_t forward(const Forward& a, int sm_count, cudaStream_t stream) {
-  using K = FwdGemm::GemmKernel;
-  typename FwdGemm::Arguments args{};
-  args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
-  args.problem_shape = {a.m, a.n, a.c, 1};
-  args.mainloop = {static_cast<const E*>(a.x), cutlass::make_cute_packed_stride(typename K::StrideA{}, make_shape(a.m, a.c, 1)),
-                   static_cast<const E*>(a.w), cutlass::make_cute_packed_stride(typename K::StrideB{}, make_shape(a.n, a.c, 1))};
-  const auto sd = cutlass::make_cute_packed_stride(typename K::StrideD{}, make_shape(a.m, a.n, 1));
-  auto& epi = args.epilogue;
-  using BaseArguments = typename K::CollectiveEpilogue::BaseArguments;
-  static_cast<BaseArguments&>(epi) = {{}, nullptr, sd, static_cast<E*>(a.y), sd};
-  epi.thread.alpha = 1.0f;
-  epi.thread.beta = 0.0f;
-  epi.rope = Rope{a.cos, a.sin, a.offset, a.positions, a.seq, a.rot_cols};
-  args.hw_info.sm_count = sm_count;
-  return run<FwdGemm>(args, stream);
+  const Rope rope{a.cos, a.sin, a.offset, a.positions, a.seq, a.rot_cols};
+  return run<FwdGemm>(editing_gemm_args<FwdGemm>(a.m, a.n, a.c, a.x, a.w, a.y, rope, sm_count), stream);
 }
 
 }  // namespace tcg::rotary_gemm
