@@ -44,7 +44,7 @@ A Llama-style step captured by this crate (plain and fused) beside PyTorch's fou
                    mlp::f_swiglu_mlp with SwiGLU's backward in w2's GEMM
   --rotary-apart   the fused rows' wqkv and rotary embeddings as two calls (Linear::f_forward,
                    Rotary::f_forward_qkv), instead of Rotary::f_project_qkv (q and k rotated in
-                   place in the projection)
+                   the projection's GEMM)
   --timed-gemms    the fused rows measured again with the GEMMs' algorithms timed
                    (gemm::GemmChoice::Timed), in two more columns; with --profile, both
                    profiled steps' GEMMs are timed

@@ -34,7 +34,7 @@ std::array<at::Tensor, 3> fused_qkv(const at::Tensor& qkv, int64_t heads, int64_
 
 // The projection of q | k | v and their rotation: the linear layer's operands `ops` (x [B, T, C],
 // the weight [(heads + 2 kv_heads) · D, C], an optional bias, their shadows) and `in`'s tables,
-// offsets and layout (its q and k undefined).
+// host offset and layout (its q, k and device offset undefined).
 // cos_gemm and sin_gemm: the tables permuted for the GEMM's epilogue (rotary.cpp's
 // permuted_table), or undefined.
 struct Projection {
@@ -49,9 +49,9 @@ std::string project_unsupported(const Projection& p, const Inputs& in);
 
 // q, k and v as views of qkv = x · weightᵀ (+ bias) [B, T, heads + 2 kv_heads, D], q and k
 // rotated in place (or in the GEMM's epilogue, where rotary_gemm.h's kernel takes the operands
-// and the permuted tables are given), through one autograd node whose backward packs the three gradients with the
-// rotation transposed in one launch and runs the linear layer's backward on it (`fp32_wgrad` as
-// linear_own.h's). Call only where project_unsupported() is "".
+// and the permuted tables are given), through one autograd node whose backward packs the three
+// gradients with the rotation transposed in one launch and runs the linear layer's backward on it
+// (`fp32_wgrad` as linear_own.h's). Call only where project_unsupported() is "".
 std::array<at::Tensor, 3> fused_project_qkv(const Projection& p, bool fp32_wgrad, const Inputs& in);
 
 }  // namespace tcg::rotary

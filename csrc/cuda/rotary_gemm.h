@@ -12,8 +12,9 @@
 // The columns from `rot_cols` on (v's heads) are the GEMM's values. So y is the projection's GEMM
 // followed by the rotary kernel's forward, with no pass of its own over the projection.
 //
-// The tables come permuted (permuted_angle() below): each row's angles in the order the GEMM's
-// threads hold the pairs, so that a thread loads its row's angles in two 16-byte loads.
+// The tables come permuted (tcg_rotary_permuted_table, rotary.cpp): each row's angles in the
+// order the GEMM's threads hold the pairs, angle i at (i mod 4) · kHeadDim/8 + i / 4, so that a
+// thread loads its row's angles in two 16-byte loads.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -23,10 +24,6 @@ namespace tcg::rotary_gemm {
 
 // The head dimension the kernel takes.
 constexpr int kHeadDim = 64;
-
-// Where the permuted tables keep angle i (of kHeadDim / 2) of a row: the thread that holds pair i
-// of a head holds the pairs i ≡ q (mod 4), at q · 8 + i / 4.
-constexpr int permuted_angle(int i) { return (i % 4) * (kHeadDim / 8) + i / 4; }
 
 struct Forward {
   const void* x;     // [m, c] bf16

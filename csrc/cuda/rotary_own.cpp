@@ -192,7 +192,7 @@ struct ProjectArgs {
 
 // y2 [N, out] = x2 · wcᵀ with q's and k's pairs rotated in the GEMM's epilogue (rotary_gemm.h),
 // where that kernel takes these operands: bf16, interleaved pairs, heads of its dimension, no
-// bias, no device offset, the permuted tables given, CUTLASS's GEMMs loaded. Undefined where it
+// bias, the permuted tables given, CUTLASS's GEMMs loaded. Undefined where it
 // does not (nothing ran).
 at::Tensor rotated_in_gemm(const at::Tensor& x2, const at::Tensor& wc, int64_t seq, const at::Tensor& cos,
                            const ProjectArgs& a) {
@@ -227,21 +227,22 @@ at::Tensor rotated_in_gemm(const at::Tensor& x2, const at::Tensor& wc, int64_t s
 #endif
 }
 
-// x · weightᵀ (+ bias) read as q | k | v, q and k rotated in place: one autograd node for the
-// projection and the rotation. Its outputs are views of the GEMM's output (no copy of v, no
+// x · weightᵀ (+ bias) read as q | k | v, q and k rotated in the GEMM's epilogue or in place
+// after it, at positions from the host offset on: one autograd node for the projection and the
+// rotation. Its outputs are views of the GEMM's output (no copy of v, no
 // second tensor of q's and k's); backward, the rotary kernel packs the gradients into the
 // output's gradient and the linear layer's GEMMs (linear_own.cpp's) run on it. Saves what the
 // linear layer alone saves (x and the weight in the compute dtype) and the tables.
 struct ProjectedQkv : torch::autograd::Function<ProjectedQkv> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                                const std::optional<at::Tensor>& bias_arg, const at::Tensor& cos, const at::Tensor& sin,
-                               const std::optional<at::Tensor>& offset_arg, ProjectArgs a) {
-    const at::Tensor bias = bias_arg.value_or(at::Tensor()), offset_dev = offset_arg.value_or(at::Tensor());
+                               ProjectArgs a) {
+    const at::Tensor bias = bias_arg.value_or(at::Tensor());
     c10::cuda::CUDAGuard guard(x.device());
     const at::Tensor x2 = tcg::lt::in_dtype(x, at::Tensor(), a.dt).contiguous().view({-1, x.size(-1)});
     const at::Tensor wc = tcg::lt::in_dtype(weight, a.shadow_w, a.dt).contiguous();
     at::Tensor y2;
-    if (!bias.defined() && !offset_dev.defined()) y2 = rotated_in_gemm(x2, wc, x.size(1), cos, a);
+    if (!bias.defined()) y2 = rotated_in_gemm(x2, wc, x.size(1), cos, a);
     const bool in_gemm = y2.defined();
     if (!in_gemm) y2 = tcg::lt::linear(x2, wc, tcg::lt::in_dtype(bias, a.shadow_b, a.dt));
     const at::Tensor qkv = y2.view({x.size(0), x.size(1), a.where.heads + 2 * a.where.kv_heads, -1});
@@ -249,9 +250,9 @@ struct ProjectedQkv : torch::autograd::Function<ProjectedQkv> {
     // in place: each of the kernel's threads writes only the values it has read
     if (!in_gemm) {
       launch(q, part_of(q, q), part_of(k, k), Part{},
-             Rotation{cos, sin, offset_dev, a.where.offset, a.where.half_split, false});
+             Rotation{cos, sin, at::Tensor(), a.where.offset, a.where.half_split, false});
     }
-    ctx->save_for_backward({x2, wc, cos, sin, offset_dev});
+    ctx->save_for_backward({x2, wc, cos, sin});
     save_packing(ctx, "qkv_sizes", qkv.sizes(), a.where);
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     ctx->saved_data["has_bias"] = bias.defined();
@@ -266,8 +267,9 @@ struct ProjectedQkv : torch::autograd::Function<ProjectedQkv> {
     if (at::GradMode::is_enabled()) misuse("rotary: double backward (create_graph) is not supported");
     auto saved = ctx->get_saved_variables();
     const at::Tensor &x2 = saved[0], &wc = saved[1];
-    variable_list out(7);
-    const at::Tensor dqkv = packed_grad(ctx, grads, "qkv_sizes", Rotation{saved[2], saved[3], saved[4], 0, false, true});
+    variable_list out(6);  // one per forward argument
+    const at::Tensor dqkv =
+        packed_grad(ctx, grads, "qkv_sizes", Rotation{saved[2], saved[3], at::Tensor(), 0, false, true});
     if (!dqkv.defined()) return out;
     c10::cuda::CUDAGuard guard(x2.device());
     const auto dtype_of = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data.at(key).toInt()); };
@@ -343,8 +345,7 @@ std::array<at::Tensor, 3> fused_project_qkv(const Projection& p, bool fp32_wgrad
                       p.sin_gemm,
                       tcg::lt::compute_dtype(p.ops.x, p.ops.weight),
                       fp32_wgrad};
-  variable_list out =
-      ProjectedQkv::apply(p.ops.x, p.ops.weight, opt(p.ops.bias), in.cos, in.sin, opt(in.offset_dev), a);
+  variable_list out = ProjectedQkv::apply(p.ops.x, p.ops.weight, opt(p.ops.bias), in.cos, in.sin, a);
   return {out[0], out[1], out[2]};
 }
 

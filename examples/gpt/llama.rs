@@ -50,8 +50,8 @@ pub struct Config {
     pub swiglu_apart: bool,
     /// With `fused`: `wqkv` and the rotation as two calls (`Linear::f_forward`, then
     /// `Rotary::f_forward_qkv`: q and k rotated into new tensors, v copied), else one
-    /// (`Rotary::f_project_qkv`: q and k rotated in place in the projection, whose views q, k and
-    /// v are).
+    /// (`Rotary::f_project_qkv`: q and k rotated in the projection's GEMM, q, k and v views of
+    /// the projection).
     pub rotary_apart: bool,
     /// With `fused`: how the linear layers' weight gradients reach the float32 parameters.
     pub weight_grad: WeightGrad,
@@ -197,7 +197,7 @@ impl Llama {
     fn attention(&self, b: &Block, h: &Tensor) -> tch_cuda_graphs::Result<Tensor> {
         let c = &self.config;
         let (bsz, t, d) = (h.size()[0], h.size()[1], c.head_dim());
-        // one projection, q | k | v along the heads, rotated in place in one node (fused) whose
+        // one projection, q | k | v along the heads, rotated in its GEMM in one node (fused) whose
         // backward writes the projection's gradient in place of the concatenation of dq, dk and dv
         let (q, k, v) = if c.rotary_apart {
             let qkv = b.wqkv.f_forward(h)?.f_view([bsz, t, c.heads + 2 * c.kv_heads, d])?;
