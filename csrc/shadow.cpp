@@ -36,6 +36,11 @@ struct Set {
   // What each shadow holds: its parameter's version and data pointer then (`set_data` replaces
   // the data without a new version).
   std::vector<std::pair<int64_t, const void*>> held;
+  // Whether a layer asked for each shadow (tcg::shadow::lookup) since the set was made.
+  std::vector<char> asked;
+  // Shadows dropped by tcg_shadows_keep_asked, kept allocated while the set lives: a graph
+  // captured before may still write them.
+  std::vector<at::Tensor> retired;
 };
 
 std::pair<int64_t, const void*> version_of(const at::Tensor& t) {
@@ -69,15 +74,18 @@ namespace {
 // The set tcg_linear_forward reads on this thread (none: null).
 thread_local std::shared_ptr<Set> active;
 
-// The shadow of `param` in the active set, if it has one; a set of another dtype than autocast's
-// is refused rather than passed over.
+// The shadow of `param` in the active set, if it has one (marked as asked for); a set of
+// another dtype than autocast's is refused rather than passed over.
 at::Tensor shadow_of(const at::Tensor& param, at::ScalarType dtype) {
   if (!active) return at::Tensor();
   if (active->dtype != dtype) {
     misuse(std::string("weight shadows are ") + c10::toString(active->dtype) + " but CUDA autocast runs " +
            c10::toString(dtype) + ": make them in the autocast dtype");
   }
-  return shadow_in(*active, param);
+  const size_t k = place_of(*active, param);
+  if (k >= active->shadows.size()) return at::Tensor();
+  active->asked[k] = 1;
+  return active->shadows[k];
 }
 
 // The shadow, passed to ShadowFunction as a plain value: not an autograd input.
@@ -157,6 +165,7 @@ tcg_status tcg_shadows_new(tcg_tensors params, tcg_dtype dtype, tcg_shadows** ou
       set->params.push_back(p);  // the parameter itself: a later set_data is followed
       set->shadows.push_back(p.detach().to(set->dtype).contiguous().view(p.sizes()));
       set->held.push_back(version_of(p));
+      set->asked.push_back(0);
     }
     *count = set->params.size();
     *out = new tcg_shadows{std::move(set)};
@@ -190,6 +199,31 @@ tcg_status tcg_shadows_stale(tcg_shadows* s, size_t* count) {
     if (s == nullptr) misuse("weight shadows: null handle");
     const Set& set = *s->set;
     for (size_t k = 0; k < set.params.size(); ++k) *count += stale(set, k) ? 1 : 0;
+  });
+}
+
+tcg_status tcg_shadows_keep_asked(tcg_shadows* s, size_t* count) {
+  return guard([&] {
+    *count = 0;
+    if (s == nullptr) misuse("weight shadows: null handle");
+    if (active == s->set) misuse("weight shadows: keep the asked-for shadows while the set is not read");
+    Set& set = *s->set;
+    Set kept;
+    kept.dtype = set.dtype;
+    kept.retired = std::move(set.retired);
+    for (size_t k = 0; k < set.params.size(); ++k) {
+      if (!set.asked[k]) {
+        kept.retired.push_back(std::move(set.shadows[k]));
+        continue;
+      }
+      kept.index.emplace(set.params[k].unsafeGetTensorImpl(), kept.params.size());
+      kept.params.push_back(std::move(set.params[k]));
+      kept.shadows.push_back(std::move(set.shadows[k]));
+      kept.held.push_back(set.held[k]);
+      kept.asked.push_back(1);
+    }
+    set = std::move(kept);
+    *count = set.params.size();
   });
 }
 

@@ -324,6 +324,11 @@ void tcg_shadows_free(tcg_shadows* s);
 tcg_status tcg_shadows_refresh(tcg_shadows* s);
 // *count: how many shadows of `s` are stale now (what tcg_shadows_refresh would copy).
 tcg_status tcg_shadows_stale(tcg_shadows* s, size_t* count);
+// Keeps in `s` only the shadows a layer asked for since it was made (tcg_linear_forward and the
+// layers that read shadows, while `s` was active under autocast): the others are no longer
+// refreshed, written by the own Adam, or read; their memory stays with the set (a graph
+// captured before may still write it). *count: how many shadows are left. Not while `s` is read.
+tcg_status tcg_shadows_keep_asked(tcg_shadows* s, size_t* count);
 // Makes `s` (NULL: none) the set tcg_linear_forward reads on this thread; *previous: the set it
 // replaces, as a new handle the caller owns (NULL: none). While a set is active and CUDA autocast
 // is on, tcg_linear_forward reads the shadows of weight and bias instead of casting them (on

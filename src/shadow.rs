@@ -97,6 +97,16 @@ impl WeightShadows {
         self.handle.stale()
     }
 
+    /// Keeps only the shadows that a layer asked for since the set was made (a linear layer, the
+    /// head of a loss, a projection, while the set was read under autocast): the others are no
+    /// longer written, refreshed or read, and [`len`](Self::len) counts what is left. A step
+    /// does this after its first run before any capture, so an embedding table or a norm's
+    /// weight, which no matmul reads, costs no write per step.
+    pub(crate) fn f_keep_asked(&mut self) -> Result<()> {
+        self.len = self.handle.keep_asked()?;
+        Ok(())
+    }
+
     /// Refreshes the stale shadows ([`f_refresh`](Self::f_refresh)) and has this thread's
     /// linear layers read them while the guard lives, for code that runs outside a
     /// [`crate::TrainStep`]. Under CUDA autocast of another dtype than the shadows', a linear

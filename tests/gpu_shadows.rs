@@ -149,3 +149,51 @@ fn a_captured_step_keeps_its_shadows_fresh() {
         assert!(graph_losses[5] < graph_losses[4] * 0.6, "{name}: the halved weight reached the forward");
     }
 }
+
+/// An embedding table (read by a gather, never by a matmul) feeding a linear layer, trained by
+/// Adam with or without shadows, captured or eager: the losses of every run and the final
+/// parameters, and how many shadows the step held before its first run and after its last.
+fn train_embedding(shadows: bool, eager: bool) -> (Vec<f32>, Vec<Tensor>, usize, usize) {
+    let device = cuda();
+    tch::manual_seed(9);
+    let vs = nn::VarStore::new(device);
+    let table = nn::embedding(vs.root() / "table", 50, 96, Default::default());
+    let lin = nn::linear(vs.root() / "fc", 96, 64, Default::default());
+    let tokens = Tensor::randint(50, [32], (Kind::Int64, device));
+    let options = StepOptions::default().autocast(Kind::BFloat16).weight_shadows(shadows).eager(eager);
+    let opt = Adam::new(&vs, AdamConfig::adamw().lr(0.01)).expect("adam");
+    let mut step = TrainStep::with_optimizer(opt, &[("tokens", &tokens)], options, |opt, inp| {
+        opt.zero_grad()?;
+        let h = inp[0].apply(&table);
+        let loss = shadow::linear(&h, &lin.ws, lin.bs.as_ref())?.f_square()?.f_mean(None)?;
+        tch_cuda_graphs::amp::backward(&loss)?;
+        opt.step()?;
+        Ok(vec![loss.detach()])
+    })
+    .expect("step");
+    let before = step.weight_shadows().map_or(0, WeightShadows::len);
+    let mut losses = Vec::new();
+    for _ in 0..10 {
+        losses.push(f32::try_from(&step.run(&[&tokens]).expect("run")[0]).expect("loss"));
+    }
+    let after = step.weight_shadows().map_or(0, WeightShadows::len);
+    (losses, vs.trainable_variables().iter().map(|t| t.detach().copy()).collect(), before, after)
+}
+
+/// After its first (warmup) run a step keeps only the shadows its layers read: the embedding
+/// table's is dropped, the linear layer's weight and bias keep theirs. The captured step then
+/// equals the eager step that casts every weight at each use (no shadows), bit for bit.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_step_keeps_only_the_shadows_its_layers_read() {
+    let (losses, params, before, after) = train_embedding(true, false);
+    let (cast_losses, cast_params, _, _) = train_embedding(false, true);
+    println!("shadows before the first run {before}, after the last {after}");
+    println!("captured, shadows kept as read: {losses:?}");
+    println!("eager, casting:                 {cast_losses:?}");
+    assert_eq!((before, after), (3, 2), "the table's shadow dropped, the linear layer's two kept");
+    assert_eq!(losses, cast_losses, "the losses, bit for bit");
+    let differing = params.iter().zip(&cast_params).filter(|(a, b)| !a.equal(b)).count();
+    println!("parameters unlike the casting step's: {differing} of {}", params.len());
+    assert_eq!(differing, 0, "every parameter bit for bit");
+}

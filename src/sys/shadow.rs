@@ -38,6 +38,15 @@ impl ShadowsHandle {
         Ok(count)
     }
 
+    /// Keeps only the shadows a layer asked for since the set was made; how many are left.
+    pub(crate) fn keep_asked(&self) -> Result<usize> {
+        let mut count = 0usize;
+        // SAFETY: the handle is live and `count` a valid out pointer; the shim rebuilds the set's
+        // lists and keeps the dropped shadows' tensors alive with the set.
+        check(unsafe { ffi::tcg_shadows_keep_asked(self.0.as_ptr(), &mut count) })?;
+        Ok(count)
+    }
+
     /// Makes this set the one this thread reads; the set it replaces.
     pub(crate) fn activate(&self) -> Result<Option<ShadowsHandle>> {
         activate(Some(self))

@@ -340,6 +340,7 @@ impl<'a, S: 'a> TrainStep<'a, S> {
             entry.outputs =
                 call_step(&mut self.step_fn, &mut self.state, &self.options, self.shadows.as_ref(), &entry.inputs)
                     .map_err(|e| oom.classify(e))?;
+            self.keep_asked_shadows(i)?;
         } else if entry.graph.is_none() && !warm {
             let TrainStep { shapes, step_fn, state, device, options, shadows, .. } = self;
             let entry = &mut shapes[i];
@@ -347,6 +348,7 @@ impl<'a, S: 'a> TrainStep<'a, S> {
             let shadows = shadows.as_ref();
             entry.outputs = run_on_capture_stream(*device, || call_step(step_fn, state, options, shadows, inputs))?;
             entry.warmed += 1;
+            self.keep_asked_shadows(i)?;
         } else {
             if entry.graph.is_none() {
                 i = self.capture_evicting(i)?;
@@ -362,6 +364,19 @@ impl<'a, S: 'a> TrainStep<'a, S> {
         self.shapes[i].last_used = self.runs;
         self.current = i;
         Ok(&self.shapes[i].outputs)
+    }
+
+    /// After the step's first run, which ran eagerly and read its weight shadows, and before any
+    /// capture: only the shadows that a layer asked for stay in the set (an embedding table or
+    /// a norm's weight, read by no matmul, is then not written on every step).
+    fn keep_asked_shadows(&mut self, i: usize) -> Result<()> {
+        let read = self.options.shadows && self.shapes[i].inputs.first().is_some_and(|t| t.device().is_cuda());
+        if self.runs == 0 && self.captures == 0 && read {
+            if let Some(set) = self.shadows.as_mut() {
+                set.f_keep_asked()?;
+            }
+        }
+        Ok(())
     }
 
     /// Captures entry `i`, after evicting the least recently used graph past the bound.

@@ -14,7 +14,9 @@ impl<'a, O: Optimizer + 'a> TrainStep<'a, O> {
     /// autocast dtype, held by the step and kept fresh (written by the crate's Adam as it updates,
     /// copied where something else changed a parameter): the one call that
     /// [`crate::StepOptions::weight_shadows`] needs. Returns how many parameters got one. Call it before
-    /// the first run (a graph captured without the refresh would not read them).
+    /// the first run (a graph captured without the refresh would not read them). After the first
+    /// run (an eager warmup) the step keeps only the shadows its layers asked for
+    /// ([`crate::StepOptions::weight_shadows`]).
     ///
     /// # Errors
     /// [`Error::Misuse`] without `weight_shadows(true)` and an autocast dtype, after the first

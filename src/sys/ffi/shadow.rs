@@ -16,5 +16,6 @@ extern "C" {
     pub fn tcg_shadows_free(s: *mut tcg_shadows);
     pub fn tcg_shadows_refresh(s: *mut tcg_shadows) -> tcg_status;
     pub fn tcg_shadows_stale(s: *mut tcg_shadows, count: *mut usize) -> tcg_status;
+    pub fn tcg_shadows_keep_asked(s: *mut tcg_shadows, count: *mut usize) -> tcg_status;
     pub fn tcg_shadows_activate(s: *mut tcg_shadows, previous: *mut *mut tcg_shadows) -> tcg_status;
 }
