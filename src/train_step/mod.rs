@@ -20,7 +20,7 @@ use crate::optim::Optimizer;
 use crate::pool::{MemPool, PoolId};
 use crate::shadow::WeightShadows;
 use crate::watch::TensorWatch;
-use record::{call_step, compact, put_to_work, Installed, StepFn};
+use record::{call_step, compact, on_cuda, put_to_work, Installed, StepFn};
 use shapes::ShapeEntry;
 use tch::{Device, Kind, Tensor};
 
@@ -370,7 +370,7 @@ impl<'a, S: 'a> TrainStep<'a, S> {
     /// capture: only the shadows that a layer asked for stay in the set (an embedding table or
     /// a norm's weight, read by no matmul, is then not written on every step).
     fn keep_asked_shadows(&mut self, i: usize) -> Result<()> {
-        let read = self.options.shadows && self.shapes[i].inputs.first().is_some_and(|t| t.device().is_cuda());
+        let read = self.options.shadows && on_cuda(&self.shapes[i].inputs);
         if self.runs == 0 && self.captures == 0 && read {
             if let Some(set) = self.shadows.as_mut() {
                 set.f_keep_asked()?;

@@ -10,6 +10,11 @@ use tch::Tensor;
 
 use super::StepOptions;
 
+/// Whether a step's inputs are on a CUDA device (where autocast runs and shadows are read).
+pub(super) fn on_cuda(inputs: &[Tensor]) -> bool {
+    inputs.first().is_some_and(|t| t.device().is_cuda())
+}
+
 /// The step closure: the state the step lends it, and the static inputs.
 pub(super) type StepFn<'a, S> = Box<dyn FnMut(&mut S, &[Tensor]) -> Result<Vec<Tensor>> + 'a>;
 
@@ -21,10 +26,9 @@ pub(super) fn call_step<S>(
     shadows: Option<&WeightShadows>,
     inputs: &[Tensor],
 ) -> Result<Vec<Tensor>> {
-    let cuda = inputs.first().is_some_and(|t| t.device().is_cuda());
     let reading = match (options.shadows, shadows) {
         (true, Some(set)) => Some(set.f_read()?),
-        (true, None) if cuda => {
+        (true, None) if on_cuda(inputs) => {
             return Err(Error::Misuse(
                 "weight_shadows(true), but the step holds no shadows: call TrainStep::shadow_parameters (or \
                  set_weight_shadows) before the first run"
