@@ -73,14 +73,13 @@ struct FusedLinear : torch::autograd::Function<FusedLinear> {
     const int64_t in = wc.size(1), out = wc.size(0);
     const at::Tensor dy2 = dy.to(dt).contiguous().view({-1, out});
     const at::Tensor x2 = xc.view({-1, in});
-    at::Tensor dx;
-    if (ctx->needs_input_grad(0)) dx = tcg::lt::input_grad(dy2, wc.contiguous()).view(xc.sizes()).to(dtype_of("x_dtype"));
     // needs_input_grad counts the tensors given (an absent bias is not one)
     const bool tied = ctx->saved_data.at("grad_to").toBool();
     const bool want_w = ctx->needs_input_grad(tied ? (has_bias ? 3 : 2) : 1);
     const bool want_b = has_bias && ctx->needs_input_grad(2);
     const at::ScalarType wt = tcg::lt::weight_grad_type(ctx->saved_data.at("fp32_wgrad").toBool(), dtype_of("w_dtype"), dt);
-    auto [dw, db] = tcg::lt::weight_grads(x2, dy2, want_w, want_b, wt);
+    auto [dx, dw, db] = tcg::lt::linear_grads(x2, wc.contiguous(), dy2, ctx->needs_input_grad(0), want_w, want_b, wt);
+    if (dx.defined()) dx = dx.view(xc.sizes()).to(dtype_of("x_dtype"));
     if (dw.defined()) dw = dw.to(dtype_of("w_dtype"));
     if (db.defined()) db = db.to(dtype_of("b_dtype"));
     if (tied) return {dx, at::Tensor(), db, dw, at::Tensor()};

@@ -474,6 +474,12 @@ WeightGrads weight_grads(const at::Tensor& x2, const at::Tensor& dy2, bool want_
   return g;
 }
 
+LinearGrads linear_grads(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& dy2, bool want_x, bool want_w,
+                         bool want_b, at::ScalarType type) {
+  WeightGrads wg = weight_grads(x2, dy2, want_w, want_b, type);
+  return {want_x ? input_grad(dy2, w) : at::Tensor(), wg.dw, wg.db};
+}
+
 void weight_grad_into(const at::Tensor& x2, const at::Tensor& dy2, at::Tensor& dw, bool accumulate) {
   if (sliced_wgrad(x2, dy2, dw, accumulate) || (!accumulate && cutlass_wgrad(x2, dy2, dw))) return;
   const WgradOperands m = wgrad_operands(x2, dy2, dw);

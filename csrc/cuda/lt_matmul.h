@@ -70,6 +70,16 @@ struct WeightGrads {
 };
 WeightGrads weight_grads(const at::Tensor& x2, const at::Tensor& dy2, bool want_w, bool want_b, at::ScalarType type);
 
+// The gradients of y = x · wᵀ + b from x2 [N, in], w [out, in] and dy2 [N, out] (contiguous, of
+// the compute dtype): the weight's and the bias's (weight_grads, in `type`), then dx2 [N, in]
+// = dy2 · w where `want_x` (input_grad). Each result undefined where not wanted. The linear
+// layer's, the rotary projection's and the MLPs' first layer's backward.
+struct LinearGrads {
+  at::Tensor dx2, dw, db;
+};
+LinearGrads linear_grads(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& dy2, bool want_x, bool want_w,
+                         bool want_b, at::ScalarType type);
+
 // dw [out, in] (+)= dy2ᵀ · x2 (dw's dtype: the compute dtype or float32; `accumulate`: added to
 // what dw holds), one GEMM; ATen's mm (and add_) where cuBLASLt offers no algorithm.
 void weight_grad_into(const at::Tensor& x2, const at::Tensor& dy2, at::Tensor& dw, bool accumulate);

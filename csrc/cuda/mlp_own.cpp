@@ -258,13 +258,12 @@ struct LayersBackward {
   // fc's weight gradient (and its bias gradient in the same GEMM where `bias_in_gemm`; else
   // `dbias`, summed by the caller, where defined) and x's gradient from dpre.
   variable_list finish(const at::Tensor& dpre, bool bias_in_gemm, const at::Tensor& dbias) {
-    auto fc = tcg::lt::weight_grads(x2, dpre, ctx->needs_input_grad(1), bias_in_gemm, grad_type("fc_w_dtype"));
+    auto fc = tcg::lt::linear_grads(x2, wfc, dpre, ctx->needs_input_grad(0), ctx->needs_input_grad(1), bias_in_gemm,
+                                    grad_type("fc_w_dtype"));
     if (fc.dw.defined()) out[1] = fc.dw.to(dtype_of("fc_w_dtype"));
     if (fc.db.defined()) out[2] = fc.db.to(dtype_of("fc_b_dtype"));
     if (dbias.defined()) out[2] = dbias.to(dtype_of("fc_b_dtype"));
-    if (ctx->needs_input_grad(0)) {
-      out[0] = tcg::lt::input_grad(dpre, wfc).view(ctx->saved_data.at("x_sizes").toIntVector()).to(dtype_of("x_dtype"));
-    }
+    if (fc.dx2.defined()) out[0] = fc.dx2.view(ctx->saved_data.at("x_sizes").toIntVector()).to(dtype_of("x_dtype"));
     return out;
   }
 };

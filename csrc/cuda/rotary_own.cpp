@@ -274,14 +274,13 @@ struct ProjectedQkv : torch::autograd::Function<ProjectedQkv> {
     c10::cuda::CUDAGuard guard(x2.device());
     const auto dtype_of = [&](const char* key) { return static_cast<at::ScalarType>(ctx->saved_data.at(key).toInt()); };
     const at::Tensor dy2 = dqkv.view({-1, wc.size(0)});
-    if (ctx->needs_input_grad(0)) {
-      out[0] = tcg::lt::input_grad(dy2, wc).view(ctx->saved_data.at("x_sizes").toIntVector()).to(dtype_of("x_dtype"));
-    }
     // needs_input_grad counts the tensors given (an absent bias is not one)
     const bool want_b = ctx->saved_data.at("has_bias").toBool() && ctx->needs_input_grad(2);
     const at::ScalarType wt =
         tcg::lt::weight_grad_type(ctx->saved_data.at("fp32_wgrad").toBool(), dtype_of("w_dtype"), x2.scalar_type());
-    auto [dw, db] = tcg::lt::weight_grads(x2, dy2, ctx->needs_input_grad(1), want_b, wt);
+    auto [dx, dw, db] =
+        tcg::lt::linear_grads(x2, wc, dy2, ctx->needs_input_grad(0), ctx->needs_input_grad(1), want_b, wt);
+    if (dx.defined()) out[0] = dx.view(ctx->saved_data.at("x_sizes").toIntVector()).to(dtype_of("x_dtype"));
     if (dw.defined()) out[1] = dw.to(dtype_of("w_dtype"));
     if (db.defined()) out[2] = db.to(dtype_of("b_dtype"));
     return out;
