@@ -443,9 +443,10 @@ tcg_status tcg_rotary_apply_qkv(const tcg_rotary_qkv_inputs* inputs, int64_t off
 // weight [(heads + 2 kv_heads) · D, C], read as [B, T, heads + 2 kv_heads, D], then q and k
 // rotated as above (positions from the host offset on). On the crate's path (linear.cpp's
 // conditions, D a multiple of 8 and the rotary kernel built for the compute dtype) the GEMM
-// writes qkv, the kernel rotates q and k in place (or the GEMM's epilogue does, below), and *q_out, *k_out and *v_out are views of qkv (no copy of v); the backward packs the
-// three gradients with the rotation transposed in one launch, then runs the linear layer's
-// backward (wgrad: its weight-gradient mode). Where that path does not take the inputs under
+// writes qkv, the kernel rotates q and k in place (or the GEMM's epilogue does, below), and
+// *q_out, *k_out and *v_out are views of qkv (no copy of v); the backward packs the three
+// gradients with the rotation transposed in one launch, then runs the linear layer's backward
+// (wgrad: its weight-gradient mode). Where that path does not take the inputs under
 // TCG_KERNELS_AUTO, or under TCG_KERNELS_PYTORCH, nothing runs: TCG_OK with the outputs NULL and
 // *ran_own false (the caller composes the linear layer and tcg_rotary_apply_qkv); under
 // TCG_KERNELS_OWN that is an error. Shapes that do not fit, or the misuses above: TCG_MISUSE.

@@ -107,9 +107,9 @@ impl StepOptions {
     /// when it ran eagerly (a warmup), the step keeps only the shadows a layer read in it: a
     /// parameter no matmul reads (an embedding table, a norm's weight) then costs no shadow write
     /// per step; where a later run asks for one it no longer has, the layer casts the weight as
-    /// without shadows. A step on a CUDA device
-    /// that holds none is refused with [`crate::Error::Misuse`] rather than run without them; on the
-    /// CPU, where autocast does not run, there is nothing to read and the option does nothing.
+    /// without shadows. A step on a CUDA device that holds none is refused with
+    /// [`crate::Error::Misuse`] rather than run without them; on the CPU, where autocast does not
+    /// run, there is nothing to read and the option does nothing.
     pub fn weight_shadows(mut self, yes: bool) -> Self {
         self.shadows = yes;
         self
