@@ -67,12 +67,17 @@ std::string why_not(bool ran, const std::string& why) {
 }
 
 // Global-norm clipping's total norm and factor, min(1, max_norm / (total + 1e-6)), both on the
-// device (no host sync), as PyTorch's clip_grad_norm_ computes them.
-std::pair<at::Tensor, at::Tensor> clip_factor(const std::vector<at::Tensor>& g, double max_norm, double norm_type) {
-  auto norms = at::_foreach_norm(g, norm_type);
-  at::Tensor total = at::linalg_vector_norm(at::stack(norms), norm_type);
-  // the factor: one own kernel where it runs, four of ATen's otherwise (the same value)
-  at::Tensor coef = tcg::optim::clip_coef(total, max_norm);
+// device (no host sync), as PyTorch's clip_grad_norm_ computes them: the norm of the stacked
+// per-tensor norms of `_foreach_norm`. Unless ATen's kernels are asked for, the own kernels
+// compute the per-tensor norms (float32 L2: the same values bit for bit, already one tensor) and
+// the factor (one kernel for ATen's four, the same value) where they apply.
+std::pair<at::Tensor, at::Tensor> clip_factor(const std::vector<at::Tensor>& g, double max_norm, double norm_type,
+                                              tcg_kernels kernels) {
+  const bool own = kernels != TCG_KERNELS_PYTORCH;
+  at::Tensor norms = own && norm_type == 2.0 ? tcg::optim::grad_norms(g) : at::Tensor();
+  if (!norms.defined()) norms = at::stack(at::_foreach_norm(g, norm_type));
+  at::Tensor total = at::linalg_vector_norm(norms, norm_type);
+  at::Tensor coef = own ? tcg::optim::clip_coef(total, max_norm) : at::Tensor();
   if (!coef.defined()) coef = at::clamp_max(at::reciprocal(total + 1e-6) * max_norm, 1.0);
   return {std::move(total), std::move(coef)};
 }
@@ -193,24 +198,25 @@ tcg_status tcg_grads_zero(tcg_tensors params) {
   });
 }
 
-tcg_status tcg_grads_clip_norm(tcg_tensors grads, double max_norm, double norm_type, tcg_tensor* total_out) {
+tcg_status tcg_grads_clip_norm(tcg_tensors grads, double max_norm, double norm_type, tcg_kernels kernels,
+                               tcg_tensor* total_out) {
   return guard([&] {
     auto g = tensor_list(grads);
     if (g.empty()) misuse("clip_grad_norm: no gradients (call backward first)");
-    auto [total, coef] = clip_factor(g, max_norm, norm_type);
+    auto [total, coef] = clip_factor(g, max_norm, norm_type, kernels);
     at::_foreach_mul_(g, coef);
     *total_out = new at::Tensor(std::move(total));
   });
 }
 
-tcg_status tcg_grads_clip_coef(tcg_tensors grads, double max_norm, double norm_type, tcg_tensor* total_out,
-                               tcg_tensor* coef_out) {
+tcg_status tcg_grads_clip_coef(tcg_tensors grads, double max_norm, double norm_type, tcg_kernels kernels,
+                               tcg_tensor* total_out, tcg_tensor* coef_out) {
   return guard([&] {
     *total_out = nullptr;
     *coef_out = nullptr;
     auto g = tensor_list(grads);
     if (g.empty()) misuse("clip_grad_norm: no gradients (call backward first)");
-    auto [total, coef] = clip_factor(g, max_norm, norm_type);
+    auto [total, coef] = clip_factor(g, max_norm, norm_type, kernels);
     *total_out = new at::Tensor(std::move(total));
     *coef_out = new at::Tensor(std::move(coef));
   });

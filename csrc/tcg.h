@@ -249,11 +249,14 @@ tcg_status tcg_grads_set_to_none(tcg_tensors params);
 // Zeroes every defined .grad in place, one _foreach_zero_ (zero_grad(set_to_none=False)).
 tcg_status tcg_grads_zero(tcg_tensors params);
 // Global-norm clipping on the device: total = ||(||g_i||_p)_i||_p; g_i *= min(1, max/(total+1e-6)).
-// Returns the total norm as a new 0-d tensor; no host sync.
-tcg_status tcg_grads_clip_norm(tcg_tensors grads, double max_norm, double norm_type, tcg_tensor* total_out);
+// Returns the total norm as a new 0-d tensor; no host sync. `kernels`: PYTORCH computes the norms
+// and the factor with ATen's operators (PyTorch's clip_grad_norm_), AUTO and OWN with the own
+// kernels where they apply (float32 L2 norms; the same values bit for bit) and ATen's elsewhere.
+tcg_status tcg_grads_clip_norm(tcg_tensors grads, double max_norm, double norm_type, tcg_kernels kernels,
+                               tcg_tensor* total_out);
 // The same norm and factor, min(1, max/(total+1e-6)), without clipping: for clip_coef above.
-tcg_status tcg_grads_clip_coef(tcg_tensors grads, double max_norm, double norm_type, tcg_tensor* total_out,
-                               tcg_tensor* coef_out);
+tcg_status tcg_grads_clip_coef(tcg_tensors grads, double max_norm, double norm_type, tcg_kernels kernels,
+                               tcg_tensor* total_out, tcg_tensor* coef_out);
 // Value clipping in place: each g_i clamped to [-clip, clip] (PyTorch's clip_grad_value_, foreach).
 tcg_status tcg_grads_clip_value(tcg_tensors grads, double clip);
 // A learning-rate schedule as the own kernel computes it (src/schedule.rs's built-in schedules).

@@ -1,6 +1,7 @@
 //! Gradient clipping by global norm that stays on the device (usable inside a captured step).
 
 use crate::error::{Error, Result};
+use crate::kernels::Kernels;
 use crate::sys::optim as sys;
 use tch::Tensor;
 
@@ -8,7 +9,9 @@ use tch::Tensor;
 /// `max_norm` (PyTorch's `clip_grad_norm_`, `foreach` path), and returns the norm before
 /// clipping as a 0-d device tensor. No host sync: the scale factor
 /// `min(1, max_norm / (norm + 1e-6))` is computed and applied on the device, so this can be
-/// captured. Parameters without a gradient are skipped.
+/// captured. Parameters without a gradient are skipped. On a CUDA device the crate's own
+/// kernels compute the per-tensor norms of float32 gradients (two launches for the whole list)
+/// and the factor, each equal bit for bit to what ATen's operators give.
 ///
 /// ```no_run
 /// # fn main() -> tch_cuda_graphs::Result<()> {
@@ -19,20 +22,33 @@ use tch::Tensor;
 pub fn clip_grad_norm(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<Tensor> {
     check_norm_args(max_norm, norm_type)?;
     let grads = defined_grads(params)?;
-    sys::clip_norm(&grads, max_norm, norm_type)
+    sys::clip_norm(&grads, max_norm, norm_type, Kernels::Auto.raw())
 }
 
 /// [`clip_grad_norm`]'s norm and factor `min(1, max_norm / (norm + 1e-6))`, both 0-d on the
 /// device, with the gradients left as they are: for an update that multiplies by the factor as
-/// it reads them ([`crate::optim::Optimizer::step_clipped`]).
-pub(crate) fn clip_factor(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<(Tensor, Tensor)> {
-    clip_factor_of(&defined_grads(params)?, max_norm, norm_type)
+/// it reads them ([`crate::optim::Optimizer::step_clipped`]). `kernels`: [`Kernels::PyTorch`]
+/// computes them with ATen's operators, as PyTorch's `clip_grad_norm_` does; otherwise the own
+/// kernels compute the per-tensor norms of float32 gradients and the factor (the same values,
+/// bit for bit).
+pub(crate) fn clip_factor(
+    params: &[Tensor],
+    max_norm: f64,
+    norm_type: f64,
+    kernels: Kernels,
+) -> Result<(Tensor, Tensor)> {
+    clip_factor_of(&defined_grads(params)?, max_norm, norm_type, kernels)
 }
 
 /// [`clip_factor`] of gradients given as they are (not read from parameters).
-pub(crate) fn clip_factor_of(grads: &[Tensor], max_norm: f64, norm_type: f64) -> Result<(Tensor, Tensor)> {
+pub(crate) fn clip_factor_of(
+    grads: &[Tensor],
+    max_norm: f64,
+    norm_type: f64,
+    kernels: Kernels,
+) -> Result<(Tensor, Tensor)> {
     check_norm_args(max_norm, norm_type)?;
-    sys::clip_coef(grads, max_norm, norm_type)
+    sys::clip_coef(grads, max_norm, norm_type, kernels.raw())
 }
 
 /// [`Error::Misuse`] for a `max_norm` or `norm_type` that clipping cannot take.

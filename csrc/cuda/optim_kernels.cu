@@ -1,6 +1,6 @@
 // The crate's own fused optimizer kernels: Adam / AdamW (AMSGrad too) and SGD, over a table of
 // tensors cut into small chunks (optim_table.h), one block per chunk, so any list of parameters
-// spreads over every SM. Compiled by nvcc into a fat binary that build.rs embeds in the shim;
+// spreads over every SM; and global-norm clipping's norms, its factor and a schedule's step. Compiled by nvcc into a fat binary that build.rs embeds in the shim;
 // the launcher (optim_own.cpp) loads it with the CUDA runtime's library API and launches the
 // extern "C" kernels by name.
 //
@@ -13,6 +13,7 @@
 // result depends only on its own values and those scalars, so the launch geometry does not
 // change a bit. tests/gpu_optim.rs compares against `at::_fused_adam_` / `_fused_adamw_` /
 // `_fused_sgd_` and states where the two differ (a compiler's rounding choices, not semantics).
+#include <ATen/native/cuda/block_reduce.cuh>
 #include <ATen/native/cuda/fused_adam_utils.cuh>
 
 #include <type_traits>
@@ -261,6 +262,76 @@ __device__ __forceinline__ void sgd(const Table<3>& t) {
   chunk_loop<T, depth>(args, len, aligned, t.grad_scale != nullptr, math);
 }
 
+// Vectors of kIlp values a thread loads before it adds any of them, in the norms' chunks.
+constexpr int kNormAhead = 4;
+
+// One chunk's sum of squares, as ATen's `LpNormFunctor` (L2, float32) sums it: each thread's kIlp
+// slots summed in the order of its steps, the slots added in turn, then the block's sum
+// (block_reduce.cuh). The loads run kNormAhead vectors ahead of the adds; the order of the adds
+// is ATen's, so the sum is its sum bit for bit.
+__device__ __forceinline__ void norm_chunk(const NormTable& t) {
+  const int i = tensor_of(t.chunk_end, t.n_tensors, blockIdx.x);
+  const int64_t first_block = i == 0 ? 0 : t.chunk_end[i - 1];
+  const int64_t start = (blockIdx.x - first_block) * kNormChunk;
+  const float* x = t.ptr[i] + start;
+  const int64_t n = t.numel[i] - start;
+  __shared__ float s_vals[kNormThreads];
+  float vals[kIlp] = {0.f, 0.f, 0.f, 0.f};
+  if (n % kIlp == 0 && reinterpret_cast<uint64_t>(x) % (kIlp * sizeof(float)) == 0) {
+    // ATen's vector path: thread t adds vectors t, t + blockDim.x, ... of the chunk
+    const int64_t nvec = (n < kNormChunk ? n : kNormChunk) / kIlp;
+    for (int64_t v0 = threadIdx.x; v0 < nvec; v0 += static_cast<int64_t>(blockDim.x) * kNormAhead) {
+      float r[kNormAhead][kIlp];
+#pragma unroll
+      for (int a = 0; a < kNormAhead; ++a) {
+        const int64_t v = v0 + static_cast<int64_t>(a) * blockDim.x;
+        if (v < nvec) at::native::load_store(r[a], const_cast<float*>(x), 0, v);
+      }
+#pragma unroll
+      for (int a = 0; a < kNormAhead; ++a) {
+        if (v0 + static_cast<int64_t>(a) * blockDim.x < nvec) {
+#pragma unroll
+          for (int ii = 0; ii < kIlp; ++ii) {
+            const float next = r[a][ii];
+            vals[ii] += next * next;
+          }
+        }
+      }
+    }
+  } else {
+    // ATen's element path (a size not a multiple of kIlp, or a misaligned start)
+    for (int64_t i_start = 0; i_start < n && i_start < kNormChunk; i_start += blockDim.x * kIlp) {
+#pragma unroll
+      for (int ii = 0; ii < kIlp; ++ii) {
+        const int64_t e = i_start + threadIdx.x + ii * blockDim.x;
+        if (e < n && e < kNormChunk) {
+          const float next = x[e];
+          vals[ii] += next * next;
+        }
+      }
+    }
+  }
+  float val = 0.f;
+#pragma unroll
+  for (int ii = 0; ii < kIlp; ++ii) val += vals[ii];
+  val = at::native::cuda_utils::BlockReduceSum(val, s_vals);
+  if (threadIdx.x == 0) t.partial[blockIdx.x] = val;
+}
+
+// Tensor blockIdx.x's norm from its chunks' sums, as ATen's `lpnorm_cleanup` computes it: thread
+// j adds sums j, j + blockDim.x, ... (ATen's zeros past a tensor's own chunks add nothing), the
+// block's sum, its square root.
+__device__ __forceinline__ void norm_finish(const NormTable& t) {
+  __shared__ float s_vals[kNormThreads];
+  const int i = blockIdx.x;
+  const int32_t first = i == 0 ? 0 : t.chunk_end[i - 1];
+  const int32_t chunks = t.chunk_end[i] - first;
+  float val = 0.f;
+  for (int32_t j = threadIdx.x; j < chunks; j += blockDim.x) val += t.partial[first + j];
+  val = at::native::cuda_utils::BlockReduceSum(val, s_vals);
+  if (threadIdx.x == 0) t.norms[i] = ::sqrt(val);
+}
+
 }  // namespace
 }  // namespace tcg::optim
 
@@ -334,3 +405,16 @@ extern "C" __global__ void tcg_lr_schedule(const tcg::optim::LrSchedule a) { tcg
 
 // The fat binary holds the conditional nodes' setter too.
 #include "cond_kernels.cuh"
+
+// Global-norm clipping's per-tensor norms (optim_table.h's NormTable): every chunk's sum of
+// squares, one block each, then every tensor's norm, one block each.
+extern "C" __global__ void __launch_bounds__(tcg::optim::kNormThreads)
+    tcg_grad_norm_chunks(const __grid_constant__ tcg::optim::NormTable t) {
+  tcg::cuda::wait_prior();
+  tcg::optim::norm_chunk(t);
+}
+extern "C" __global__ void __launch_bounds__(tcg::optim::kNormThreads)
+    tcg_grad_norm_finish(const __grid_constant__ tcg::optim::NormTable t) {
+  tcg::cuda::wait_prior();
+  tcg::optim::norm_finish(t);
+}

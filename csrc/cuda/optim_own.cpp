@@ -121,11 +121,14 @@ void launch(const std::string& name, const std::vector<const std::vector<at::Ten
   cudaKernel_t k = own::kernel(name.c_str(), static_cast<int>(device));
   int64_t total = 0;
   for (const auto& p : params) total += p.numel();
-  // Chunks small enough that the launch has about 8 blocks per SM, in whole block iterations.
+  // Chunks small enough that the launch has about 8 blocks per SM, in whole block iterations,
+  // and at most 16 of them: with more blocks in more waves the last wave's idle SMs cost less
+  // (AdamW over the 124 M Llama's 75 tensors on an H200, alone: 956 µs in chunks of 16 iterations,
+  // 980 in 64, 1128 in 128).
   const int64_t per_iter = static_cast<int64_t>(kBlockThreads) * kIlp;
   const int64_t sms = own::sm_count(static_cast<int>(device));
   const int64_t target = (total + sms * 8 - 1) / (sms * 8);
-  const int64_t chunk = std::clamp((target + per_iter - 1) / per_iter, int64_t{1}, int64_t{64}) * per_iter;
+  const int64_t chunk = std::clamp((target + per_iter - 1) / per_iter, int64_t{1}, int64_t{16}) * per_iter;
   auto* counters = arrivals == nullptr ? nullptr : reinterpret_cast<unsigned int*>(arrivals->data_ptr<int32_t>());
   size_t i = 0;
   while (i < params.size()) {
@@ -227,6 +230,43 @@ at::Tensor clip_coef(const at::Tensor& total, double max_norm) {
   ClipCoef p{total.data_ptr<float>(), coef.data_ptr<float>(), static_cast<float>(max_norm)};
   own::launch("tcg_clip_coef", device, 1, 32, &p);
   return coef;
+}
+
+at::Tensor grad_norms(const std::vector<at::Tensor>& grads) {
+  if (grads.empty() || !grads[0].defined() || !grads[0].is_cuda()) return at::Tensor();
+  const auto device = grads[0].device();
+  for (const auto& g : grads) {
+    if (!g.defined() || g.device() != device || g.scalar_type() != at::kFloat || !g.is_contiguous()) {
+      return at::Tensor();
+    }
+  }
+  if (!tcg::kernels::unavailable(device.index()).empty()) return at::Tensor();
+  c10::cuda::CUDAGuard guard(device);
+  int64_t chunks = 0;
+  for (const auto& g : grads) chunks += (g.numel() + kNormChunk - 1) / kNormChunk;
+  at::Tensor partial = at::empty({std::max<int64_t>(chunks, 1)}, grads[0].options());
+  at::Tensor norms = at::empty({static_cast<int64_t>(grads.size())}, grads[0].options());
+  // kMaxTensors tensors a table; each table's chunks and norms follow the previous table's
+  int64_t chunks_before = 0;
+  size_t i = 0;
+  while (i < grads.size()) {
+    NormTable t{};
+    t.partial = partial.data_ptr<float>() + chunks_before;
+    t.norms = norms.data_ptr<float>() + i;
+    int32_t blocks = 0;
+    int nt = 0;
+    for (; i < grads.size() && nt < kMaxTensors; ++i, ++nt) {
+      t.ptr[nt] = grads[i].data_ptr<float>();
+      t.numel[nt] = grads[i].numel();
+      blocks += static_cast<int32_t>((t.numel[nt] + kNormChunk - 1) / kNormChunk);
+      t.chunk_end[nt] = blocks;
+    }
+    t.n_tensors = nt;
+    if (blocks > 0) own::launch("tcg_grad_norm_chunks", device.index(), dim3(blocks), kNormThreads, &t);
+    own::launch("tcg_grad_norm_finish", device.index(), dim3(nt), kNormThreads, &t);
+    chunks_before += blocks;
+  }
+  return norms;
 }
 
 bool lr_schedule(const at::Tensor& step, const tcg_schedule& schedule, const std::vector<at::Tensor>& lrs,

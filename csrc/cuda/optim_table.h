@@ -1,6 +1,6 @@
-// The launch table of the crate's own optimizer kernels: the one layout that the kernels
-// (csrc/cuda/optim_kernels.cu, compiled by nvcc into a fat binary) and their launcher
-// (csrc/cuda/optim_own.cpp, compiled by the host compiler) share. Plain data, passed to the
+// The launch tables of the crate's own optimizer kernels and of global-norm clipping's norms: the
+// one layout that the kernels (csrc/cuda/optim_kernels.cu, compiled by nvcc into a fat binary)
+// and their launcher (csrc/cuda/optim_own.cpp, compiled by the host compiler) share. Plain data, passed to the
 // kernel by value as its only argument (CUDA 12.1+ allows kernel arguments up to 32 KiB).
 //
 // The work: every tensor of the table is cut into chunks of `chunk` elements (the last one
@@ -49,6 +49,25 @@ struct Table {
   double beta1, beta2, weight_decay, eps;  // Adam
   double momentum, dampening;              // SGD
   int32_t maximize, nesterov, is_first_step;
+};
+
+// Global-norm clipping's per-tensor L2 norms of float32 tensors, computed as ATen's `_foreach_norm`
+// computes them (its CUDA fast path: every tensor cut into chunks of kNormChunk elements, one
+// block of kNormThreads threads each, kIlp elements per thread and step) so that each norm equals
+// it bit for bit, in one launch over every chunk (tcg_grad_norm_chunks: each chunk's sum of
+// squares) and one over the tensors (tcg_grad_norm_finish: each tensor's chunks summed as
+// `lpnorm_cleanup` sums them, then the square root).
+constexpr int64_t kNormChunk = 65536;
+constexpr int kNormThreads = 512;
+
+struct NormTable {
+  const float* ptr[kMaxTensors];
+  int64_t numel[kMaxTensors];
+  // Cumulative chunk counts, as in Table (an empty tensor owns no chunk).
+  int32_t chunk_end[kMaxTensors];
+  int32_t n_tensors;
+  float* partial;  // one sum per chunk, by block of the chunks' launch
+  float* norms;    // one norm per tensor of this table
 };
 
 }  // namespace tcg::optim

@@ -414,7 +414,7 @@ impl ShardedAdam {
     /// squares of every rank's summed (one all-reduce of one value).
     fn global_clip_factor(&self, max_norm: f64) -> Result<(Tensor, Tensor)> {
         let _no_grad = tch::no_grad_guard();
-        let (local, coef) = crate::clip::clip_factor_of(&self.piece_grads, max_norm, 2.0)?;
+        let (local, coef) = crate::clip::clip_factor_of(&self.piece_grads, max_norm, 2.0, self.inner.kernels())?;
         if self.plan.world() == 1 {
             return Ok((local, coef)); // the whole norm already: nothing to add
         }

@@ -271,7 +271,7 @@ impl Optimizer for Adam {
     /// reads it (PyTorch's `clip_grad_norm_` then `step`, bit for bit), and the gradients in
     /// memory are left as backward wrote them (one pass over them fewer).
     fn step_clipped(&mut self, max_norm: f64) -> Result<Tensor> {
-        let (norm, coef) = crate::clip::clip_factor(&self.core.groups.params, max_norm, 2.0)?;
+        let (norm, coef) = crate::clip::clip_factor(&self.core.groups.params, max_norm, 2.0, self.kernels())?;
         self.run(None, Scaling { clip_coef: Some(&coef), ..Scaling::default() })?;
         Ok(norm)
     }

@@ -143,12 +143,20 @@ pub(crate) fn grads_reset(params: &[Tensor], how: GradReset) -> Result<()> {
 }
 
 /// Global-norm clipping's norm and factor for `grads`, on the device; the gradients unchanged.
-pub(crate) fn clip_coef(grads: &[Tensor], max_norm: f64, norm_type: f64) -> Result<(Tensor, Tensor)> {
+/// `kernels`: ATen's operators (PyTorch), or the own kernels where they apply (the same values).
+pub(crate) fn clip_coef(
+    grads: &[Tensor],
+    max_norm: f64,
+    norm_type: f64,
+    kernels: RawKernels,
+) -> Result<(Tensor, Tensor)> {
     let g = tensor_ptrs(grads);
     let (mut total, mut coef): (ffi::tcg_tensor, ffi::tcg_tensor) = (std::ptr::null_mut(), std::ptr::null_mut());
     // SAFETY: the list points into `g`, live tensor handles for the call; both out slots are
     // valid.
-    check(unsafe { ffi::tcg_grads_clip_coef(ffi::tcg_tensors::of(&g), max_norm, norm_type, &mut total, &mut coef) })?;
+    check(unsafe {
+        ffi::tcg_grads_clip_coef(ffi::tcg_tensors::of(&g), max_norm, norm_type, kernels, &mut total, &mut coef)
+    })?;
     // SAFETY: on success each is a new heap at::Tensor that nobody else owns.
     let total = unsafe { adopt_some(total, "clip_grad_norm") }?;
     // SAFETY: as above.
@@ -184,12 +192,13 @@ pub(crate) fn clip_value(grads: &[Tensor], clip: f64) -> Result<()> {
     check(unsafe { ffi::tcg_grads_clip_value(ffi::tcg_tensors::of(&g), clip) })
 }
 
-/// Global-norm clipping of `grads` on the device; the norm before clipping.
-pub(crate) fn clip_norm(grads: &[Tensor], max_norm: f64, norm_type: f64) -> Result<Tensor> {
+/// Global-norm clipping of `grads` on the device; the norm before clipping. `kernels` as in
+/// [`clip_coef`].
+pub(crate) fn clip_norm(grads: &[Tensor], max_norm: f64, norm_type: f64, kernels: RawKernels) -> Result<Tensor> {
     let g = tensor_ptrs(grads);
     let mut total: ffi::tcg_tensor = std::ptr::null_mut();
     // SAFETY: the list points into `g`, live tensor handles for the call; `total` is a valid slot.
-    check(unsafe { ffi::tcg_grads_clip_norm(ffi::tcg_tensors::of(&g), max_norm, norm_type, &mut total) })?;
+    check(unsafe { ffi::tcg_grads_clip_norm(ffi::tcg_tensors::of(&g), max_norm, norm_type, kernels, &mut total) })?;
     // SAFETY: on success `total` is a new heap at::Tensor that nobody else owns.
     unsafe { adopt_some(total, "clip_grad_norm") }
 }

@@ -94,12 +94,14 @@ extern "C" {
         grads: tcg_tensors,
         max_norm: c_double,
         norm_type: c_double,
+        kernels: tcg_kernels,
         total_out: *mut tcg_tensor,
     ) -> tcg_status;
     pub fn tcg_grads_clip_coef(
         grads: tcg_tensors,
         max_norm: c_double,
         norm_type: c_double,
+        kernels: tcg_kernels,
         total_out: *mut tcg_tensor,
         coef_out: *mut tcg_tensor,
     ) -> tcg_status;
