@@ -124,7 +124,7 @@ bool sgd(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
   return false;
 }
 at::Tensor clip_coef(const at::Tensor&, double) { return at::Tensor(); }
-at::Tensor grad_norms(const std::vector<at::Tensor>&) { return at::Tensor(); }
+at::Tensor grad_norms(const std::vector<at::Tensor>&, double) { return at::Tensor(); }
 bool lr_schedule(const at::Tensor&, const tcg_schedule&, const std::vector<at::Tensor>&, const double*) {
   return false;
 }

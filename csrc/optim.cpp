@@ -74,7 +74,7 @@ std::string why_not(bool ran, const std::string& why) {
 std::pair<at::Tensor, at::Tensor> clip_factor(const std::vector<at::Tensor>& g, double max_norm, double norm_type,
                                               tcg_kernels kernels) {
   const bool own = kernels != TCG_KERNELS_PYTORCH;
-  at::Tensor norms = own && norm_type == 2.0 ? tcg::optim::grad_norms(g) : at::Tensor();
+  at::Tensor norms = own ? tcg::optim::grad_norms(g, norm_type) : at::Tensor();
   if (!norms.defined()) norms = at::stack(at::_foreach_norm(g, norm_type));
   at::Tensor total = at::linalg_vector_norm(norms, norm_type);
   at::Tensor coef = own ? tcg::optim::clip_coef(total, max_norm) : at::Tensor();

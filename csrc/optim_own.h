@@ -44,11 +44,12 @@ bool sgd(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& g
 // undefined, nothing done, where the own kernels do not run there.
 at::Tensor clip_coef(const at::Tensor& total, double max_norm);
 
-// Global-norm clipping's per-tensor L2 norms of `grads` (float32, contiguous, on one CUDA device)
-// by the own kernels, as one float32 tensor [grads.size()]: each equal bit for bit to what ATen's
-// `_foreach_norm(grads, 2)` gives for it, in two launches whatever the list (ATen's takes one
-// per 320 chunks, then one more). Undefined, nothing done, where they do not apply.
-at::Tensor grad_norms(const std::vector<at::Tensor>& grads);
+// Global-norm clipping's per-tensor `norm_type`-norms of `grads` by the own kernels, as one
+// float32 tensor [grads.size()]: each equal bit for bit to what ATen's `_foreach_norm(grads, 2)`
+// gives for it, in two launches whatever the list (ATen's takes one per 320 chunks, then one
+// more). They apply to L2 norms (norm_type 2) of float32 contiguous tensors on one CUDA device;
+// elsewhere the result is undefined, nothing done.
+at::Tensor grad_norms(const std::vector<at::Tensor>& grads, double norm_type);
 
 // A schedule's step by the own kernel (tcg.h's tcg_lr_schedule_step): false, nothing done, where
 // it does not apply.

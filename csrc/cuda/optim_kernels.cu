@@ -1,8 +1,9 @@
 // The crate's own fused optimizer kernels: Adam / AdamW (AMSGrad too) and SGD, over a table of
 // tensors cut into small chunks (optim_table.h), one block per chunk, so any list of parameters
-// spreads over every SM; and global-norm clipping's norms, its factor and a schedule's step. Compiled by nvcc into a fat binary that build.rs embeds in the shim;
-// the launcher (optim_own.cpp) loads it with the CUDA runtime's library API and launches the
-// extern "C" kernels by name.
+// spreads over every SM; and global-norm clipping's norms, its factor and a schedule's step.
+// Compiled by nvcc into a fat binary that build.rs embeds in the shim; the launcher
+// (optim_own.cpp) loads it with the CUDA runtime's library API and launches the extern "C"
+// kernels by name.
 //
 // Numerics: Adam calls PyTorch's own `adam_math` from the 2.11 header
 // `ATen/native/cuda/fused_adam_utils.cuh`, with the scalars computed as its

@@ -232,8 +232,8 @@ at::Tensor clip_coef(const at::Tensor& total, double max_norm) {
   return coef;
 }
 
-at::Tensor grad_norms(const std::vector<at::Tensor>& grads) {
-  if (grads.empty() || !grads[0].defined() || !grads[0].is_cuda()) return at::Tensor();
+at::Tensor grad_norms(const std::vector<at::Tensor>& grads, double norm_type) {
+  if (norm_type != 2.0 || grads.empty() || !grads[0].defined() || !grads[0].is_cuda()) return at::Tensor();
   const auto device = grads[0].device();
   for (const auto& g : grads) {
     if (!g.defined() || g.device() != device || g.scalar_type() != at::kFloat || !g.is_contiguous()) {

@@ -1,7 +1,8 @@
 // The launch tables of the crate's own optimizer kernels and of global-norm clipping's norms: the
 // one layout that the kernels (csrc/cuda/optim_kernels.cu, compiled by nvcc into a fat binary)
-// and their launcher (csrc/cuda/optim_own.cpp, compiled by the host compiler) share. Plain data, passed to the
-// kernel by value as its only argument (CUDA 12.1+ allows kernel arguments up to 32 KiB).
+// and their launcher (csrc/cuda/optim_own.cpp, compiled by the host compiler) share. Plain data,
+// passed to the kernel by value as its only argument (CUDA 12.1+ allows kernel arguments up to
+// 32 KiB).
 //
 // The work: every tensor of the table is cut into chunks of `chunk` elements (the last one
 // shorter), one thread block per chunk, so a launch has as many blocks as chunks whatever the

@@ -47,8 +47,8 @@
 // Kernels of one instance each, with the fat binary (its *_kernels.cu) that holds each: the norms',
 // the loss's and GELU's finishing kernels, the loss's count, the conditional nodes' setter
 // (cond_kernels.cuh, built into optim_kernels.cu's binary), the step's scalars (clipping's
-// factor, a learning-rate schedule), clipping's norms (float32 gradients), the sum of a weight gradient's slices and the split's bias
-// gradient's finish.
+// factor, a learning-rate schedule), clipping's norms (float32 gradients), the sum of a weight
+// gradient's slices and the split's bias gradient's finish.
 #define TCG_SINGLE_KERNELS(X)                                                                 \
   X(tcg_norm_finish, norm) X(tcg_ce_finish, loss) X(tcg_ce_count, loss) X(tcg_gelu_finish, gelu) \
       X(tcg_cond_set, optim) X(tcg_clip_coef, optim) X(tcg_lr_schedule, optim)                  \
