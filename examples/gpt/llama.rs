@@ -85,23 +85,7 @@ impl Config {
 
     /// 12 × 768, 12 heads / 4 KV, SwiGLU 2048, block 1024 (124.7 M at vocabulary 32,000).
     pub fn base(vocab: i64) -> Config {
-        Config {
-            vocab,
-            block: 1024,
-            layers: 12,
-            heads: 12,
-            kv_heads: 4,
-            embd: 768,
-            hidden: 2048,
-            eps: 1e-6,
-            rope_base: 10_000.0,
-            fused: false,
-            expand_kv: false,
-            swiglu_apart: false,
-            rotary_apart: false,
-            weight_grad: WeightGrad::Float32,
-            exp_loss: true,
-        }
+        Config { block: 1024, layers: 12, heads: 12, kv_heads: 4, embd: 768, hidden: 2048, ..Config::small(vocab) }
     }
 
     pub fn kernels(&self) -> Kernels {
